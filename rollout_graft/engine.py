@@ -1,0 +1,222 @@
+"""RolloutEngine: the step loop (DESIGN.md §2).
+
+    propose → verify (one target forward over every row's tree) → accept (lossless) → commit → learn
+
+`generate` takes GRPO-shaped batches: identical prompt rows form a group, prefilled once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from .config import EngineConfig, SamplingParams
+from .proposers import NoProposer, Proposer, StepContext
+from .runner import ModelRunner
+from .sampling import check_finite
+from .stats import RolloutStats
+from .tree import TreeBatch
+from .verify import accept
+
+
+@dataclass(slots=True)
+class RolloutOutput:
+    completion_ids: list[list[int]]  # one per prompt row, EOS included when hit
+    logprobs: list[list[float]]  # log_softmax(logits / T)[token] of the target, per completion token
+    finish_reasons: list[str]  # "stop" | "length"
+    stats: RolloutStats = field(default_factory=RolloutStats)
+
+
+@dataclass(slots=True)
+class _Rows:
+    """Active rows: device tensors for the step, host lists for the output."""
+
+    index: list[int]  # original row index of each active row
+    last_token: torch.Tensor  # [rows]
+    length: torch.Tensor  # [rows] committed tokens incl. the uncached root
+    group: torch.Tensor  # [rows]
+    generated: torch.Tensor  # [rows] completion tokens so far
+
+    def select(self, keep: list[int]) -> None:
+        idx = torch.tensor(keep, dtype=torch.long, device=self.last_token.device)
+        self.index = [self.index[i] for i in keep]
+        for name in ("last_token", "length", "group", "generated"):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+
+
+def _eos_ids(model: PreTrainedModel) -> set[int]:
+    ids: set[int] = set()
+    for cfg in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else list(eos))
+    return ids
+
+
+class RolloutEngine:
+    """Generates GRPO rollouts from a Hugging Face causal LM, speculatively and losslessly.
+
+    Args:
+        model: the target (policy) model; used in place (no copy), so a trainer's live
+            module can be passed.
+        config: `EngineConfig`.
+        tokenizer: optional; when given, its vocabulary must fit the model's.
+        proposer: override the proposer built from `config` (tests, research).
+    """
+
+    def __init__(self, model: PreTrainedModel, config: EngineConfig | None = None, tokenizer=None, proposer: Proposer | None = None):
+        self.config = config or EngineConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(model, compact_slack=self.config.compact_slack)
+        if tokenizer is not None and len(tokenizer) > self.runner.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {self.runner.vocab_size}: "
+                "pass the tokenizer that was trained with this model"
+            )
+        self.proposer = proposer or self._build_proposer()
+        self.eos_ids = _eos_ids(model)
+        self.generator = torch.Generator(device=self.runner.device)
+
+    @classmethod
+    def from_pretrained(cls, path_or_model: str | Path | PreTrainedModel, config: EngineConfig | None = None,
+                        device: str | torch.device = "cpu", dtype: torch.dtype | None = None, **kwargs) -> "RolloutEngine":
+        """Load a target from a local directory (never from a hub at run time) or wrap a model."""
+        if isinstance(path_or_model, PreTrainedModel):
+            model = path_or_model
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path_or_model, dtype=dtype or torch.float32)
+            model.to(device).eval()
+        tokenizer = kwargs.pop("tokenizer", None)
+        if tokenizer is None and not isinstance(path_or_model, PreTrainedModel):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path_or_model)
+        return cls(model, config=config, tokenizer=tokenizer, **kwargs)
+
+    def _build_proposer(self) -> Proposer:
+        if self.config.method == "ar":
+            return NoProposer()
+        raise ValueError(f"method {self.config.method!r} is not available yet")
+
+    # ------------------------------------------------------------------ input checks
+    def _check_prompts(self, prompt_ids, params: SamplingParams) -> list[list[int]]:
+        if isinstance(prompt_ids, torch.Tensor):
+            prompt_ids = prompt_ids.tolist()
+        if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+            raise ValueError("prompt_ids must be a non-empty list of token-id lists (one per row)")
+        rows = [list(map(int, p)) for p in prompt_ids]
+        vocab, max_pos = self.runner.vocab_size, self.runner.max_positions
+        for i, p in enumerate(rows):
+            if not p:
+                raise ValueError(f"prompt row {i} is empty: give every row at least one token (e.g. a BOS token)")
+            bad = [t for t in p if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(
+                    f"prompt row {i} has token id {bad[0]} outside the model's vocabulary [0, {vocab}): "
+                    "tokenize with the model's own tokenizer"
+                )
+            if max_pos is not None and len(p) + params.max_new_tokens > max_pos:
+                raise ValueError(
+                    f"prompt row {i} has {len(p)} tokens; with max_new_tokens={params.max_new_tokens} it exceeds "
+                    f"the model's context of {max_pos}: shorten the prompt or lower max_new_tokens"
+                )
+        return rows
+
+    # ------------------------------------------------------------------ generation
+    @torch.inference_mode()
+    def generate(self, prompt_ids, params: SamplingParams | None = None) -> RolloutOutput:
+        """Sample one completion per prompt row. Rows with identical prompts form a group."""
+        params = params or SamplingParams()
+        rows = self._check_prompts(prompt_ids, params)
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        else:
+            self.generator.seed()
+        stop_ids = (set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids or [])
+        stats = RolloutStats()
+        device = self.runner.device
+
+        distinct: dict[tuple[int, ...], int] = {}
+        row_group = [distinct.setdefault(tuple(p), len(distinct)) for p in rows]
+        prompts = [list(p) for p in distinct]
+        group = torch.tensor(row_group, dtype=torch.long, device=device)
+        with stats.timed("prefill"):
+            prompt_logits = self.runner.prefill([p[:-1] for p in prompts], group)
+            if prompt_logits is not None:
+                check_finite(prompt_logits)
+            self.proposer.start(prompts, group, prompt_logits)
+        state = _Rows(
+            index=list(range(len(rows))),
+            last_token=torch.tensor([p[-1] for p in rows], dtype=torch.long, device=device),
+            length=torch.tensor([len(p) for p in rows], dtype=torch.long, device=device),
+            group=group,
+            generated=torch.zeros(len(rows), dtype=torch.long, device=device),
+        )
+        completions: list[list[int]] = [[] for _ in rows]
+        logprobs: list[list[float]] = [[] for _ in rows]
+        reasons = ["length"] * len(rows)
+        try:
+            while state.index:
+                self._step(state, params, stats, stop_ids, completions, logprobs, reasons)
+        finally:
+            self.runner.release()
+        stats.emitted_tokens = sum(len(c) for c in completions)
+        return RolloutOutput(completions, logprobs, reasons, stats)
+
+    def _step(self, state: _Rows, params: SamplingParams, stats: RolloutStats, stop_ids: set[int],
+              completions: list[list[int]], logprobs: list[list[float]], reasons: list[str]) -> None:
+        ctx = StepContext(
+            last_token=state.last_token,
+            length=state.length,
+            group=state.group,
+            remaining=params.max_new_tokens - state.generated,
+            budget=self.config.budget,
+        )
+        with stats.timed("propose"):
+            draft = self.proposer.propose(ctx)
+            tree = TreeBatch.from_draft(state.last_token, draft)
+            tree.max_depth = min(tree.max_depth, self.config.max_depth)
+            positions = (state.length - 1).unsqueeze(1) + tree.depth  # [rows, n]
+            mask = tree.ancestor_mask()
+        with stats.timed("verify"):
+            logits = self.runner.verify(tree.tokens, positions, mask)
+        with stats.timed("accept"):
+            check_finite(logits)
+            acc = accept(tree, logits, params, self.generator)
+            self.runner.commit(acc.kept_nodes(tree.tokens.shape[1]))
+        with stats.timed("learn"):
+            self.proposer.observe(ctx, tree, logits, acc)
+        with stats.timed("bookkeeping"):
+            stats.target_forwards += 1
+            stats.row_steps += len(state.index)
+            stats.verified_tokens += int(tree.valid.sum())
+            n_emit = acc.n_emitted.tolist()
+            emitted = acc.emitted.tolist()
+            lps = acc.logprobs.tolist()
+            keep: list[int] = []
+            for r, row in enumerate(state.index):
+                out, room = completions[row], params.max_new_tokens - len(completions[row])
+                done = False
+                for j in range(min(n_emit[r], room)):
+                    out.append(emitted[r][j])
+                    logprobs[row].append(lps[r][j])
+                    if emitted[r][j] in stop_ids:
+                        reasons[row], done = "stop", True
+                        break
+                if not done and len(out) < params.max_new_tokens:
+                    keep.append(r)
+            rows = torch.arange(len(state.index), device=acc.n_emitted.device)
+            state.last_token = acc.emitted[rows, acc.n_emitted - 1]
+            state.length = state.length + acc.n_emitted
+            state.generated = state.generated + acc.n_emitted
+            if len(keep) < len(state.index):
+                state.select(keep)
+                rows_t = torch.tensor(keep, dtype=torch.long, device=state.length.device)
+                self.runner.select_rows(rows_t)
+                self.proposer.select_rows(rows_t)
+            if state.index:
+                self.runner.maybe_compact(int(state.length.max()) - 1)

@@ -1,0 +1,52 @@
+"""The one interface every draft source implements (STYLE.md principle 4).
+
+The engine never branches on the kind of proposer: it calls `start` once per rollout,
+`propose` / `observe` once per step, and `select_rows` when finished rows leave the batch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..tree import Draft, TreeBatch
+from ..verify import Acceptance
+
+
+@dataclass(slots=True)
+class StepContext:
+    """What a proposer may read about the active rows at the start of a step."""
+
+    last_token: torch.Tensor  # [rows] int64 last committed token (the root of this step's tree)
+    length: torch.Tensor  # [rows] int64 committed tokens incl. the root (prompt + completion)
+    group: torch.Tensor  # [rows] int64 group id (rows with the same prompt share it)
+    remaining: torch.Tensor  # [rows] int64 tokens each row may still emit
+    budget: int  # candidate nodes per row for this step
+
+
+class Proposer(ABC):
+    """A source of candidate trees."""
+
+    def start(self, prompts: list[list[int]], row_prompt: torch.Tensor, prompt_logits: torch.Tensor | None) -> None:
+        """A rollout begins. prompts: the distinct prompts (group g = prompts[g]); row_prompt: [rows]
+        group of each row; prompt_logits: [groups, max_prompt_len - 1, V] target logits of the
+        prefilled prompt positions, or None."""
+
+    @abstractmethod
+    def propose(self, ctx: StepContext) -> Draft:
+        """Candidate nodes for every active row (at most ctx.budget valid nodes per row)."""
+
+    def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
+        """Learn from a verify forward. logits: [rows, n, V] target logits of every tree node."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Only `rows` [k] of the current batch stay active (others finished)."""
+
+
+class NoProposer(Proposer):
+    """Plain autoregressive decoding: every tree is just the root."""
+
+    def propose(self, ctx: StepContext) -> Draft:
+        return Draft.empty(ctx.last_token.shape[0], ctx.last_token.device)

@@ -1,0 +1,140 @@
+"""ModelRunner: the only code that runs a model and owns its KV cache (DESIGN.md §4).
+
+KV layout. One `DynamicCache` holds `[rows, heads, slots, head_dim]` per layer plus
+`slot_valid [rows, slots]`. A verify forward appends its whole tree block to every row; after
+acceptance only the root and accepted nodes of the block stay valid. Invalid slots are
+masked out of attention and dropped by `compact()` once they exceed a slack fraction, so the
+cache is rewritten O(log) times per rollout instead of every step. Because a row's positions
+are tracked apart from its slots, ragged rows, padding and rejected nodes all cost nothing but
+masked slots. The plain autoregressive path is a tree with only a root: same code, no copy.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+class ModelRunner:
+    def __init__(self, model: PreTrainedModel, compact_slack: float = 0.5):
+        self.model = model
+        self.compact_slack = compact_slack
+        self.cache: DynamicCache | None = None
+        self.slot_valid: torch.Tensor | None = None  # [rows, slots] bool
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    # ------------------------------------------------------------------ forwards
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """bool [rows, q, kv] → additive 4D mask [rows, 1, q, kv] in the model dtype."""
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).unsqueeze(1)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=tokens,
+            position_ids=positions,
+            attention_mask=self._additive(allowed),
+            cache=self.cache,
+            use_cache=True,
+        )
+        return out.logits
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]], row_prompt: torch.Tensor) -> torch.Tensor | None:
+        """Encode each distinct prompt once and give every row its prompt's KV.
+
+        prompts: distinct token lists (may be empty); row_prompt: [rows] index into `prompts`.
+        Returns logits [n_prompts, max_len, V] of the prompt positions (None if all empty).
+        """
+        self.cache = DynamicCache()
+        length = max(len(p) for p in prompts)
+        if length == 0:
+            self.slot_valid = torch.zeros(len(row_prompt), 0, dtype=torch.bool, device=self.device)
+            return None
+        ids = torch.zeros(len(prompts), length, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        lens = torch.tensor([len(p) for p in prompts])
+        key_valid = torch.arange(length).unsqueeze(0) < lens.unsqueeze(1)  # [n_prompts, len]
+        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        eye = torch.eye(length, dtype=torch.bool)  # padding queries see themselves: no empty rows
+        allowed = (causal & key_valid.unsqueeze(1)) | eye  # [n_prompts, len, len]
+        positions = torch.arange(length).expand(len(prompts), length)
+        logits = self._forward(ids.to(self.device), positions.to(self.device), allowed.to(self.device))
+        row_prompt = row_prompt.to(self.device)
+        self._select(row_prompt)
+        self.slot_valid = key_valid.to(self.device)[row_prompt]
+        return logits
+
+    @torch.inference_mode()
+    def verify(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+        """Append one tree block per row and return its logits.
+
+        tokens, positions: [rows, n]; tree_mask: [rows, n, n] bool (ancestor-or-self).
+        Returns logits [rows, n, V]. Call `commit` next to say which block slots stay.
+        """
+        rows, n = tokens.shape
+        past = self.slot_valid.unsqueeze(1).expand(rows, n, self.slot_valid.shape[1])
+        logits = self._forward(tokens, positions, torch.cat([past, tree_mask], 2))
+        self.slot_valid = torch.cat([self.slot_valid, torch.zeros_like(tree_mask[:, 0])], 1)
+        return logits
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """keep: [rows, n] bool — block slots of the last `verify` whose KV stays valid."""
+        self.slot_valid[:, -keep.shape[1] :] = keep
+
+    # ------------------------------------------------------------------ cache surgery
+    def _layers(self):
+        return self.cache.layers if self.cache is not None else []
+
+    def _select(self, rows: torch.Tensor) -> None:
+        for layer in self._layers():
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(0, rows)
+                layer.values = layer.values.index_select(0, rows)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` ([k] int64, in order): finished sequences leave the batch."""
+        rows = rows.to(self.device)
+        self._select(rows)
+        self.slot_valid = self.slot_valid.index_select(0, rows)
+
+    def maybe_compact(self, max_cached: int) -> bool:
+        """Compact when invalid slots exceed the slack. max_cached: the longest row's valid count."""
+        slots = self.slot_valid.shape[1]
+        if slots <= (1.0 + self.compact_slack) * max_cached + 16:
+            return False
+        self.compact(max_cached)
+        return True
+
+    def compact(self, max_cached: int) -> None:
+        """Move every row's valid slots to the front (order kept) and drop the rest."""
+        # stable sort puts valid slots first in their original order
+        order = torch.sort((~self.slot_valid).to(torch.int8), dim=1, stable=True).indices[:, :max_cached]
+        self.slot_valid = self.slot_valid.gather(1, order)
+        for layer in self._layers():
+            if getattr(layer, "keys", None) is None or not layer.keys.numel():
+                continue
+            b, h, _, d = layer.keys.shape
+            idx = order.view(b, 1, -1, 1).expand(b, h, order.shape[1], d)
+            layer.keys = layer.keys.gather(2, idx)
+            layer.values = layer.values.gather(2, idx)
+
+    def release(self) -> None:
+        self.cache, self.slot_valid = None, None

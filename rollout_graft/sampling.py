@@ -1,0 +1,74 @@
+"""Logit warping, sampling and per-token logprobs — the target distribution, defined once.
+
+Every emitted token, whatever proposed it, is drawn here from the target's warped
+distribution, so the speculative and the plain path sample the same law.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import SamplingParams
+
+
+def check_finite(logits: torch.Tensor) -> None:
+    """Refuse NaN/inf logits instead of sampling garbage."""
+    if not torch.isfinite(logits).all():
+        raise ValueError(
+            "the target model produced NaN/inf logits; check the weights and dtype "
+            "(fp16 overflow is common: load the model in bf16 or fp32)"
+        )
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature → top-k → top-p → min-p (the order of HF `generate` and vLLM).
+
+    logits: [..., V] raw target logits. Returns [..., V] float32 logits with removed tokens
+    at -inf. Greedy callers never need this (argmax of the raw logits).
+    """
+    logits = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token)
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if params.min_p > 0.0:
+        probs = logits.softmax(-1)
+        floor = params.min_p * probs.amax(-1, keepdim=True)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution every emitted token follows. logits [..., V] → probs [..., V]."""
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return warp_logits(logits, params).softmax(-1)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """One independent draw per row of `logits` [..., V] → ids [...].
+
+    Greedy is argmax. Otherwise the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. is an
+    exact sample of p (equivalent to the Gumbel-max trick) and needs no sequential CDF walk.
+    """
+    if params.greedy:
+        return logits.argmax(-1)
+    probs = warp_logits(logits, params).softmax(-1)
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / race).argmax(-1)
+
+
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T)[id] — unmasked by top-k/top-p, as TRL recomputes it.
+
+    logits: [..., V]; ids: [...]. Greedy (T=0) reports the T=1 logprob.
+    """
+    scale = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits.float() / scale, dim=-1)
+    return logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)

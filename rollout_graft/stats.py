@@ -1,0 +1,53 @@
+"""Rollout statistics (standard terms: MAT = mean accepted tokens per target forward per sequence,
+counting the bonus/recovered token, so plain decoding has MAT = 1)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RolloutStats:
+    target_forwards: int = 0  # verify forwards of the target (prefill excluded)
+    row_steps: int = 0  # Σ over forwards of the rows taking part
+    emitted_tokens: int = 0  # completion tokens returned (after truncation at stop/length)
+    verified_tokens: int = 0  # Σ tree nodes (root included) sent through the target
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase: prefill, propose, verify, accept, ...
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        return self.emitted_tokens / max(self.row_steps, 1)
+
+    @property
+    def verify_tokens_per_step(self) -> float:
+        return self.verified_tokens / max(self.target_forwards, 1)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.emitted_tokens / max(self.total_seconds, 1e-9)
+
+    @contextmanager
+    def timed(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "target_forwards": self.target_forwards,
+            "row_steps": self.row_steps,
+            "emitted_tokens": self.emitted_tokens,
+            "verified_tokens": self.verified_tokens,
+            "mean_accepted_tokens": self.mean_accepted_tokens,
+            "verify_tokens_per_step": self.verify_tokens_per_step,
+            "tokens_per_second": self.tokens_per_second,
+            "seconds": dict(self.seconds),
+        }

@@ -1,0 +1,45 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+torch.set_num_threads(2)
+
+ARCHS = {
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "llama": (LlamaConfig, LlamaForCausalLM),
+}
+
+
+def random_model(arch: str = "qwen3", vocab: int = 64, seed: int = 0, sharp: float = 4.0):
+    """A tiny random causal LM. `sharp` scales the output layer so distributions are peaked
+    enough that greedy paths are stable and speculative trees get accepted."""
+    cfg_cls, model_cls = ARCHS[arch]
+    torch.manual_seed(seed)
+    cfg = cfg_cls(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        eos_token_id=1, pad_token_id=0, bos_token_id=2, tie_word_embeddings=False,
+        **({"head_dim": 8} if arch == "qwen3" else {}),
+    )
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharp)
+    model.generation_config.eos_token_id = 1
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(params=list(ARCHS))
+def arch_model(request):
+    return random_model(request.param)
+
+
+@pytest.fixture
+def qwen3_model():
+    return random_model("qwen3")
