@@ -8,8 +8,10 @@ engine proposes and verifies candidate tokens.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from .templates import TemplateConfig
 
 Method = Literal["ar", "retrieval"]
 """Draft source. "ar": plain autoregressive decoding (the baseline, one token per forward).
@@ -69,17 +71,25 @@ class RetrievalConfig:
     Args:
         top_k: successors stored per token row of the adjacency index (k in `[V, k]`).
         share_in_group: rows with the same prompt share one index (else one index per row).
-        prior_path: a saved global prior (`.safetensors`) every group index starts from;
-            None starts from an empty index.
+        use_prior: start every group's index from the global prior (else from empty).
+        update_prior: the global prior learns from every verification too, so it persists
+            and improves across rollouts (GRPO steps).
+        prior_path: a saved prior (`.safetensors`) to start from; None starts empty.
+        template: shape of the retrieval trees.
     """
 
     top_k: int = 8
     share_in_group: bool = True
+    use_prior: bool = True
+    update_prior: bool = True
     prior_path: str | None = None
+    template: TemplateConfig = field(default_factory=TemplateConfig)
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError(f"retrieval top_k must be >= 1, got {self.top_k}")
+        if self.template.width > self.top_k:
+            raise ValueError(f"template width {self.template.width} exceeds the index's top_k {self.top_k}")
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .config import EngineConfig, SamplingParams
-from .proposers import NoProposer, Proposer, StepContext
+from .proposers import NoProposer, Proposer, RetrievalProposer, StepContext
 from .runner import ModelRunner
 from .sampling import check_finite
 from .stats import RolloutStats
@@ -100,7 +100,7 @@ class RolloutEngine:
     def _build_proposer(self) -> Proposer:
         if self.config.method == "ar":
             return NoProposer()
-        raise ValueError(f"method {self.config.method!r} is not available yet")
+        return RetrievalProposer(self.config.retrieval, self.runner.vocab_size, self.runner.device)
 
     # ------------------------------------------------------------------ input checks
     def _check_prompts(self, prompt_ids, params: SamplingParams) -> list[list[int]]:
@@ -148,7 +148,7 @@ class RolloutEngine:
             prompt_logits = self.runner.prefill([p[:-1] for p in prompts], group)
             if prompt_logits is not None:
                 check_finite(prompt_logits)
-            self.proposer.start(prompts, group, prompt_logits)
+            self.proposer.start(prompts, group, prompt_logits, params)
         state = _Rows(
             index=list(range(len(rows))),
             last_token=torch.tensor([p[-1] for p in rows], dtype=torch.long, device=device),

@@ -57,6 +57,18 @@ class Draft:
     def max_depth(self) -> int:
         return int(self.depth.masked_fill(~self.valid, 0).max()) if self.valid.numel() else 0
 
+    def compacted(self) -> "Draft":
+        """Valid nodes first (order kept, parents remapped), padding columns dropped."""
+        if self.tokens.shape[1] == 0:
+            return self
+        width = int(self.valid.sum(1).max())
+        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :width]
+        new_pos = self.valid.long().cumsum(1) - 1  # [batch, m] new index of each valid node
+        parents = torch.where(self.parents < 0, -1, new_pos.gather(1, self.parents.clamp(min=0)))
+        fields = dict(tokens=self.tokens, parents=parents, depth=self.depth, valid=self.valid,
+                      score=self.score, source=self.source)
+        return Draft(**{k: v.gather(1, order) for k, v in fields.items()})
+
     def validate(self) -> None:
         """Assert the structural invariants (for tests and debugging)."""
         idx = torch.arange(self.tokens.shape[1], device=self.tokens.device)

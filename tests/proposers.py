@@ -11,7 +11,7 @@ from rollout_graft.tree import Draft
 class _RowTracking(Proposer):
     """Knows the original row index of every active row."""
 
-    def start(self, prompts, row_prompt, prompt_logits):
+    def start(self, prompts, row_prompt, prompt_logits, params):
         self.rows = list(range(len(row_prompt)))
 
     def select_rows(self, rows):

@@ -8,7 +8,7 @@ from conftest import random_model
 from proposers import OracleProposer, RandomTreeProposer
 from scipy.stats import chisquare
 
-from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
+from rollout_graft import EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [5, 6, 7, 8, 9], [3], [20, 21, 22, 23, 24, 25, 26], [10, 11]]
 MAX_NEW = 24
@@ -37,6 +37,16 @@ def test_greedy_tree_equals_ar_and_hf_generate(arch_model, kind):
         assert spec.stats.mean_accepted_tokens > 3.0
     if kind == "wrong":  # nothing accepted, one token per forward like plain decoding
         assert spec.stats.mean_accepted_tokens == pytest.approx(1.0)
+
+
+def test_greedy_retrieval_equals_ar(arch_model):
+    greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    ar = RolloutEngine(arch_model).generate(PROMPTS, greedy)
+    for share in (True, False):
+        cfg = EngineConfig(method="retrieval", budget=16, retrieval=RetrievalConfig(share_in_group=share))
+        spec = RolloutEngine(arch_model, cfg).generate(PROMPTS, greedy)
+        assert spec.completion_ids == ar.completion_ids and spec.finish_reasons == ar.finish_reasons
+        assert spec.stats.mean_accepted_tokens > 1.0
 
 
 def test_greedy_stops_at_eos_like_hf():
@@ -93,18 +103,23 @@ SAMPLING_CASES = [
 ]
 
 
+def _engines(model):
+    yield "random-tree", RolloutEngine(model, EngineConfig(budget=42), proposer=RandomTreeProposer(16, 6, 2, seed=0))
+    yield "retrieval", RolloutEngine(model, EngineConfig(method="retrieval", budget=30))
+    yield "ar", RolloutEngine(model)
+
+
 @pytest.mark.parametrize("params", SAMPLING_CASES, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
 def test_tree_sampling_matches_target_distribution(params):
     model = random_model("qwen3", vocab=16, seed=7, sharp=5.0)
-    prompt, n = [3, 4, 5], 4000
+    prompt, n = [3, 4, 5, 3, 4, 6, 5, 3], 4000  # repeats give retrieval something to draft from
     probs = exact_two_token_probs(model, prompt, params)
-    proposer = RandomTreeProposer(vocab=16, width=6, depth=2, seed=0)
-    spec = RolloutEngine(model, EngineConfig(budget=42), proposer=proposer).generate([prompt] * n, params)
-    assert spec.stats.mean_accepted_tokens > 1.1  # the trees were actually used
-    p_spec = chi2_pvalue([tuple(c) for c in spec.completion_ids], probs)
-    ar = RolloutEngine(model).generate([prompt] * n, params)
-    p_ar = chi2_pvalue([tuple(c) for c in ar.completion_ids], probs)
-    assert p_spec > ALPHA and p_ar > ALPHA, (p_spec, p_ar)
+    for name, engine in _engines(model):
+        out = engine.generate([prompt] * n, params)
+        if name != "ar":
+            assert out.stats.mean_accepted_tokens > 1.1, name  # the trees were actually used
+        p_value = chi2_pvalue([tuple(c) for c in out.completion_ids], probs)
+        assert p_value > ALPHA, (name, p_value)
 
 
 def test_distribution_test_detects_a_wrong_sampler():
@@ -122,7 +137,9 @@ def test_logprobs_equal_full_recompute(arch_model, temperature):
     model = arch_model
     params = SamplingParams(temperature=temperature, top_k=20, max_new_tokens=16, seed=11)
     proposer = RandomTreeProposer(vocab=model.config.vocab_size, width=3, depth=3, seed=1)
-    for engine in (RolloutEngine(model), RolloutEngine(model, EngineConfig(budget=12), proposer=proposer)):
+    engines = (RolloutEngine(model), RolloutEngine(model, EngineConfig(budget=12), proposer=proposer),
+               RolloutEngine(model, EngineConfig(method="retrieval", budget=12)))
+    for engine in engines:
         out = engine.generate(PROMPTS, params)
         scale = temperature if temperature > 0 else 1.0
         for p, c, lp in zip(PROMPTS, out.completion_ids, out.logprobs):
@@ -134,10 +151,14 @@ def test_logprobs_equal_full_recompute(arch_model, temperature):
             assert all(math.isfinite(x) for x in lp)
 
 
-def test_seeded_runs_repeat_and_siblings_differ(qwen3_model):
+@pytest.mark.parametrize("method", ["random-tree", "retrieval", "ar"])
+def test_seeded_runs_repeat_and_siblings_differ(qwen3_model, method):
     prompts = [[5, 6, 7]] * 8
     params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=123)
-    make = lambda: RolloutEngine(qwen3_model, EngineConfig(budget=12), proposer=RandomTreeProposer(64, seed=4))  # noqa: E731
+    if method == "random-tree":
+        make = lambda: RolloutEngine(qwen3_model, EngineConfig(budget=12), proposer=RandomTreeProposer(64, seed=4))  # noqa: E731
+    else:
+        make = lambda: RolloutEngine(qwen3_model, EngineConfig(method=method, budget=12))  # noqa: E731
     a, b = make().generate(prompts, params), make().generate(prompts, params)
     assert a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
     assert len({tuple(c) for c in a.completion_ids}) > 1  # siblings of a group are independent samples

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import SamplingParams
 from ..tree import Draft, TreeBatch
 from ..verify import Acceptance
 
@@ -29,10 +30,11 @@ class StepContext:
 class Proposer(ABC):
     """A source of candidate trees."""
 
-    def start(self, prompts: list[list[int]], row_prompt: torch.Tensor, prompt_logits: torch.Tensor | None) -> None:
+    def start(self, prompts: list[list[int]], row_prompt: torch.Tensor, prompt_logits: torch.Tensor | None,
+              params: SamplingParams) -> None:
         """A rollout begins. prompts: the distinct prompts (group g = prompts[g]); row_prompt: [rows]
         group of each row; prompt_logits: [groups, max_prompt_len - 1, V] target logits of the
-        prefilled prompt positions, or None."""
+        prefilled prompt positions, or None; params: the sampling parameters of this rollout."""
 
     @abstractmethod
     def propose(self, ctx: StepContext) -> Draft:
