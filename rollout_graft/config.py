@@ -14,6 +14,11 @@ from typing import Literal
 from .templates import TemplateConfig
 
 Method = Literal["ar", "retrieval"]
+BudgetPolicy = Literal["fixed", "dcut"]
+"""'fixed': every row verifies its proposer's tree (≤ budget nodes). 'dcut': a batch-wide top-K
+of all candidate nodes, K chosen per step by the profiled cost model."""
+
+DEFAULT_DCUT_RATIOS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 """Draft source. "ar": plain autoregressive decoding (the baseline, one token per forward).
 "retrieval": group-shared adjacency retrieval trees (model-free)."""
 
@@ -101,6 +106,9 @@ class EngineConfig:
         budget: candidate nodes per sequence and step (the tree's size without its root).
         max_depth: deepest candidate node (tokens accepted per step ≤ max_depth + 1).
         retrieval: adjacency-index settings (method "retrieval").
+        budget_policy: see `BudgetPolicy`.
+        dcut_ratios: the ρ values D-cut chooses from (ρ = 0, plain decoding, is always added).
+        cost_profile_refresh: re-profile the cost model instead of reading the on-disk cache.
         compact_slack: compact the KV cache when garbage slots exceed this fraction.
     """
 
@@ -108,11 +116,18 @@ class EngineConfig:
     budget: int = 60
     max_depth: int = 8
     retrieval: RetrievalConfig | None = None
+    budget_policy: BudgetPolicy = "fixed"
+    dcut_ratios: tuple[float, ...] = DEFAULT_DCUT_RATIOS
+    cost_profile_refresh: bool = False
     compact_slack: float = 0.5
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
+        if self.budget_policy not in ("fixed", "dcut"):
+            raise ValueError(f"unknown budget_policy {self.budget_policy!r}; choose 'fixed' or 'dcut'")
+        if not self.dcut_ratios or any(not 0.0 <= r <= 1.0 for r in self.dcut_ratios):
+            raise ValueError(f"dcut_ratios must be fractions in [0, 1], got {self.dcut_ratios}")
         if self.budget < 0:
             raise ValueError(f"budget must be >= 0 candidate nodes per sequence, got {self.budget}")
         if self.max_depth < 1:

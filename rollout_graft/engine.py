@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from .budget import DCut
 from .config import EngineConfig, SamplingParams
+from .cost import CostModel
 from .proposers import NoProposer, Proposer, RetrievalProposer, StepContext
 from .runner import ModelRunner
 from .sampling import check_finite
@@ -78,6 +80,7 @@ class RolloutEngine:
                 "pass the tokenizer that was trained with this model"
             )
         self.proposer = proposer or self._build_proposer()
+        self.dcut: DCut | None = None  # built on first use: profiling takes a few seconds
         self.eos_ids = _eos_ids(model)
         self.generator = torch.Generator(device=self.runner.device)
 
@@ -101,6 +104,13 @@ class RolloutEngine:
         if self.config.method == "ar":
             return NoProposer()
         return RetrievalProposer(self.config.retrieval, self.runner.vocab_size, self.runner.device)
+
+    def budget_policy(self) -> DCut | None:
+        """The D-cut policy (profiles the cost model on first call), or None for 'fixed'."""
+        if self.config.budget_policy == "dcut" and self.dcut is None:
+            cost = CostModel.profile(self.model, refresh=self.config.cost_profile_refresh)
+            self.dcut = DCut(cost, self.config.dcut_ratios)
+        return self.dcut
 
     # ------------------------------------------------------------------ input checks
     def _check_prompts(self, prompt_ids, params: SamplingParams) -> list[list[int]]:
@@ -139,6 +149,7 @@ class RolloutEngine:
         stop_ids = (set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids or [])
         stats = RolloutStats()
         device = self.runner.device
+        self.budget_policy()
 
         distinct: dict[tuple[int, ...], int] = {}
         row_group = [distinct.setdefault(tuple(p), len(distinct)) for p in rows]
@@ -178,6 +189,9 @@ class RolloutEngine:
         )
         with stats.timed("propose"):
             draft = self.proposer.propose(ctx)
+            decision = None
+            if self.dcut is not None:
+                draft, decision = self.dcut.decide(draft)
             tree = TreeBatch.from_draft(state.last_token, draft)
             tree.max_depth = min(tree.max_depth, self.config.max_depth)
             positions = (state.length - 1).unsqueeze(1) + tree.depth  # [rows, n]
@@ -190,6 +204,8 @@ class RolloutEngine:
             self.runner.commit(acc.kept_nodes(tree.tokens.shape[1]))
         with stats.timed("learn"):
             self.proposer.observe(ctx, tree, logits, acc)
+            if decision is not None and draft.tokens.shape[1]:
+                self.dcut.observe(draft, acc.kept_nodes(tree.tokens.shape[1])[:, 1:])
         with stats.timed("bookkeeping"):
             stats.target_forwards += 1
             stats.row_steps += len(state.index)
@@ -197,6 +213,10 @@ class RolloutEngine:
             n_emit = acc.n_emitted.tolist()
             emitted = acc.emitted.tolist()
             lps = acc.logprobs.tolist()
+            if decision is not None:
+                stats.budget_trace.append({"rows": len(state.index), "ratio": decision.ratio, "kept": decision.kept,
+                                           "candidates": decision.candidates, "expected": decision.expected_emitted,
+                                           "actual": sum(n_emit)})
             keep: list[int] = []
             for r, row in enumerate(state.index):
                 out, room = completions[row], params.max_new_tokens - len(completions[row])

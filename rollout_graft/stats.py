@@ -15,6 +15,14 @@ class RolloutStats:
     emitted_tokens: int = 0  # completion tokens returned (after truncation at stop/length)
     verified_tokens: int = 0  # Σ tree nodes (root included) sent through the target
     seconds: dict[str, float] = field(default_factory=dict)  # per phase: prefill, propose, verify, accept, ...
+    budget_trace: list[dict] = field(default_factory=list)  # D-cut, per step: rows, ratio, kept, expected, actual
+
+    @property
+    def budget_ratio(self) -> float | None:
+        """Mean ρ chosen by D-cut (None without D-cut)."""
+        if not self.budget_trace:
+            return None
+        return sum(t["ratio"] for t in self.budget_trace) / len(self.budget_trace)
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -49,5 +57,6 @@ class RolloutStats:
             "mean_accepted_tokens": self.mean_accepted_tokens,
             "verify_tokens_per_step": self.verify_tokens_per_step,
             "tokens_per_second": self.tokens_per_second,
+            "budget_ratio": self.budget_ratio,
             "seconds": dict(self.seconds),
         }

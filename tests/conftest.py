@@ -2,6 +2,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import tempfile
+
+# one cost-profile cache per test session (profiles are keyed by model shape, device, dtype, threads)
+os.environ.setdefault("ROLLOUT_GRAFT_CACHE", tempfile.mkdtemp(prefix="rollout_graft_test_cache_"))
 
 import pytest
 import torch

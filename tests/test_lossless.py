@@ -42,11 +42,12 @@ def test_greedy_tree_equals_ar_and_hf_generate(arch_model, kind):
 def test_greedy_retrieval_equals_ar(arch_model):
     greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
     ar = RolloutEngine(arch_model).generate(PROMPTS, greedy)
-    for share in (True, False):
-        cfg = EngineConfig(method="retrieval", budget=16, retrieval=RetrievalConfig(share_in_group=share))
+    for share, policy in ((True, "fixed"), (False, "fixed"), (True, "dcut")):
+        cfg = EngineConfig(method="retrieval", budget=16, retrieval=RetrievalConfig(share_in_group=share),
+                           budget_policy=policy, dcut_ratios=(0.5, 1.0))
         spec = RolloutEngine(arch_model, cfg).generate(PROMPTS, greedy)
         assert spec.completion_ids == ar.completion_ids and spec.finish_reasons == ar.finish_reasons
-        assert spec.stats.mean_accepted_tokens > 1.0
+        assert spec.stats.mean_accepted_tokens > 1.0 or policy == "dcut"
 
 
 def test_greedy_stops_at_eos_like_hf():
@@ -106,6 +107,8 @@ SAMPLING_CASES = [
 def _engines(model):
     yield "random-tree", RolloutEngine(model, EngineConfig(budget=42), proposer=RandomTreeProposer(16, 6, 2, seed=0))
     yield "retrieval", RolloutEngine(model, EngineConfig(method="retrieval", budget=30))
+    yield "retrieval+dcut", RolloutEngine(model, EngineConfig(method="retrieval", budget=30, budget_policy="dcut",
+                                                              dcut_ratios=(0.5, 1.0)))
     yield "ar", RolloutEngine(model)
 
 
@@ -116,7 +119,7 @@ def test_tree_sampling_matches_target_distribution(params):
     probs = exact_two_token_probs(model, prompt, params)
     for name, engine in _engines(model):
         out = engine.generate([prompt] * n, params)
-        if name != "ar":
+        if name not in ("ar", "retrieval+dcut"):
             assert out.stats.mean_accepted_tokens > 1.1, name  # the trees were actually used
         p_value = chi2_pvalue([tuple(c) for c in out.completion_ids], probs)
         assert p_value > ALPHA, (name, p_value)

@@ -1,0 +1,130 @@
+"""Verify-step latency (target forward + per-node sampling), profiled on the actual device/dtype/threads (DESIGN.md §2 step 4).
+
+`CostModel.profile` times the target's forward over a grid of batch sizes × tokens per row
+(at a fixed cached context) and caches the table on disk, keyed by model, device, dtype and
+threads; `predict` interpolates it (bilinear; linear extrapolation past the grid's edge).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from bisect import bisect_left
+from pathlib import Path
+
+import torch
+
+from .config import SamplingParams
+from .runner import ModelRunner
+from .sampling import sample
+
+DEFAULT_BATCHES = (1, 4, 16, 64)
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("ROLLOUT_GRAFT_CACHE", Path.home() / ".cache" / "rollout_graft")) / "cost"
+
+
+def _interp(xs: list[float], x: float) -> tuple[int, int, float]:
+    """Neighbouring grid indices and weight of the upper one (extrapolates at the ends)."""
+    if len(xs) == 1:
+        return 0, 0, 0.0
+    j = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    i = j - 1
+    return i, j, (x - xs[i]) / (xs[j] - xs[i])
+
+
+class CostModel:
+    """latency_ms[batch][tokens_per_row] of one verify forward."""
+
+    def __init__(self, batches: list[int], tokens: list[int], latency_ms: list[list[float]], key: str = ""):
+        self.batches, self.tokens, self.latency_ms, self.key = list(batches), list(tokens), latency_ms, key
+
+    def predict(self, batch: int, tokens_per_row: float) -> float:
+        """Predicted milliseconds for `batch` rows verifying `tokens_per_row` nodes each."""
+        bi, bj, bw = _interp(self.batches, batch)
+        ti, tj, tw = _interp(self.tokens, tokens_per_row)
+        row = lambda b: (1 - tw) * self.latency_ms[b][ti] + tw * self.latency_ms[b][tj]  # noqa: E731
+        return max((1 - bw) * row(bi) + bw * row(bj), 1e-3)
+
+    # ------------------------------------------------------------------ persistence
+    def to_json(self) -> dict:
+        return {"batches": self.batches, "tokens": self.tokens, "latency_ms": self.latency_ms, "key": self.key}
+
+    @staticmethod
+    def from_json(d: dict) -> "CostModel":
+        return CostModel(d["batches"], d["tokens"], d["latency_ms"], d.get("key", ""))
+
+    # ------------------------------------------------------------------ profiling
+    @staticmethod
+    def key_for(model) -> str:
+        p = next(model.parameters())
+        cfg = model.config
+        ident = f"{getattr(cfg, 'name_or_path', '')}|{cfg.model_type}|{sum(x.numel() for x in model.parameters())}"
+        ident += f"|{p.device}|{p.dtype}|threads={torch.get_num_threads()}"
+        return hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+    @staticmethod
+    def profile(model, batches=DEFAULT_BATCHES, tokens=DEFAULT_TOKENS, context: int = 128, repeats: int = 3,
+                max_tokens_per_forward: int = 4096, use_cache: bool = True, refresh: bool = False) -> "CostModel":
+        """Time verify forwards on this hardware; cached on disk unless `refresh`."""
+        key = CostModel.key_for(model)
+        path = _cache_dir() / f"{key}.json"
+        if use_cache and not refresh and path.exists():
+            cached = CostModel.from_json(json.loads(path.read_text()))
+            if cached.batches == list(batches) and cached.tokens == list(tokens):
+                return cached
+        runner = ModelRunner(model)
+        vocab = runner.vocab_size
+        table: list[list[float]] = []
+        for b in batches:
+            row = []
+            for q in tokens:
+                if b * q > max_tokens_per_forward and row:  # too big to time cheaply: extrapolate linearly
+                    row.append(row[-1] * q / tokens[len(row) - 1])
+                    continue
+                row.append(_time_forward(runner, b, q, context, vocab, repeats))
+            table.append(row)
+        cost = CostModel(list(batches), list(tokens), _monotone(table), key)
+        if use_cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cost.to_json()))
+        return cost
+
+
+_PROFILE_SAMPLING = SamplingParams(temperature=1.0)
+
+
+@torch.inference_mode()
+def _time_forward(runner: ModelRunner, batch: int, q: int, context: int, vocab: int, repeats: int) -> float:
+    dev = runner.device
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (batch, context), generator=gen).tolist()
+    times = []
+    for _ in range(repeats + 1):  # first run warms up
+        runner.prefill([prompt[0]], torch.zeros(batch, dtype=torch.long))
+        tokens = torch.randint(0, vocab, (batch, q), generator=gen).to(dev)
+        positions = (context + torch.arange(q)).expand(batch, q).to(dev)
+        mask = torch.ones(q, q, dtype=torch.bool).tril().expand(batch, q, q).to(dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        start = time.perf_counter()
+        logits = runner.verify(tokens, positions, mask)
+        sample(logits, _PROFILE_SAMPLING, None)  # per-node sampling cost belongs to the step too
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append((time.perf_counter() - start) * 1000)
+    runner.release()
+    return min(times[1:])  # best-of: the intrinsic cost, robust to a noisy shared machine
+
+
+def _monotone(table: list[list[float]]) -> list[list[float]]:
+    """Latency never decreases with more rows or more tokens (removes timing noise)."""
+    out = [list(row) for row in table]
+    for b, row in enumerate(out):
+        for q in range(len(row)):
+            row[q] = max(row[q], row[q - 1] if q else 0.0, out[b - 1][q] if b else 0.0)
+    return out

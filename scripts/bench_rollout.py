@@ -1,0 +1,187 @@
+#!/usr/bin/env python
+"""GRPO rollout benchmark (DESIGN.md §7): P prompts × G samples, L new tokens, EOS on.
+
+Every configuration runs in this one process on the same prompts and seeds; speed is reported
+as completion tokens/s (median of --repeats) and as a ratio against our own "ar" path measured in
+the same run, plus plain Hugging Face `generate` (batched sampling, num_return_sequences=G).
+
+    python scripts/bench_rollout.py --threads 2 --out docs/bench/tiny.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rollout_graft import EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET
+
+
+def variants(budget: int, prior: str | None) -> dict[str, EngineConfig]:
+    """Named engine configurations (ablations are options of a method, not copies)."""
+    r = RetrievalConfig(prior_path=prior, update_prior=False)
+    return {
+        "ar": EngineConfig(method="ar"),
+        "retrieval": EngineConfig(method="retrieval", budget=budget, retrieval=r),
+        "retrieval-noshare": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, share_in_group=False)),
+        "retrieval-noprior": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, use_prior=False)),
+        "retrieval-bare": EngineConfig(method="retrieval", budget=budget,
+                                       retrieval=replace(r, share_in_group=False, use_prior=False)),
+    }
+
+
+def load_prompts(path: Path, tokenizer, split: str, n: int, offset: int = 0) -> list[list[int]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("split", split) == split][offset : offset + n]
+    if len(rows) < n:
+        raise SystemExit(f"{path} has only {len(rows)} {split!r} prompts after offset {offset}; need {n}")
+    if isinstance(rows[0]["prompt"], list):  # chat messages
+        return [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True) for r in rows]
+    return [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+
+
+def warm_prior(model, tokenizer, prompts: list[list[int]], group: int, params: SamplingParams, rounds: int, path: str) -> float:
+    """A few rounds of generation over non-evaluation prompts; saves the global prior."""
+    engine = RolloutEngine(model, EngineConfig(method="retrieval"), tokenizer=tokenizer)
+    start = time.perf_counter()
+    for r in range(rounds):
+        engine.generate([p for p in prompts for _ in range(group)], replace(params, seed=10_000 + r))
+    engine.proposer.save_prior(path)
+    return time.perf_counter() - start
+
+
+def run_engine(model, tokenizer, cfg: EngineConfig, rows, params: SamplingParams) -> dict:
+    engine = RolloutEngine(model, cfg, tokenizer=tokenizer)
+    start = time.perf_counter()
+    out = engine.generate(rows, params)
+    wall = time.perf_counter() - start
+    s = out.stats
+    return {
+        "wall_s": wall, "tokens": s.emitted_tokens, "tokens_per_s": s.emitted_tokens / wall,
+        "mat": s.mean_accepted_tokens, "verify_tokens_per_step": s.verify_tokens_per_step,
+        "target_forwards": s.target_forwards, "phase_s": s.seconds,
+    }
+
+
+def run_hf(model, tokenizer, prompts: list[list[int]], group: int, params: SamplingParams) -> dict:
+    """Plain HF generate on the same batch: left-padded distinct prompts × num_return_sequences."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    kw = dict(max_new_tokens=params.max_new_tokens, pad_token_id=pad, top_k=0, top_p=1.0)
+    if params.ignore_eos:
+        kw["min_new_tokens"] = params.max_new_tokens
+    if params.temperature > 0:
+        kw.update(do_sample=True, temperature=params.temperature, num_return_sequences=group)
+    else:
+        ids, mask = ids.repeat_interleave(group, 0), mask.repeat_interleave(group, 0)
+        kw.update(do_sample=False)
+    torch.manual_seed(params.seed or 0)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    wall = time.perf_counter() - start
+    eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
+              else [model.generation_config.eos_token_id])
+    tokens = 0
+    for row in out[:, width:].tolist():
+        n = len(row)
+        if not params.ignore_eos:
+            n = next((i + 1 for i, t in enumerate(row) if t in eos), n)
+        tokens += n
+    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "mat": 1.0,
+            "verify_tokens_per_step": float(len(out)), "target_forwards": out.shape[1] - width, "phase_s": {}}
+
+
+def median_of(runs: list[dict]) -> dict:
+    best = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
+    return {**best, "tokens_per_s_runs": [r["tokens_per_s"] for r in runs]}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(TINY_TARGET))
+    ap.add_argument("--prompts", default=str(TINY_PROMPTS))
+    ap.add_argument("--num-prompts", type=int, nargs="+", default=[8], help="P values (batch = P × G)")
+    ap.add_argument("--group-size", type=int, default=8, help="G samples per prompt")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
+    ap.add_argument("--methods", nargs="+", default=["hf", "ar", "retrieval", "retrieval-noshare",
+                                                      "retrieval-noprior", "retrieval-bare"])
+    ap.add_argument("--budget", type=int, default=60, help="candidate nodes per sequence and step")
+    ap.add_argument("--warmup-rounds", type=int, default=5, help="prior warm-up rounds over train prompts")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write the results JSON here")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+    results = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+               "model": args.model, "threads": args.threads, "dtype": args.dtype, "device": args.device,
+               "torch": torch.__version__, "configs": []}
+    prior_file = tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False).name
+    max_p = max(args.num_prompts)
+    warm_prompts = load_prompts(Path(args.prompts), tokenizer, "train", 8)
+    for temperature in args.temperatures:
+        base = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        warm_s = warm_prior(model, tokenizer, warm_prompts, args.group_size, base, args.warmup_rounds, prior_file)
+        cfgs = variants(args.budget, prior_file)
+        for p in args.num_prompts:
+            prompts = load_prompts(Path(args.prompts), tokenizer, "test", p)
+            rows = [q for q in prompts for _ in range(args.group_size)]
+            entry = {"temperature": temperature, "prompts": p, "group": args.group_size, "batch": len(rows),
+                     "prior_warmup_s": warm_s, "methods": {}}
+            for name in args.methods:
+                runs = []
+                for rep in range(args.repeats):
+                    params = replace(base, seed=args.seed + rep)
+                    if name == "hf":
+                        runs.append(run_hf(model, tokenizer, prompts, args.group_size, params))
+                    else:
+                        runs.append(run_engine(model, tokenizer, cfgs[name], rows, params))
+                entry["methods"][name] = median_of(runs)
+                m = entry["methods"][name]
+                print(f"T={temperature} batch={len(rows)} {name:>18}: {m['tokens_per_s']:8.1f} tok/s  "
+                      f"MAT {m['mat']:.2f}  verify/step {m['verify_tokens_per_step']:.0f}", flush=True)
+            ar = entry["methods"].get("ar")
+            for m in entry["methods"].values():
+                m["ratio_vs_ar"] = m["tokens_per_s"] / ar["tokens_per_s"] if ar else None
+            results["configs"].append(entry)
+    os.unlink(prior_file)
+    print(markdown(results))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return results
+
+
+def markdown(results: dict) -> str:
+    lines = ["| T | batch | method | tokens/s | × ar | MAT | verified tok/step | wall s |", "|---|---|---|---|---|---|---|---|"]
+    for e in results["configs"]:
+        for name, m in e["methods"].items():
+            ratio = f"{m['ratio_vs_ar']:.2f}" if m.get("ratio_vs_ar") else "–"
+            lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {m['tokens_per_s']:.0f} | {ratio} | "
+                         f"{m['mat']:.2f} | {m['verify_tokens_per_step']:.0f} | {m['wall_s']:.1f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
