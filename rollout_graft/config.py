@@ -13,16 +13,17 @@ from typing import Literal
 
 from .templates import TemplateConfig
 
-Method = Literal["ar", "retrieval"]
+Method = Literal["ar", "retrieval", "graft"]
 BudgetPolicy = Literal["fixed", "dcut"]
 """'fixed': every row verifies its proposer's tree (≤ budget nodes). 'dcut': a batch-wide top-K
 of all candidate nodes, K chosen per step by the profiled cost model."""
 
 DEFAULT_DCUT_RATIOS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 """Draft source. "ar": plain autoregressive decoding (the baseline, one token per forward).
-"retrieval": group-shared adjacency retrieval trees (model-free)."""
+"retrieval": group-shared adjacency retrieval trees (model-free).
+"graft": drafter trees pruned by calibrated confidence, freed slots grafted with retrieval."""
 
-METHODS: tuple[str, ...] = ("ar", "retrieval")
+METHODS: tuple[str, ...] = ("ar", "retrieval", "graft")
 
 
 @dataclass(slots=True)

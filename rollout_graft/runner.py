@@ -83,14 +83,19 @@ class ModelRunner:
         return logits
 
     @torch.inference_mode()
-    def verify(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    def verify(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor,
+               past_extra: torch.Tensor | None = None) -> torch.Tensor:
         """Append one tree block per row and return its logits.
 
         tokens, positions: [rows, n]; tree_mask: [rows, n, n] bool (ancestor-or-self).
+        past_extra: optional [rows, n, slots] bool — cached slots a query may see beyond the valid
+        ones (a drafter expanding a tree level by level sees its uncommitted ancestors).
         Returns logits [rows, n, V]. Call `commit` next to say which block slots stay.
         """
         rows, n = tokens.shape
         past = self.slot_valid.unsqueeze(1).expand(rows, n, self.slot_valid.shape[1])
+        if past_extra is not None:
+            past = past | past_extra
         logits = self._forward(tokens, positions, torch.cat([past, tree_mask], 2))
         self.slot_valid = torch.cat([self.slot_valid, torch.zeros_like(tree_mask[:, 0])], 1)
         return logits
@@ -98,6 +103,10 @@ class ModelRunner:
     def commit(self, keep: torch.Tensor) -> None:
         """keep: [rows, n] bool — block slots of the last `verify` whose KV stays valid."""
         self.slot_valid[:, -keep.shape[1] :] = keep
+
+    @property
+    def slots(self) -> int:
+        return 0 if self.slot_valid is None else self.slot_valid.shape[1]
 
     # ------------------------------------------------------------------ cache surgery
     def _layers(self):
