@@ -1,0 +1,191 @@
+"""GraftGRPOTrainer inside a real TRL GRPOTrainer loop (CPU, tiny random Qwen3, a few steps)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import pytest
+import torch
+from trl import GRPOConfig, ModelConfig, TrlParser
+from trl_helpers import char_tokenizer, length_reward, prompt_dataset, tiny_policy
+
+from rollout_graft.config import METHODS, EngineConfig, RetrievalConfig, SamplingParams
+from rollout_graft.engine import RolloutEngine
+from trainers import GraftConfig, GraftGRPOTrainer
+from trainers.config import PRIOR_FILE
+from trainers.drafter import check_same_tokenizer
+
+torch.set_num_threads(2)
+
+
+def grpo_args(tmp_path, **overrides) -> GRPOConfig:
+    kwargs = dict(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=12,
+        max_steps=2, logging_steps=1, learning_rate=1e-3, report_to="none", save_strategy="no", use_cpu=True,
+        bf16=False, disable_tqdm=True, seed=0,
+    )
+    kwargs.update(overrides)
+    return GRPOConfig(**kwargs)
+
+
+class RecordingTrainer(GraftGRPOTrainer):
+    """Keeps what each rollout received and returned."""
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        self.rollouts = getattr(self, "rollouts", []) + [(prompt_ids, completion_ids, logprobs)]
+        return completion_ids, logprobs
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One 2-step run shared by the tests below (conversational prompts, a chat-template kwarg)."""
+    tok = char_tokenizer()
+    tok.chat_template = "{% if tag %}q{% endif %}" + tok.chat_template
+    model = tiny_policy(len(tok))
+    modes = []  # model.training during every forward under inference mode (= the engine's forwards)
+    model.register_forward_pre_hook(lambda m, a: modes.append(m.training) if torch.is_inference_mode_enabled() else None)
+    out = tmp_path_factory.mktemp("grpo")
+    trainer = RecordingTrainer(
+        model, length_reward, args=grpo_args(out, chat_template_kwargs={"tag": True}),
+        graft_config=GraftConfig(method="retrieval"), train_dataset=prompt_dataset(16, conversational=True),
+        processing_class=tok,
+    )
+    trainer.train()
+    return trainer, tok, modes
+
+
+def test_rollout_metrics_are_logged_every_step(trained):
+    trainer, _, _ = trained
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 2
+    for h in steps:
+        for name in ("rollout/tokens_per_s", "rollout/mean_accepted_tokens", "rollout/verify_tokens_per_step",
+                     "rollout/seconds"):
+            assert h[name] > 0, name
+        assert h["rollout/mean_accepted_tokens"] >= 1.0  # MAT counts the bonus token
+
+
+def test_engine_logprobs_match_trl_recompute(trained):
+    """TRL's importance-sampling path recomputes every sampled token's logprob with the training
+    forward; the engine's logprobs must agree (ratio exp(Δ) ≈ 1)."""
+    trainer, _, _ = trained
+    for h in (h for h in trainer.state.log_history if "loss" in h):
+        assert h["sampling/sampling_logp_difference/max"] < 1e-4
+        assert h["sampling/importance_sampling_ratio/min"] == pytest.approx(1.0, abs=1e-3)
+        assert h["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_chat_template_and_kwargs_are_applied(trained):
+    trainer, tok, _ = trained
+    prompt_ids, completion_ids, logprobs = trainer.rollouts[0]
+    texts = {tok.decode(p) for p in prompt_ids}
+    assert all(t.startswith("qu:") and t.endswith("\na:") for t in texts), texts  # "q" comes from tag=True
+    assert len(prompt_ids) == 8 and len(texts) == 2  # 2 prompts x num_generations=4, repeated consecutively
+    assert all(len(c) >= 1 and len(c) == len(lp) for c, lp in zip(completion_ids, logprobs))
+
+
+def test_generation_runs_in_eval_mode_and_training_resumes(trained):
+    trainer, _, modes = trained
+    assert modes and not any(modes)
+    assert trainer.model.training
+
+
+def test_greedy_rollouts_equal_plain_greedy(trained):
+    trainer, tok, _ = trained
+    trainer.temperature = 0.0  # greedy through the trainer's own rollout path
+    try:
+        prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tag=True)["input_ids"]
+                   for q in ("1+2=", "1+2=", "3*4=")]
+        completions, _ = trainer._generate_single_turn(prompts, None, {}, 2)
+    finally:
+        trainer.temperature = trainer.args.temperature
+    model = trainer.model.eval()
+    for p, c in zip(prompts, completions):
+        ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=12, eos_token_id=1, pad_token_id=0)
+        assert c == ref[0, len(p):].tolist()
+    model.train()
+
+
+def test_save_model_writes_a_loadable_prior(trained, tmp_path):
+    trainer, tok, _ = trained
+    trainer.save_model(str(tmp_path))
+    prior = tmp_path / PRIOR_FILE
+    assert prior.exists()
+    cfg = EngineConfig(method="retrieval", retrieval=RetrievalConfig(prior_path=str(prior)))
+    out = RolloutEngine(trainer.model.eval(), cfg, tokenizer=tok).generate([[3, 4, 5]], SamplingParams(max_new_tokens=4, seed=0))
+    trainer.model.train()
+    assert len(out.completion_ids[0]) >= 1
+
+
+# ---------------------------------------------------------------------------- configuration
+def test_graft_config_parses_next_to_grpo_config(tmp_path):
+    parser = TrlParser((GRPOConfig, ModelConfig, GraftConfig))
+    grpo, _, graft = parser.parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--bf16", "false", "--num_generations", "4", "--per_device_train_batch_size", "8",
+         "--method", "ar", "--budget", "16", "--share_in_group", "false", "--rollout_seed", "3"]
+    )
+    assert grpo.num_generations == 4 and grpo.seed == 42
+    assert (graft.method, graft.budget, graft.share_in_group, graft.rollout_seed) == ("ar", 16, False, 3)
+    engine = graft.engine_config()
+    assert engine.method == "ar" and engine.budget == 16 and engine.retrieval.share_in_group is False
+
+
+def test_unset_fields_keep_engine_defaults():
+    default, mapped = EngineConfig(method="retrieval"), GraftConfig().engine_config()
+    assert (mapped.budget, mapped.max_depth, mapped.retrieval.share_in_group) == (
+        default.budget, default.max_depth, default.retrieval.share_in_group)
+
+
+def test_unknown_method_names_the_choices():
+    with pytest.raises(ValueError, match="unknown method 'eagle'") as err:
+        GraftConfig(method="eagle")
+    assert all(m in str(err.value) for m in METHODS)
+
+
+def test_unknown_budget_policy_is_rejected():
+    with pytest.raises(ValueError, match="budget_policy"):
+        GraftConfig(budget_policy="greedy")
+
+
+def test_drafter_needs_a_drafter_method():
+    with pytest.raises(ValueError, match="does not use a draft model"):
+        GraftConfig(method="retrieval", draft_model_name_or_path="some/dir")
+    with pytest.raises(ValueError, match="set draft_model_name_or_path"):
+        GraftConfig(method="graft")
+
+
+def test_drafter_with_another_tokenizer_is_rejected(tmp_path):
+    tok = char_tokenizer()
+    other = char_tokenizer(list("abcdefghij0123456789"))
+    other.save_pretrained(tmp_path)
+    check_same_tokenizer(tok, char_tokenizer(), "same")  # same vocabulary: fine
+    with pytest.raises(ValueError, match="another tokenizer"):
+        GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path / "out"),
+                         graft_config=GraftConfig(method="graft", draft_model_name_or_path=str(tmp_path)),
+                         train_dataset=prompt_dataset(), processing_class=tok)
+
+
+def test_num_generations_must_divide_the_batch(tmp_path):
+    with pytest.raises(ValueError, match=r"divisible by num_generations \(4\)"):
+        grpo_args(tmp_path, per_device_train_batch_size=6, num_generations=4)
+
+
+@pytest.mark.parametrize("override, match", [
+    ({"use_vllm": True}, "set use_vllm=False"),
+    ({"repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"generation_kwargs": {"do_sample": False}}, "generation_kwargs"),
+])
+def test_grpo_settings_the_engine_cannot_honour(tmp_path, override, match):
+    tok = char_tokenizer()
+    with pytest.raises(ValueError, match=match):
+        GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path, **override),
+                         train_dataset=prompt_dataset(), processing_class=tok)
+
+
+def test_rollout_func_is_rejected(tmp_path):
+    tok = char_tokenizer()
+    with pytest.raises(ValueError, match="rollout_func"):
+        GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path), rollout_func=lambda p, t: {},
+                         train_dataset=prompt_dataset(), processing_class=tok)

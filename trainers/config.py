@@ -1,0 +1,86 @@
+"""`GraftConfig`: the rollout-engine settings that sit next to TRL's `GRPOConfig`.
+
+Sampling settings (`temperature`, `top_k`, `top_p`, `min_p`, `max_completion_length`,
+`num_generations`) stay on `GRPOConfig` under TRL's names; `GraftConfig` only says *how* the
+engine proposes and verifies. Every engine field defaults to `None` = "the engine's own
+default", so defaults live in one place (`rollout_graft.config`). Field names never clash with
+`GRPOConfig`/`ModelConfig`, so `TrlParser((GRPOConfig, ModelConfig, GraftConfig))` parses
+all three from one command line or YAML file.
+"""
+
+# No `from __future__ import annotations`: HfArgumentParser reads the field types at run time.
+import dataclasses
+from dataclasses import dataclass, field
+
+from rollout_graft.config import METHODS, EngineConfig, RetrievalConfig
+
+DRAFTER_METHODS = ("graft",)
+"""Methods that run a draft model (with the policy's tokenizer)."""
+
+PRIOR_FILE = "graft_prior.safetensors"
+"""Name of the saved adjacency prior inside a checkpoint / output directory."""
+
+
+@dataclass
+class GraftConfig:
+    """Rollout-engine settings for [`GraftGRPOTrainer`].
+
+    Args:
+        method: draft source of the engine; one of `rollout_graft.config.METHODS` ("ar": plain
+            decoding, "retrieval": group-shared adjacency retrieval, "graft": pruned drafter trees
+            grafted with retrieval; needs `draft_model_name_or_path`).
+        draft_model_name_or_path: local path of a draft model sharing the policy's tokenizer
+            (used by drafter-based methods only).
+        budget: candidate nodes per sequence and step; None = engine default.
+        budget_policy: how the verification budget is allocated ("fixed" or, where the engine
+            supports it, "dcut"); None = engine default.
+        max_depth: deepest candidate node; None = engine default.
+        share_in_group: the G samples of one prompt share one retrieval index; None = engine default.
+        prior_path: saved adjacency prior (`.safetensors`) to start from, e.g. the
+            `graft_prior.safetensors` of an earlier run; None starts empty.
+        save_prior: write the adjacency prior learnt so far into every saved checkpoint/model dir.
+        rollout_seed: base seed of the engine's sampler (combined with rank and rollout index);
+            None = `GRPOConfig.seed`.
+    """
+
+    method: str = field(default="retrieval", metadata={"help": f"Rollout engine draft source, one of {METHODS}."})
+    draft_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Local path of a draft model with the policy's tokenizer (drafter methods only)."}
+    )
+    budget: int | None = field(default=None, metadata={"help": "Candidate nodes per sequence and step (engine default if unset)."})
+    budget_policy: str | None = field(
+        default=None, metadata={"help": "Verification budget policy: 'fixed' or 'dcut' (engine default if unset)."}
+    )
+    max_depth: int | None = field(default=None, metadata={"help": "Deepest candidate node (engine default if unset)."})
+    share_in_group: bool | None = field(
+        default=None, metadata={"help": "Samples of one prompt share one retrieval index (engine default if unset)."}
+    )
+    prior_path: str | None = field(default=None, metadata={"help": "Saved adjacency prior (.safetensors) to start from."})
+    save_prior: bool = field(default=True, metadata={"help": f"Save the adjacency prior as {PRIOR_FILE} with each checkpoint."})
+    rollout_seed: int | None = field(default=None, metadata={"help": "Base seed of the rollout sampler (GRPOConfig.seed if unset)."})
+
+    def __post_init__(self) -> None:
+        self.engine_config()  # validate every engine field now (unknown values name the choices)
+        uses_drafter = self.method in DRAFTER_METHODS
+        if uses_drafter and self.draft_model_name_or_path is None:
+            raise ValueError(f"method={self.method!r} drafts with a small model: set draft_model_name_or_path")
+        if not uses_drafter and self.draft_model_name_or_path is not None:
+            raise ValueError(f"method={self.method!r} does not use a draft model: set method to one of "
+                             f"{DRAFTER_METHODS} or unset draft_model_name_or_path")
+
+    def engine_config(self) -> EngineConfig:
+        """The `EngineConfig` these settings describe (unset fields keep the engine's defaults)."""
+        engine = _set_fields(EngineConfig, method=self.method, budget=self.budget, budget_policy=self.budget_policy,
+                             max_depth=self.max_depth)
+        engine["retrieval"] = RetrievalConfig(**_set_fields(RetrievalConfig, share_in_group=self.share_in_group,
+                                                             prior_path=self.prior_path))
+        return EngineConfig(**engine)
+
+
+def _set_fields(cls, **values) -> dict:
+    """The non-None `values`; ValueError when `cls` (this engine version) has no such field."""
+    values = {k: v for k, v in values.items() if v is not None}
+    missing = sorted(values.keys() - {f.name for f in dataclasses.fields(cls)})
+    if missing:
+        raise ValueError(f"this rollout_graft version's {cls.__name__} has no field {missing}: unset it in GraftConfig")
+    return values
