@@ -54,14 +54,17 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """One independent draw per row of `logits` [..., V] → ids [...].
 
-    Greedy is argmax. Otherwise the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. is an
-    exact sample of p (equivalent to the Gumbel-max trick) and needs no sequential CDF walk.
+    Greedy is argmax. Otherwise inverse-CDF sampling: one uniform u per row, the first token whose
+    cumulative probability exceeds u·total (tokens of zero probability are never picked). One
+    uniform per row instead of V exponentials: several times faster on CPU than Gumbel-max.
     """
     if params.greedy:
         return logits.argmax(-1)
     probs = warp_logits(logits, params).softmax(-1)
-    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
-    return (probs / race).argmax(-1)
+    cdf = probs.cumsum(-1)  # [..., V]
+    u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
+    ids = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)
+    return ids.squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
