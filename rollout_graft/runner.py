@@ -1,6 +1,6 @@
 """ModelRunner: the only code that runs a model and owns its KV cache (DESIGN.md §4).
 
-KV layout. One `DynamicCache` holds `[rows, heads, slots, head_dim]` per layer plus
+KV layout. One `SlotCache` (HF `Cache` with in-place, spare-capacity layers) holds `[rows, heads, slots, head_dim]` per layer plus
 `slot_valid [rows, slots]`. A verify forward appends its whole tree block to every row; after
 acceptance only the root and accepted nodes of the block stay valid. Invalid slots are
 masked out of attention and dropped by `compact()` once they exceed a slack fraction, so the
@@ -12,14 +12,54 @@ masked slots. The plain autoregressive path is a tree with only a root: same cod
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class SlotLayer(DynamicLayer):
+    """A cache layer with spare capacity: appending writes in place instead of re-concatenating
+    the whole cache every step (HF's DynamicLayer copies O(slots) per step and layer)."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._buf_k = self._buf_v = None
+            self.used = 0
+        need = self.used + key_states.shape[-2]
+        if self._buf_k is None or need > self._buf_k.shape[-2] or self._buf_k.shape[0] != key_states.shape[0]:
+            self._reserve(key_states, value_states, need)
+        self._buf_k[:, :, self.used : need] = key_states
+        self._buf_v[:, :, self.used : need] = value_states
+        self.used = need
+        self.keys, self.values = self._buf_k[:, :, :need], self._buf_v[:, :, :need]
+        return self.keys, self.values
+
+    def _reserve(self, k: torch.Tensor, v: torch.Tensor, need: int) -> None:
+        capacity = need + need // 2 + 64
+        b, h, _, d = k.shape
+        new_k = k.new_empty(b, h, capacity, d)
+        new_v = v.new_empty(b, h, capacity, v.shape[-1])
+        if self.used:
+            new_k[:, :, : self.used] = self.keys
+            new_v[:, :, : self.used] = self.values
+        self._buf_k, self._buf_v = new_k, new_v
+
+    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Install rewritten tensors (row selection, compaction); capacity is re-reserved lazily."""
+        self._buf_k, self._buf_v, self.keys, self.values = keys, values, keys, values
+        self.used = keys.shape[-2]
+
+
+class SlotCache(Cache):
+    def __init__(self):
+        super().__init__(layer_class_to_replicate=SlotLayer)
 
 
 class ModelRunner:
     def __init__(self, model: PreTrainedModel, compact_slack: float = 0.5):
         self.model = model
         self.compact_slack = compact_slack
-        self.cache: DynamicCache | None = None
+        self.cache: SlotCache | None = None
         self.slot_valid: torch.Tensor | None = None  # [rows, slots] bool
 
     # ------------------------------------------------------------------ properties
@@ -62,7 +102,7 @@ class ModelRunner:
         prompts: distinct token lists (may be empty); row_prompt: [rows] index into `prompts`.
         Returns logits [n_prompts, max_len, V] of the prompt positions (None if all empty).
         """
-        self.cache = DynamicCache()
+        self.cache = SlotCache()
         length = max(len(p) for p in prompts)
         if length == 0:
             self.slot_valid = torch.zeros(len(row_prompt), 0, dtype=torch.bool, device=self.device)
@@ -115,8 +155,7 @@ class ModelRunner:
     def _select(self, rows: torch.Tensor) -> None:
         for layer in self._layers():
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                layer.keys = layer.keys.index_select(0, rows)
-                layer.values = layer.values.index_select(0, rows)
+                layer.replace(layer.keys.index_select(0, rows), layer.values.index_select(0, rows))
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` ([k] int64, in order): finished sequences leave the batch."""
@@ -142,8 +181,7 @@ class ModelRunner:
                 continue
             b, h, _, d = layer.keys.shape
             idx = order.view(b, 1, -1, 1).expand(b, h, order.shape[1], d)
-            layer.keys = layer.keys.gather(2, idx)
-            layer.values = layer.values.gather(2, idx)
+            layer.replace(layer.keys.gather(2, idx), layer.values.gather(2, idx))
 
     def release(self) -> None:
         self.cache, self.slot_valid = None, None
