@@ -1,5 +1,6 @@
 """GraftGRPOTrainer inside a real TRL GRPOTrainer loop (CPU, tiny random Qwen3, a few steps)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,7 +17,15 @@ from trainers import GraftConfig, GraftGRPOTrainer
 from trainers.config import PRIOR_FILE
 from trainers.drafter import check_same_tokenizer
 
-torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on shared cores extra threads cost ~20x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def grpo_args(tmp_path, **overrides) -> GRPOConfig:
@@ -189,3 +198,44 @@ def test_rollout_func_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="rollout_func"):
         GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path), rollout_func=lambda p, t: {},
                          train_dataset=prompt_dataset(), processing_class=tok)
+
+
+# ---------------------------------------------------------------------------- recipe
+def load_recipe():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "recipes" / "grpo_qwen3.py"
+    spec = importlib.util.spec_from_file_location("grpo_qwen3_recipe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("backend", ["graft", "hf"])
+def test_recipe_runs_and_writes_logs(tmp_path, backend):
+    tok = char_tokenizer()
+    tiny_policy(len(tok)).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    rows = [{"prompt": f"Q:{q}\nA:", "answer": "3", "split": "train"} for q in ("1+2=", "3*4=", "9-5=", "7+8=")]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = load_recipe()
+    args = recipe.make_parser().parse_args_into_dataclasses([
+        "--backend", backend, "--model_name_or_path", str(tmp_path / "model"),
+        "--dataset_path", str(tmp_path / "prompts.jsonl"), "--output_dir", str(tmp_path / "out-{backend}"),
+        "--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "4",
+        "--max_completion_length", "8", "--disable_tqdm", "true", "--use_cpu", "true",
+    ])
+    summary = recipe.main(*args)
+    out = tmp_path / f"out-{backend}"
+    assert json.loads((out / "summary.json").read_text())["steps"] == summary["steps"] == 2
+    assert summary["rollout_tokens_per_s"] > 0 and 0 < summary["rollout_share"] <= 1
+    history = json.loads((out / "log_history.json").read_text())
+    assert all("rewards/correctness_reward/mean" in h for h in history if "loss" in h)
+    assert (summary["mean_accepted_tokens"] is None) == (backend == "hf")
+
+
+def test_correctness_and_format_rewards():
+    recipe = load_recipe()
+    completions = ["3 + 4 = 7\n#### 7", "#### 8", "the answer is 7", [{"role": "assistant", "content": "x\n#### -2"}]]
+    assert recipe.correctness_reward(completions, answer=["7", "7", "7", "-2"]) == [1.0, 0.0, 0.0, 1.0]
+    assert recipe.format_reward(completions) == [1.0, 1.0, 0.0, 1.0]

@@ -1,0 +1,218 @@
+# Copyright the rollout_graft authors. Apache-2.0.
+"""GRPO on arithmetic word problems with rollout_graft's lossless speculative rollouts.
+
+Default (CPU, offline, a few minutes on 2 cores): the embedded tiny Qwen3 target learns to
+answer the embedded arithmetic prompts; the reward (correct `#### N` + format) rises.
+
+    accelerate launch recipes/grpo_qwen3.py                    # graft backend (default)
+    accelerate launch recipes/grpo_qwen3.py --backend hf       # TRL's own generate, for comparison
+    python recipes/grpo_qwen3.py --max_steps 10                # any GRPOConfig / GraftConfig field
+
+Real run (GPU; not exercised here):
+
+    accelerate launch --config_file recipes/accelerate/deepspeed_zero3.yaml recipes/grpo_qwen3.py \
+        --model_name_or_path Qwen/Qwen3-8B --dtype bfloat16 --bf16 true \
+        --method graft --draft_model_name_or_path Qwen/Qwen3-0.6B \
+        --dataset_path gsm8k_prompts.jsonl --conversational true \
+        --per_device_train_batch_size 8 --num_generations 8 --max_completion_length 1024 \
+        --learning_rate 1e-6 --gradient_checkpointing true --max_steps 500
+
+Writes `log_history.json` and `summary.json` into `--output_dir` (default
+`outputs/grpo_qwen3-<backend>`); plot them with `scripts/plot_training.py`.
+"""
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default recipe never needs the hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
+
+from rollout_graft.assets import TINY_ANSWER_PATTERN, TINY_PROMPTS, TINY_TARGET
+from trainers import GraftConfig, GraftGRPOTrainer
+
+BACKENDS = ("graft", "hf")
+FINAL_ANSWER = re.compile(r"####\s*(-?\d+)\s*$")  # the completion's last line
+
+# Recipe defaults for GRPOConfig (CLI / YAML override them), tuned for the tiny CPU default.
+RECIPE_DEFAULTS = dict(
+    output_dir="outputs/grpo_qwen3-{backend}",
+    learning_rate=3e-5,
+    lr_scheduler_type="constant",
+    per_device_train_batch_size=32,
+    num_generations=8,
+    max_completion_length=128,
+    temperature=1.0,
+    max_steps=40,
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    gradient_checkpointing=False,
+    bf16=torch.cuda.is_available(),
+    reward_weights=[1.0, 0.2],
+    seed=0,
+)
+
+
+@dataclass
+class ScriptArguments:
+    """Recipe arguments (model, training and engine settings are `ModelConfig`, `GRPOConfig`, `GraftConfig`).
+
+    Args:
+        backend: "graft" (rollout_graft's engine) or "hf" (TRL's own `generate`, for comparison).
+        dataset_path: JSON-lines file with `prompt` and `answer` (and optionally `split`) per row;
+            default: the embedded tiny arithmetic prompts.
+        dataset_split: rows of this `split` value are used (all rows if the file has no `split`).
+        conversational: wrap each prompt as a user chat message (the chat template is then applied).
+        num_threads: torch CPU threads; default 1 on a CPU-only machine (tiny models gain nothing
+            from intra-op threads, and on shared cores oversubscribed threads run ~20x slower),
+            torch's choice with a GPU.
+    """
+
+    backend: str = field(default="graft", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
+    dataset_path: str = field(default=str(TINY_PROMPTS), metadata={"help": "JSON-lines prompts with `prompt`, `answer`."})
+    dataset_split: str = field(default="train", metadata={"help": "Use rows whose `split` equals this."})
+    conversational: bool = field(default=False, metadata={"help": "Send prompts as chat messages."})
+    num_threads: int | None = field(
+        default=None if torch.cuda.is_available() else 1, metadata={"help": "torch CPU threads (unset: torch's choice)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {BACKENDS}")
+
+
+# ---------------------------------------------------------------------------- rewards
+def _text(completion) -> str:
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
+def correctness_reward(completions, answer, **kwargs) -> list[float]:
+    """1 when the final `#### N` line equals the gold answer, else 0."""
+    found = [re.findall(TINY_ANSWER_PATTERN, _text(c)) for c in completions]
+    return [float(bool(f) and int(f[-1]) == int(a)) for f, a in zip(found, answer)]
+
+
+def format_reward(completions, **kwargs) -> list[float]:
+    """1 when the completion ends with a `#### <integer>` line, else 0."""
+    return [float(FINAL_ANSWER.search(_text(c).strip()) is not None) for c in completions]
+
+
+# ---------------------------------------------------------------------------- data
+def load_prompts(args: ScriptArguments) -> Dataset:
+    with open(args.dataset_path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in rows if r.get("split", args.dataset_split) == args.dataset_split]
+    if not rows:
+        raise ValueError(f"{args.dataset_path} has no rows with split={args.dataset_split!r}")
+    prompts = [[{"role": "user", "content": r["prompt"]}] if args.conversational else r["prompt"] for r in rows]
+    return Dataset.from_dict({"prompt": prompts, "answer": [str(r["answer"]) for r in rows]})
+
+
+# ---------------------------------------------------------------------------- trainers
+class TimedGRPOTrainer(GRPOTrainer):
+    """TRL's own generation (`--backend hf`), timed like GraftGRPOTrainer's rollouts."""
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        start = time.perf_counter()
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        seconds = time.perf_counter() - start
+        self._log_metric("rollout/tokens_per_s", sum(len(c) for c in completion_ids) / max(seconds, 1e-9))
+        self._log_metric("rollout/seconds", seconds)
+        return completion_ids, logprobs
+
+
+def build_trainer(script_args, training_args, model_args, graft_args) -> GRPOTrainer:
+    training_args.model_init_kwargs = {"dtype": model_args.dtype, **(training_args.model_init_kwargs or {})}
+    common = dict(
+        model=model_args.model_name_or_path or str(TINY_TARGET),
+        reward_funcs=[correctness_reward, format_reward],
+        args=training_args,
+        train_dataset=load_prompts(script_args),
+    )
+    if script_args.backend == "hf":
+        return TimedGRPOTrainer(**common)
+    return GraftGRPOTrainer(graft_config=graft_args, **common)
+
+
+# ---------------------------------------------------------------------------- summary
+def summarize(log_history: list[dict], wall_seconds: float, backend: str) -> dict:
+    steps = [h for h in log_history if "reward" in h]
+    rewards = [h["reward"] for h in steps]
+    k = max(1, min(5, len(rewards) // 4))  # average a few steps at each end: GRPO rewards are noisy
+
+    def total(key):
+        return sum(h.get(key) or 0.0 for h in steps)
+
+    def mean(key):
+        values = [h[key] for h in steps if h.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    return {
+        "backend": backend,
+        "steps": len(steps),
+        "wall_seconds": wall_seconds,
+        "rollout_seconds": total("rollout/seconds"),
+        "step_seconds": total("step_time"),
+        "rollout_share": total("rollout/seconds") / max(total("step_time"), 1e-9),
+        "rollout_tokens_per_s": mean("rollout/tokens_per_s"),
+        "mean_accepted_tokens": mean("rollout/mean_accepted_tokens"),
+        "reward_first": sum(rewards[:k]) / k if rewards else None,
+        "reward_final": sum(rewards[-k:]) / k if rewards else None,
+        "correct_first": sum(h["rewards/correctness_reward/mean"] for h in steps[:k]) / k if steps else None,
+        "correct_final": sum(h["rewards/correctness_reward/mean"] for h in steps[-k:]) / k if steps else None,
+    }
+
+
+def print_summary(s: dict) -> None:
+    def fmt(v, spec):
+        return "n/a" if v is None else format(v, spec)
+
+    print(
+        f"\n== GRPO summary ({s['backend']}, {s['steps']} steps, {s['wall_seconds']:.0f}s wall) ==\n"
+        f"rollout time share of step time : {fmt(s['rollout_share'], '.1%')} "
+        f"({s['rollout_seconds']:.1f}s of {s['step_seconds']:.1f}s)\n"
+        f"rollout tokens/s                : {fmt(s['rollout_tokens_per_s'], '.0f')}\n"
+        f"mean accepted tokens (MAT)      : {fmt(s['mean_accepted_tokens'], '.2f')}\n"
+        f"reward (first -> final)         : {fmt(s['reward_first'], '.3f')} -> {fmt(s['reward_final'], '.3f')}\n"
+        f"correct answers (first -> final): {fmt(s['correct_first'], '.1%')} -> {fmt(s['correct_final'], '.1%')}"
+    )
+
+
+# ---------------------------------------------------------------------------- main
+def main(script_args, training_args, model_args, graft_args) -> dict:
+    if script_args.num_threads:
+        torch.set_num_threads(script_args.num_threads)
+    training_args.output_dir = training_args.output_dir.format(backend=script_args.backend)
+    trainer = build_trainer(script_args, training_args, model_args, graft_args)
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    summary = summarize(trainer.state.log_history, time.perf_counter() - start, script_args.backend)
+    if trainer.accelerator.is_main_process:
+        out = Path(training_args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+        config = {"script": asdict(script_args), "graft": asdict(graft_args), "model": model_args.model_name_or_path}
+        (out / "summary.json").write_text(json.dumps({**summary, "config": config}, indent=1))
+        print_summary(summary)
+        print(f"logs: {out}/log_history.json  (plot: python scripts/plot_training.py {out}/log_history.json)")
+    trainer.accelerator.wait_for_everyone()
+    return summary
+
+
+def make_parser() -> TrlParser:
+    parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig, GraftConfig))
+    parser.set_defaults(**RECIPE_DEFAULTS)
+    return parser
+
+
+if __name__ == "__main__":
+    main(*make_parser().parse_args_and_config())

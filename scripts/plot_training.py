@@ -1,0 +1,82 @@
+"""Plot reward and rollout throughput over GRPO steps from a trainer's log history.
+
+    python scripts/plot_training.py outputs/grpo_qwen3-graft/log_history.json \
+        [outputs/grpo_qwen3-hf/log_history.json ...] [-o training.png]
+
+Accepts the recipe's `log_history.json` (a list of log dicts) or a checkpoint's
+`trainer_state.json` (its `log_history`). Several runs are overlaid, labelled by their directory.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+PANELS = (  # (log key, axis title)
+    ("reward", "reward (mean over the batch)"),
+    ("rewards/correctness_reward/mean", "correct answers (fraction)"),
+    ("rollout/tokens_per_s", "rollout completion tokens / s"),
+    ("rollout/mean_accepted_tokens", "mean accepted tokens per forward (MAT)"),
+)
+
+
+def load_history(path: Path) -> list[dict]:
+    data = json.loads(path.read_text())
+    history = data["log_history"] if isinstance(data, dict) else data
+    return [h for h in history if "step" in h and "reward" in h]
+
+
+def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(h["step"], h[key]) for h in history if h.get(key) is not None]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average (GRPO rewards are noisy step to step)."""
+    return [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
+            for i in range(len(values))]
+
+
+def plot(runs: dict[str, list[dict]], out: Path, window: int) -> None:
+    panels = [(k, t) for k, t in PANELS if any(series(h, k)[0] for h in runs.values())]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.6 * len(panels)), sharex=True, squeeze=False)
+    for ax, (key, title) in zip(axes[:, 0], panels):
+        for label, history in runs.items():
+            steps, values = series(history, key)
+            if not steps:
+                continue
+            line, = ax.plot(steps, values, alpha=0.35, linewidth=1)
+            if window > 1 and key.startswith("reward"):
+                ax.plot(steps, smooth(values, window), color=line.get_color(), linewidth=2,
+                        label=f"{label} ({window}-step mean)")
+            else:
+                line.set_alpha(1.0)
+                line.set_label(label)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("training step")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("logs", nargs="+", type=Path, help="log_history.json or trainer_state.json files")
+    ap.add_argument("-o", "--out", type=Path, default=None, help="PNG path (default: training.png beside the first log)")
+    ap.add_argument("--window", type=int, default=5, help="moving-average window for the reward curves")
+    args = ap.parse_args(argv)
+    runs = {p.parent.name or str(p): load_history(p) for p in args.logs}
+    empty = [name for name, h in runs.items() if not h]
+    if empty:
+        raise SystemExit(f"no training steps with a reward in {empty}")
+    plot(runs, args.out or args.logs[0].parent / "training.png", args.window)
+
+
+if __name__ == "__main__":
+    main()
