@@ -1,8 +1,10 @@
 """rollout_graft: lossless speculative rollouts for GRPO training."""
 
-from .config import EngineConfig, RetrievalConfig, SamplingParams
+from .config import DraftConfig, EngineConfig, RetrievalConfig, SamplingParams
 from .engine import RolloutEngine, RolloutOutput
+from .pruning import calibrate
 from .stats import RolloutStats
 
-__all__ = ["EngineConfig", "RetrievalConfig", "RolloutEngine", "RolloutOutput", "RolloutStats", "SamplingParams"]
+__all__ = ["DraftConfig", "EngineConfig", "RetrievalConfig", "RolloutEngine", "RolloutOutput", "RolloutStats",
+           "SamplingParams", "calibrate"]
 __version__ = "0.1.0"

@@ -99,6 +99,70 @@ class RetrievalConfig:
 
 
 @dataclass(slots=True)
+class DraftConfig:
+    """Drafter trees, calibrated pruning and grafting (method "graft", DESIGN.md §2 steps 1–3).
+
+    Tree levels are counted from 0: level d holds the draft nodes at depth d + 1 below the root
+    (level 0 = the root's children). A checkpoint at level d compares the best cumulative
+    confidence (drafter prefix product) among the level-d nodes with τ_d; below it, that row's
+    tree stops growing and keeps `split[d]` draft nodes, the rest of the budget goes to retrieval.
+
+    Args:
+        draft_model: local directory of the draft model (same tokenizer as the target); or pass
+            `draft_model=` to `RolloutEngine`.
+        top_k: children per expanded node (top-k of the drafter's distribution).
+        beam: nodes per level that are expanded further (the highest cumulative confidences).
+        depth: deepest draft level + 1 (drafter forwards per step, counting the root's).
+        checkpoints: levels at which a row's tree may be pruned.
+        thresholds: τ per checkpoint (defaults; `calibrate` fits them from a warm-up run).
+        thresholds_path: JSON written by `calibrate`; overrides `thresholds` when given.
+        split: (checkpoint level, draft nodes kept) per checkpoint, for a budget of `split_budget`;
+            a row never pruned keeps the whole budget for draft nodes.
+        split_budget: the budget N the split table is written for; other budgets scale it.
+        fixed_draft_nodes: draft nodes per row when `adaptive_split` is False (of `split_budget`).
+        prune: stop growing a tree at a checkpoint when its confidence is below τ.
+        graft: fill the slots not used by draft nodes with a retrieval tree (else leave them empty).
+        adaptive_split: the draft/retrieval split follows the pruning stage (else it is fixed).
+    """
+
+    draft_model: str | None = None
+    top_k: int = 8
+    beam: int = 8
+    depth: int = 7
+    checkpoints: tuple[int, ...] = (0, 1, 5)
+    thresholds: tuple[float, ...] = (0.3, 0.15, 0.05)
+    thresholds_path: str | None = None
+    split: tuple[tuple[int, int], ...] = ((0, 8), (1, 24), (5, 40))
+    split_budget: int = 60
+    fixed_draft_nodes: int = 24
+    prune: bool = True
+    graft: bool = True
+    adaptive_split: bool = True
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.beam < 1 or self.depth < 1:
+            raise ValueError(f"draft top_k, beam and depth must be >= 1, got {self.top_k}, {self.beam}, {self.depth}")
+        self.checkpoints = tuple(int(c) for c in self.checkpoints)
+        self.thresholds = tuple(float(t) for t in self.thresholds)
+        self.split = tuple((int(d), int(n)) for d, n in self.split)
+        if list(self.checkpoints) != sorted(set(self.checkpoints)) or any(not 0 <= c < self.depth for c in self.checkpoints):
+            raise ValueError(f"checkpoints must be distinct increasing levels in [0, depth={self.depth}), "
+                             f"got {self.checkpoints}")
+        if len(self.thresholds) != len(self.checkpoints) or any(not 0.0 <= t <= 1.0 for t in self.thresholds):
+            raise ValueError(f"give one threshold in [0, 1] per checkpoint {self.checkpoints}, got {self.thresholds}")
+        if tuple(d for d, _ in self.split) != self.checkpoints:
+            raise ValueError(f"split must list the checkpoints {self.checkpoints} in order, got {self.split}")
+        nodes = [n for _, n in self.split]
+        if any(not 0 <= n <= self.split_budget for n in nodes + [self.fixed_draft_nodes]):
+            raise ValueError(f"split and fixed_draft_nodes must be in [0, split_budget={self.split_budget}]")
+        if nodes != sorted(nodes):
+            raise ValueError(f"a later checkpoint must keep at least as many draft nodes: {self.split}")
+        if self.graft and self.adaptive_split and not self.prune:
+            raise ValueError("an adaptive split without pruning leaves nothing to graft: set prune=True, "
+                             "or adaptive_split=False for a fixed draft/retrieval split")
+
+
+@dataclass(slots=True)
 class EngineConfig:
     """How the engine drafts and verifies.
 
@@ -106,7 +170,8 @@ class EngineConfig:
         method: draft source, see `Method`.
         budget: candidate nodes per sequence and step (the tree's size without its root).
         max_depth: deepest candidate node (tokens accepted per step ≤ max_depth + 1).
-        retrieval: adjacency-index settings (method "retrieval").
+        retrieval: adjacency-index settings (methods "retrieval" and "graft").
+        draft: drafter, pruning and grafting settings (method "graft").
         budget_policy: see `BudgetPolicy`.
         dcut_ratios: the ρ values D-cut chooses from (ρ = 0, plain decoding, is always added).
         cost_profile_refresh: re-profile the cost model instead of reading the on-disk cache.
@@ -117,6 +182,7 @@ class EngineConfig:
     budget: int = 60
     max_depth: int = 8
     retrieval: RetrievalConfig | None = None
+    draft: DraftConfig | None = None
     budget_policy: BudgetPolicy = "fixed"
     dcut_ratios: tuple[float, ...] = DEFAULT_DCUT_RATIOS
     cost_profile_refresh: bool = False
@@ -137,3 +203,5 @@ class EngineConfig:
             raise ValueError(f"compact_slack must be in (0, 4], got {self.compact_slack}")
         if self.retrieval is None:
             self.retrieval = RetrievalConfig()
+        if self.draft is None and self.method == "graft":
+            self.draft = DraftConfig()

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from .budget import DCut
 from .config import EngineConfig, SamplingParams
 from .cost import CostModel
-from .proposers import NoProposer, Proposer, RetrievalProposer, StepContext
+from .proposers import GraftProposer, NoProposer, Proposer, RetrievalProposer, StepContext
 from .runner import ModelRunner
 from .sampling import check_finite
 from .stats import RolloutStats
@@ -67,9 +67,12 @@ class RolloutEngine:
         config: `EngineConfig`.
         tokenizer: optional; when given, its vocabulary must fit the model's.
         proposer: override the proposer built from `config` (tests, research).
+        draft_model: method "graft": the draft model (a loaded model or a local directory; else
+            `config.draft.draft_model`). It must share the target's tokenizer.
     """
 
-    def __init__(self, model: PreTrainedModel, config: EngineConfig | None = None, tokenizer=None, proposer: Proposer | None = None):
+    def __init__(self, model: PreTrainedModel, config: EngineConfig | None = None, tokenizer=None, proposer: Proposer | None = None,
+                 draft_model: str | Path | PreTrainedModel | None = None):
         self.config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
@@ -79,7 +82,7 @@ class RolloutEngine:
                 f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {self.runner.vocab_size}: "
                 "pass the tokenizer that was trained with this model"
             )
-        self.proposer = proposer or self._build_proposer()
+        self.proposer = proposer or self._build_proposer(draft_model)
         self.dcut: DCut | None = None  # built on first use: profiling takes a few seconds
         self.eos_ids = _eos_ids(model)
         self.generator = torch.Generator(device=self.runner.device)
@@ -100,9 +103,11 @@ class RolloutEngine:
             tokenizer = AutoTokenizer.from_pretrained(path_or_model)
         return cls(model, config=config, tokenizer=tokenizer, **kwargs)
 
-    def _build_proposer(self) -> Proposer:
+    def _build_proposer(self, draft_model=None) -> Proposer:
         if self.config.method == "ar":
             return NoProposer()
+        if self.config.method == "graft":
+            return GraftProposer.build(self.config, self.runner, draft_model, self.tokenizer)
         return RetrievalProposer(self.config.retrieval, self.runner.vocab_size, self.runner.device)
 
     def budget_policy(self) -> DCut | None:

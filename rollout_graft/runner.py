@@ -49,6 +49,11 @@ class SlotLayer(DynamicLayer):
         self._buf_k, self._buf_v, self.keys, self.values = keys, values, keys, values
         self.used = keys.shape[-2]
 
+    def truncate(self, slots: int) -> None:
+        """Forget every slot from `slots` on; their space is reused by the next append."""
+        self.used = min(self.used, slots)
+        self.keys, self.values = self._buf_k[:, :, : self.used], self._buf_v[:, :, : self.used]
+
 
 class SlotCache(Cache):
     def __init__(self):
@@ -182,6 +187,13 @@ class ModelRunner:
             b, h, _, d = layer.keys.shape
             idx = order.view(b, 1, -1, 1).expand(b, h, order.shape[1], d)
             layer.replace(layer.keys.gather(2, idx), layer.values.gather(2, idx))
+
+    def truncate(self, slots: int) -> None:
+        """Drop the cache's slots from `slots` on (a drafter's scratch blocks), without a copy."""
+        for layer in self._layers():
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.truncate(slots)
+        self.slot_valid = self.slot_valid[:, :slots]
 
     def release(self) -> None:
         self.cache, self.slot_valid = None, None

@@ -1,0 +1,199 @@
+"""Drafter trees from a small LM with the target's tokenizer (DESIGN.md §2 step 1), EAGLE-2-style.
+
+The draft model runs in its own `ModelRunner` (the same class as the target's), whose KV cache
+holds every committed token except a short per-row *pending* list: the tokens emitted by the last
+step (at the start, the last prompt token). A step:
+
+1. feeds the pending tokens as one causal block (their KV stays) — the logits at the last one,
+   the root, give the root's children: level 0 = top-k of the drafter's distribution;
+2. expands level by level in one batched forward per level: the `beam` nodes of the newest level
+   with the highest cumulative confidence each get their top-k children. Every query sees the
+   committed cache plus its own ancestors' slots of the earlier levels (`past_extra`); those
+   scratch slots are cut off the cache once the tree is built;
+3. at checkpoint levels, a caller-supplied rule may stop a row's tree (calibrated pruning).
+
+confidence(node) = q(token | path) from the drafter (softmax at the sampling temperature, warped
+like the target's); score(node) = Π confidence along the path from the root (prefix product).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from ..config import DraftConfig, SamplingParams
+from ..merge import keep_best
+from ..runner import ModelRunner
+from ..sampling import warp_logits
+from ..tree import DRAFT, Draft, TreeBatch
+from ..verify import Acceptance
+from .base import Proposer, StepContext
+
+StopRule = Callable[[int, torch.Tensor], torch.Tensor]
+"""(checkpoint index, best cumulative confidence [rows]) → [rows] bool: stop this row's tree here."""
+
+
+@dataclass(slots=True)
+class Expansion:
+    """Every node the drafter expanded this step, in level order (parents precede children)."""
+
+    nodes: Draft  # [rows, m] all expanded nodes, source DRAFT
+    stage: torch.Tensor  # [rows] int64 checkpoint index where the row stopped; n_checkpoints = never
+    best: torch.Tensor  # [rows, n_checkpoints] best cumulative confidence at each checkpoint level (0 if not reached)
+
+
+def load_draft_model(draft: str | Path | PreTrainedModel, device: torch.device, dtype: torch.dtype):
+    """(model, tokenizer or None) from a local directory, or (model, None) for a loaded model."""
+    if isinstance(draft, PreTrainedModel):
+        return draft.eval(), None
+    from transformers import AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).to(device).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(draft)
+    except (OSError, ValueError):  # a model directory without tokenizer files
+        tokenizer = None
+    return model, tokenizer
+
+
+def check_same_vocabulary(target_vocab: int, draft_vocab: int, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """ValueError unless the drafter's token ids mean what the target's mean."""
+    fix = "use a draft model trained with the target's tokenizer (e.g. a smaller model of the same family)"
+    if target_vocab != draft_vocab:
+        raise ValueError(f"the draft model's vocabulary has {draft_vocab} entries but the target's has "
+                         f"{target_vocab}: draft tokens are verified by id, so {fix}")
+    if target_tokenizer is None or draft_tokenizer is None:
+        return
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        differ = sorted(t for t in t_vocab.keys() | d_vocab.keys() if t_vocab.get(t) != d_vocab.get(t))
+        raise ValueError(f"the draft model's tokenizer maps {len(differ)} tokens differently from the target's "
+                         f"(e.g. {differ[:3]}): {fix}")
+    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        if getattr(target_tokenizer, name, None) != getattr(draft_tokenizer, name, None):
+            raise ValueError(f"the draft tokenizer's {name} differs from the target's: {fix}")
+
+
+class DrafterProposer(Proposer):
+    """Dense drafter trees: `propose` keeps the `budget` best nodes of the expanded tree.
+
+    Args:
+        cfg: `DraftConfig` (top_k, beam, depth).
+        runner: a `ModelRunner` over the draft model (never the target's runner).
+        max_depth: the engine's deepest acceptable node.
+    """
+
+    def __init__(self, cfg: DraftConfig, runner: ModelRunner, max_depth: int):
+        self.cfg = cfg
+        self.runner = runner
+        self.max_depth = max_depth
+        self.params = SamplingParams()
+        self.pending: torch.Tensor | None = None  # [rows, P] tokens not yet in the draft cache (-1 = none)
+        self.pending_len: torch.Tensor | None = None  # [rows] int64 ≥ 1; the last pending token is the root
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, prompts, row_prompt, prompt_logits, params: SamplingParams) -> None:
+        self.params = params
+        self.runner.prefill([p[:-1] for p in prompts], row_prompt)
+        dev = self.runner.device
+        self.pending = torch.tensor([[prompts[g][-1]] for g in row_prompt.tolist()], dtype=torch.long, device=dev)
+        self.pending_len = torch.ones(len(row_prompt), dtype=torch.long, device=dev)
+
+    def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
+        # the emitted tokens (accepted candidates + bonus/recovered) are the next pending block
+        self.pending = acceptance.emitted.to(self.runner.device)
+        self.pending_len = acceptance.n_emitted.to(self.runner.device)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        rows = rows.to(self.runner.device)
+        self.runner.select_rows(rows)
+        self.pending = self.pending.index_select(0, rows)
+        self.pending_len = self.pending_len.index_select(0, rows)
+
+    def propose(self, ctx: StepContext) -> Draft:
+        nodes = self.expand(ctx).nodes
+        return keep_best(nodes, torch.full_like(ctx.last_token, ctx.budget))
+
+    # ------------------------------------------------------------------ drafting
+    def _confidence(self, logits: torch.Tensor) -> torch.Tensor:
+        """Drafter probabilities [..., V] at the sampling temperature (T=1 when greedy)."""
+        if self.params.greedy:
+            return logits.float().softmax(-1)
+        return warp_logits(logits, self.params).softmax(-1)
+
+    def _feed_pending(self, ctx: StepContext) -> torch.Tensor:
+        """Cache the pending tokens (a causal block per row); returns the root logits [rows, V]."""
+        rows, width = self.pending.shape
+        dev = self.runner.device
+        j = torch.arange(width, device=dev)
+        real = j.view(1, -1) < self.pending_len.view(-1, 1)  # [rows, P]
+        positions = (ctx.length.to(dev) - self.pending_len).view(-1, 1) + j  # the root sits at length - 1
+        causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+        mask = (causal & real.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=dev)  # padding sees itself
+        logits = self.runner.verify(self.pending.clamp(min=0), positions, mask)  # [rows, P, V]
+        self.runner.commit(real)
+        return logits[torch.arange(rows, device=dev), self.pending_len - 1]
+
+    def expand(self, ctx: StepContext, stop: StopRule | None = None) -> Expansion:
+        """Grow every row's tree level by level; `stop` may end a row's tree at a checkpoint."""
+        cfg, dev = self.cfg, self.runner.device
+        rows, k = ctx.last_token.shape[0], cfg.top_k
+        # deepest useful node: depth < remaining (an emitted token must follow), ≤ engine max_depth
+        max_nodes_depth = torch.clamp(torch.minimum(ctx.remaining.to(dev) - 1, torch.full_like(ctx.remaining, self.max_depth)), min=0)
+        levels = min(cfg.depth, int(max_nodes_depth.max()))
+        stage = torch.full((rows,), len(cfg.checkpoints), dtype=torch.long, device=dev)
+        best = torch.zeros(rows, len(cfg.checkpoints), device=dev)
+        root_logits = self._feed_pending(ctx)
+        if levels == 0:
+            self.runner.maybe_compact(int(self.runner.slot_valid.sum(1).max()))
+            return Expansion(Draft.empty(rows, dev), stage, best)
+        scratch = self.runner.slots  # tree slots appended from here are cut off at the end
+
+        conf, tok = self._confidence(root_logits).topk(k, dim=-1)  # [rows, k] level 0
+        score, parent = conf, torch.full((rows, k), -1, dtype=torch.long, device=dev)
+        active = torch.ones(rows, dtype=torch.bool, device=dev)
+        vis = torch.zeros(rows, k, 0, dtype=torch.bool, device=dev)  # [rows, width, scratch] ancestors' slots
+        out = {"tokens": [], "parents": [], "score": [], "depth": []}
+        offset = 0
+        for level in range(levels):
+            valid_lvl = (score > 0) & active.view(-1, 1) & (level < max_nodes_depth).view(-1, 1)
+            score = score.masked_fill(~valid_lvl, 0.0)
+            for name, value in (("tokens", tok), ("parents", parent), ("score", score),
+                                ("depth", torch.full_like(tok, level + 1))):
+                out[name].append(value)
+            if level in cfg.checkpoints:
+                c = cfg.checkpoints.index(level)
+                best[:, c] = score.max(1).values
+                if stop is not None:
+                    stopped = active & stop(c, best[:, c])
+                    stage[stopped] = c
+                    active &= ~stopped
+            if level + 1 == levels or not bool((valid_lvl.any(1) & active).any()):
+                break
+            # frontier: the `beam` best nodes of this level, each expanded by one draft forward
+            f_score, f_idx = score.topk(min(cfg.beam, score.shape[1]), dim=1)  # [rows, b]
+            f_tok, f_vis = tok.gather(1, f_idx), vis.gather(1, f_idx.unsqueeze(-1).expand(-1, -1, vis.shape[2]))
+            b = f_idx.shape[1]
+            past_extra = torch.cat([torch.zeros(rows, b, scratch, dtype=torch.bool, device=dev), f_vis], 2)
+            eye = torch.eye(b, dtype=torch.bool, device=dev).expand(rows, b, b)
+            positions = (ctx.length.to(dev) - 1 + level + 1).view(-1, 1).expand(rows, b)
+            logits = self.runner.verify(f_tok, positions, eye, past_extra=past_extra)  # [rows, b, V]
+            conf, tok = self._confidence(logits).topk(k, dim=-1)  # [rows, b, k]
+            score = (f_score.unsqueeze(-1) * conf).view(rows, b * k)
+            tok = tok.view(rows, b * k)
+            parent = (offset + f_idx).repeat_interleave(k, dim=1)  # global index of each child's parent
+            # a child sees what its parent saw plus the parent's own slot
+            vis = torch.cat([f_vis, eye], 2).repeat_interleave(k, dim=1)  # [rows, b*k, scratch + b]
+            offset += out["tokens"][-1].shape[1]
+        self.runner.truncate(scratch)
+        self.runner.maybe_compact(int(self.runner.slot_valid.sum(1).max()))
+        tokens = torch.cat(out["tokens"], 1)
+        score = torch.cat(out["score"], 1)
+        valid = score > 0
+        nodes = Draft(tokens, torch.cat(out["parents"], 1), torch.cat(out["depth"], 1), valid, score,
+                      torch.full_like(tokens, DRAFT, dtype=torch.int8))
+        return Expansion(nodes, stage, best)

@@ -1,0 +1,133 @@
+"""Graft: drafter trees pruned by calibrated confidence, freed slots grafted with retrieval
+(method="graft"; DESIGN.md §2 steps 1–3, arXiv 2605.20104).
+
+Per step and row, with a fixed budget of N candidate nodes:
+1. the drafter expands its tree; at checkpoint levels a row whose best cumulative confidence is
+   below τ stops growing (`pruning.pruning_stage`);
+2. the row keeps its `quota` best draft nodes — by stage: 8 / 24 / 40 / 60 of N = 60;
+3. the N − quota freed slots get a retrieval tree from the group's adjacency index, rooted at the
+   row's last token, shaped by the asymmetric best-first template of that size;
+4. both trees are merged (`merge.merge_trees`): identical token paths become one node, so the
+   result ⊇ the pruned draft tree and never exceeds N nodes.
+
+Ablations are options of this one proposer (`DraftConfig`): dense draft (prune=False,
+graft=False), prune-only (graft=False), fixed split (adaptive_split=False), full graft.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from ..config import DraftConfig, EngineConfig, SamplingParams
+from ..merge import keep_best, merge_trees
+from ..pruning import draft_quota, load_thresholds
+from ..runner import ModelRunner
+from ..tree import Draft, TreeBatch
+from ..verify import Acceptance
+from .base import Proposer, StepContext
+from .drafter import DrafterProposer, check_same_vocabulary, load_draft_model
+from .retrieval import RetrievalProposer
+
+
+def _select_rows(draft: Draft, rows: torch.Tensor, width: int) -> Draft:
+    """Keep `rows` ([rows] bool) valid, pad the node axis to `width`."""
+    pad = width - draft.tokens.shape[1]
+    fields = {}
+    for name in Draft.__slots__:
+        value = getattr(draft, name)
+        fill = -1 if name == "parents" else (1 if name == "depth" else 0)
+        fields[name] = torch.nn.functional.pad(value, (0, pad), value=fill) if pad else value
+    fields["valid"] = fields["valid"] & rows.view(-1, 1)
+    return Draft(**fields)
+
+
+class GraftProposer(Proposer):
+    """Drafter + calibrated pruning + retrieval grafting.
+
+    Args:
+        cfg: `DraftConfig`.
+        drafter: the `DrafterProposer` (owns the draft model's runner).
+        retrieval: the group-shared `RetrievalProposer` (None when `cfg.graft` is False).
+    """
+
+    def __init__(self, cfg: DraftConfig, drafter: DrafterProposer, retrieval: RetrievalProposer | None):
+        self.cfg = cfg
+        self.drafter = drafter
+        self.retrieval = retrieval
+        self.thresholds = load_thresholds(cfg.thresholds_path, cfg.checkpoints) if cfg.thresholds_path else cfg.thresholds
+        self.calibration_log: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # set by pruning.calibrate
+        self.seconds: dict[str, float] = {}  # "draft", "graft": proposer time per phase, this rollout
+        self._best: torch.Tensor | None = None
+
+    @staticmethod
+    def build(config: EngineConfig, target: ModelRunner, draft_model=None, tokenizer=None) -> "GraftProposer":
+        """The proposer for `config` (method "graft"): loads the draft model, checks its vocabulary."""
+        cfg = config.draft
+        source = draft_model if draft_model is not None else cfg.draft_model
+        if source is None:
+            raise ValueError("method 'graft' needs a draft model: pass draft_model=<directory or model> to "
+                             "RolloutEngine / RolloutEngine.from_pretrained, or set DraftConfig(draft_model=...)")
+        model, draft_tokenizer = load_draft_model(source, target.device, target.dtype)
+        runner = ModelRunner(model, compact_slack=config.compact_slack)
+        check_same_vocabulary(target.vocab_size, runner.vocab_size, tokenizer, draft_tokenizer)
+        retrieval = RetrievalProposer(config.retrieval, target.vocab_size, target.device) if cfg.graft else None
+        return GraftProposer(cfg, DrafterProposer(cfg, runner, config.max_depth), retrieval)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, prompts, row_prompt, prompt_logits, params: SamplingParams) -> None:
+        self.seconds = {"draft": 0.0, "graft": 0.0}
+        self.drafter.start(prompts, row_prompt, prompt_logits, params)
+        if self.retrieval is not None:
+            self.retrieval.start(prompts, row_prompt, prompt_logits, params)
+
+    def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
+        self.drafter.observe(ctx, tree, logits, acceptance)
+        if self.retrieval is not None:  # the group index learns exactly as for method "retrieval"
+            self.retrieval.observe(ctx, tree, logits, acceptance)
+        if self.calibration_log is not None:
+            self.calibration_log.append((self._best.cpu(), (acceptance.n_emitted - 1).cpu()))
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.drafter.select_rows(rows)
+        if self.retrieval is not None:
+            self.retrieval.select_rows(rows)
+
+    # ------------------------------------------------------------------ step
+    def _stop(self, checkpoint: int, best: torch.Tensor) -> torch.Tensor:
+        return best < self.thresholds[checkpoint]
+
+    def propose(self, ctx: StepContext) -> Draft:
+        calibrating = self.calibration_log is not None  # warm-up: dense trees, nothing pruned or grafted
+        t0 = time.perf_counter()
+        stop = self._stop if self.cfg.prune and not calibrating else None
+        expansion = self.drafter.expand(ctx, stop)
+        self._best = expansion.best
+        quota = torch.full_like(expansion.stage, ctx.budget)
+        if not calibrating and (self.cfg.prune or not self.cfg.adaptive_split):
+            quota = draft_quota(expansion.stage, self.cfg, ctx.budget)
+        draft = keep_best(expansion.nodes, quota).to(ctx.last_token.device)
+        t1 = time.perf_counter()
+        self.seconds["draft"] += t1 - t0
+        if self.retrieval is None or calibrating:
+            return draft
+        merged = merge_trees(draft, self._retrieve(ctx, ctx.budget - quota.to(ctx.last_token.device)))
+        self.seconds["graft"] += time.perf_counter() - t1
+        return merged
+
+    def _retrieve(self, ctx: StepContext, slots: torch.Tensor) -> Draft:
+        """A retrieval tree of `slots[row]` nodes per row: one lookup per distinct slot count
+        (the best-first template's shape depends on its size: the pruning stage)."""
+        sizes = [n for n in torch.unique(slots).tolist() if n > 0]
+        if not sizes:
+            return Draft.empty(slots.shape[0], slots.device)
+        trees = [self.retrieval.propose(replace(ctx, budget=n)) for n in sizes]
+        width = max(t.tokens.shape[1] for t in trees)
+        out = _select_rows(trees[0], slots == sizes[0], width)
+        for n, tree in zip(sizes[1:], trees[1:]):
+            part = _select_rows(tree, slots == n, width)
+            use = (slots == n).view(-1, 1)
+            out = Draft(**{f: torch.where(use, getattr(part, f), getattr(out, f)) for f in Draft.__slots__})
+        return out

@@ -1,0 +1,254 @@
+"""method="graft": drafter trees, calibrated pruning, retrieval grafting — lossless and well-formed."""
+
+import math
+
+import pytest
+import torch
+from conftest import random_model
+from test_lossless import PROMPTS, chi2_pvalue, exact_two_token_probs
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+import rollout_graft.proposers.graft as graft_module
+from rollout_graft import DraftConfig, EngineConfig, RolloutEngine, SamplingParams, calibrate
+from rollout_graft.merge import keep_best, merge_trees, sibling_duplicates, token_paths
+from rollout_graft.proposers.drafter import check_same_vocabulary
+from rollout_graft.pruning import draft_quota, fit_thresholds, pruning_stage
+from rollout_graft.tree import DRAFT, RETRIEVAL, Draft
+
+MAX_NEW = 16
+VARIANTS = {  # the ablations are options of the one method
+    "dense-draft": DraftConfig(prune=False, graft=False),
+    "prune-only": DraftConfig(graft=False),
+    "fixed-split": DraftConfig(prune=False, adaptive_split=False),
+    "graft": DraftConfig(),
+}
+
+
+def small_draft(vocab: int = 64, seed: int = 1, sharp: float = 4.0):
+    """A 1-layer random drafter with the target's vocabulary (a *wrong* drafter)."""
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                      eos_token_id=1, pad_token_id=0, bos_token_id=2, tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharp)
+    return model
+
+
+def graft_engine(target, draft, dcfg=None, budget=60, **kw):
+    return RolloutEngine(target, EngineConfig(method="graft", budget=budget, draft=dcfg or DraftConfig(), **kw),
+                         draft_model=draft)
+
+
+# ---------------------------------------------------------------------- losslessness
+@pytest.mark.parametrize("drafter", ["perfect", "wrong"])
+def test_greedy_graft_variants_equal_ar(qwen3_model, drafter):
+    greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    ar = RolloutEngine(qwen3_model).generate(PROMPTS, greedy)
+    draft = qwen3_model if drafter == "perfect" else small_draft()
+    for name, dcfg in VARIANTS.items():
+        out = graft_engine(qwen3_model, draft, dcfg).generate(PROMPTS, greedy)
+        assert out.completion_ids == ar.completion_ids, name
+        assert out.finish_reasons == ar.finish_reasons, name
+        if drafter == "perfect" and name == "dense-draft":  # the target drafting itself: its greedy chain is in the tree
+            assert out.stats.mean_accepted_tokens > 2.0
+
+
+@pytest.mark.parametrize("params,drafter", [
+    (SamplingParams(temperature=1.0, max_new_tokens=2, ignore_eos=True, seed=1), "wrong"),
+    (SamplingParams(temperature=0.7, top_k=6, max_new_tokens=2, ignore_eos=True, seed=2), "perfect"),
+    (SamplingParams(temperature=1.3, top_p=0.8, max_new_tokens=2, ignore_eos=True, seed=3), "wrong"),
+], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}" if isinstance(p, SamplingParams) else p)
+def test_graft_sampling_matches_target_distribution(params, drafter):
+    model = random_model("qwen3", vocab=16, seed=7, sharp=5.0)
+    prompt, n = [3, 4, 5, 3, 4, 6, 5, 3], 4000
+    probs = exact_two_token_probs(model, prompt, params)
+    draft = model if drafter == "perfect" else small_draft(16, seed=3, sharp=5.0)
+    dcfg = DraftConfig(thresholds=(0.5, 0.3, 0.05))  # prune often so retrieval nodes are verified too
+    out = graft_engine(model, draft, dcfg, budget=30).generate([prompt] * n, params)
+    assert out.stats.mean_accepted_tokens > 1.1  # the trees were actually used
+    assert chi2_pvalue([tuple(c) for c in out.completion_ids], probs) > 1e-4
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 0.0])
+def test_graft_logprobs_equal_full_recompute(qwen3_model, temperature):
+    params = SamplingParams(temperature=temperature, top_k=20, max_new_tokens=16, seed=11)
+    out = graft_engine(qwen3_model, small_draft(), budget=20).generate(PROMPTS, params)
+    scale = temperature if temperature > 0 else 1.0
+    for p, c, lp in zip(PROMPTS, out.completion_ids, out.logprobs):
+        assert len(c) == len(lp) > 0
+        with torch.no_grad():
+            logits = qwen3_model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1]
+        ref = torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(c).unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(torch.tensor(lp), ref, atol=1e-4)
+        assert all(math.isfinite(x) for x in lp)
+
+
+def test_graft_seeded_runs_repeat(qwen3_model):
+    prompts = [[5, 6, 7]] * 6 + [[9, 10]] * 2
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=123)
+    draft = small_draft()
+    a = graft_engine(qwen3_model, draft).generate(prompts, params)
+    b = graft_engine(qwen3_model, draft).generate(prompts, params)
+    assert a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
+    assert len({tuple(c) for c in a.completion_ids[:6]}) > 1  # siblings are independent samples
+    c = graft_engine(qwen3_model, draft).generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=16, seed=124))
+    assert c.completion_ids != a.completion_ids
+
+
+# ---------------------------------------------------------------------- pruning and split
+def test_pruning_stage_from_confidence_table():
+    tau = (0.3, 0.15, 0.05)  # checkpoints at levels 0, 1, 5
+    best = torch.tensor([
+        [0.20, 0.10, 0.01],  # unsure at the root: stops at checkpoint 0
+        [0.90, 0.10, 0.01],  # sure at level 0, unsure at level 1: stops at checkpoint 1
+        [0.90, 0.60, 0.04],  # stops at the deep checkpoint (level 5)
+        [0.90, 0.60, 0.30],  # never pruned
+        [0.30, 0.15, 0.05],  # exactly at τ is not below it: never pruned
+    ])
+    assert pruning_stage(best, tau).tolist() == [0, 1, 2, 3, 3]
+
+
+def test_draft_quota_follows_the_paper_split_and_scales():
+    stage = torch.tensor([0, 1, 2, 3])
+    assert draft_quota(stage, DraftConfig(), 60).tolist() == [8, 24, 40, 60]  # retrieval: 52 / 36 / 20 / 0
+    assert draft_quota(stage, DraftConfig(), 30).tolist() == [4, 12, 20, 30]
+    fixed = DraftConfig(prune=False, adaptive_split=False, fixed_draft_nodes=40)
+    assert draft_quota(stage, fixed, 60).tolist() == [40, 40, 40, 40]
+
+
+def test_fit_thresholds_separates_accepted_rows():
+    # checkpoint level 0: rows with best ≥ 0.5 accepted ≥ 1 draft token, the others none
+    best = torch.tensor([[0.9], [0.8], [0.6], [0.5], [0.4], [0.3], [0.2], [0.1]]).repeat(3, 1)
+    accepted = torch.tensor([2, 1, 3, 1, 0, 0, 0, 0]).repeat(3)
+    assert fit_thresholds(best, accepted, (0,), (0.7,)) == (pytest.approx(0.5),)
+    assert fit_thresholds(best[:4], accepted[:4], (0,), (0.7,)) == (0.7,)  # too few rows: keep τ
+    assert fit_thresholds(best, torch.zeros(24, dtype=torch.long), (0,), (0.7,)) == (1.0,)  # never accepted
+
+
+def test_drafter_stops_at_checkpoints(qwen3_model):
+    """τ = 1 stops every tree at level 0 (≤ top_k draft nodes); τ = 0 never stops."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=0)
+    for tau, stage, max_depth in (((1.0, 1.0, 1.0), 0, 1), ((0.0, 0.0, 0.0), 3, 7)):
+        engine = graft_engine(qwen3_model, qwen3_model, DraftConfig(thresholds=tau, graft=False))
+        seen = []
+        expand = engine.proposer.drafter.expand
+        engine.proposer.drafter.expand = lambda ctx, stop=None: seen.append(expand(ctx, stop)) or seen[-1]
+        engine.generate([[5, 6, 7], [8, 9]], params)
+        for ex in seen:
+            assert ex.stage.tolist() == [stage] * len(ex.stage)
+            assert ex.stage.tolist() == pruning_stage(ex.best, tau).tolist()
+        assert max(ex.nodes.max_depth for ex in seen) == max_depth
+
+
+# ---------------------------------------------------------------------- tree surgery
+def test_keep_best_is_per_row_and_ancestor_closed():
+    d = Draft.from_lists([[(10, -1), (11, -1), (12, 0), (13, 2)], [(20, -1), (21, 0)]])
+    d.score = torch.tensor([[0.5, 0.4, 0.3, 0.1], [0.9, 0.9, 0.0, 0.0]])
+    kept = keep_best(d, torch.tensor([3, 1]))
+    kept.validate()
+    assert kept.tokens[0].tolist()[:3] == [10, 11, 12] and kept.valid[0].tolist()[:3] == [True] * 3
+    assert kept.valid[1].tolist()[:2] == [True, False]  # equal scores: the parent (shallower) first
+
+
+def test_merge_trees_unions_identical_paths():
+    # draft tree: root → 5 → 6 → 7 ; root → 8
+    draft = Draft.from_lists([[(5, -1), (6, 0), (7, 1), (8, -1)]])
+    draft.score = torch.tensor([[0.5, 0.4, 0.2, 0.3]])
+    # retrieval tree: root → 5 → 6 → 9 ; root → 5 → 4 ; root → 3
+    retr = Draft.from_lists([[(5, -1), (3, -1), (6, 0), (4, 0), (9, 2)]])
+    retr.score = torch.tensor([[0.7, 0.1, 0.6, 0.05, 0.3]])
+    retr.source.fill_(RETRIEVAL)
+    merged = merge_trees(draft, retr)
+    merged.validate()
+    assert sibling_duplicates(merged) == 0
+    assert token_paths(merged, 0) == {(5,), (5, 6), (5, 6, 7), (8,), (5, 6, 9), (5, 4), (3,)}
+    assert int(merged.valid.sum()) == 7  # 4 draft + 5 retrieval − 2 shared paths
+    by_path = {}
+    for i in range(7):
+        path = next(p for p in token_paths(Draft(merged.tokens, merged.parents, merged.depth,
+                                                     torch.arange(7).view(1, -1) <= i, merged.score, merged.source), 0)
+                    if len(p) == int(merged.depth[0, i]) and p[-1] == int(merged.tokens[0, i]))
+        by_path[path] = (float(merged.score[0, i]), int(merged.source[0, i]))
+    assert by_path[(5,)] == (pytest.approx(0.7), DRAFT)  # merged: draft source, larger score
+    assert by_path[(5, 6, 9)] == (pytest.approx(0.3), RETRIEVAL)
+
+
+def test_graft_trees_within_budget_superset_and_well_formed(qwen3_model, monkeypatch):
+    pairs = []
+    real_merge = graft_module.merge_trees
+
+    def spy(first, second):
+        out = real_merge(first, second)
+        pairs.append((first, out))
+        return out
+
+    monkeypatch.setattr(graft_module, "merge_trees", spy)
+    budget = 20
+    engine = graft_engine(qwen3_model, small_draft(), DraftConfig(thresholds=(0.5, 0.3, 0.05)), budget=budget)
+    engine.generate([[5, 6, 7]] * 4 + [[8, 9]] * 2, SamplingParams(temperature=1.0, max_new_tokens=30, seed=0))
+    assert pairs
+    grafted = 0
+    for pruned, merged in pairs:
+        merged.validate()
+        assert sibling_duplicates(merged) == 0
+        assert int(merged.valid.sum(1).max()) <= budget
+        for r in range(merged.tokens.shape[0]):
+            assert token_paths(pruned, r) <= token_paths(merged, r)  # merged ⊇ pruned draft tree
+        grafted += int((merged.valid & (merged.source == RETRIEVAL)).sum())
+    assert grafted > 0  # retrieval actually filled freed slots
+
+
+def test_group_index_learns_during_graft(qwen3_model):
+    engine = graft_engine(qwen3_model, small_draft())
+    before = int((engine.proposer.retrieval.prior.ids >= 0).sum())
+    engine.generate([[5, 6, 7]] * 4, SamplingParams(temperature=1.0, max_new_tokens=20, seed=0))
+    assert int((engine.proposer.retrieval.prior.ids >= 0).sum()) > before
+    assert int((engine.proposer.retrieval.index.ids >= 0).sum()) > before
+
+
+# ---------------------------------------------------------------------- calibration, config, errors
+def test_calibrate_fits_saves_and_loads(qwen3_model, tmp_path):
+    engine = graft_engine(qwen3_model, qwen3_model)
+    path = tmp_path / "tau.json"
+    taus = calibrate(engine, [[5, 6, 7]] * 4 + [[9, 10]] * 4, SamplingParams(temperature=1.0, max_new_tokens=24, seed=0),
+                     path=path)
+    assert len(taus) == 3 and all(0.0 <= t <= 1.0 for t in taus)
+    assert engine.proposer.thresholds == taus
+    loaded = graft_engine(qwen3_model, qwen3_model, DraftConfig(thresholds_path=str(path)))
+    assert loaded.proposer.thresholds == pytest.approx(taus)
+    with pytest.raises(ValueError, match="checkpoints"):
+        graft_engine(qwen3_model, qwen3_model, DraftConfig(checkpoints=(0, 2), thresholds=(0.1, 0.1),
+                                                           split=((0, 8), (2, 24)), thresholds_path=str(path)))
+
+
+def test_bad_drafter_is_refused(qwen3_model):
+    with pytest.raises(ValueError, match="vocabulary has 32 entries"):
+        graft_engine(qwen3_model, small_draft(vocab=32))
+    with pytest.raises(ValueError, match="needs a draft model"):
+        RolloutEngine(qwen3_model, EngineConfig(method="graft"))
+
+    class Tok:
+        def __init__(self, vocab, eos=1):
+            self.vocab, self.eos_token_id, self.bos_token_id, self.pad_token_id = vocab, eos, None, None
+
+        def get_vocab(self):
+            return self.vocab
+
+    same = {"a": 0, "b": 1}
+    check_same_vocabulary(64, 64, Tok(same), Tok(dict(same)))
+    with pytest.raises(ValueError, match="maps 2 tokens differently"):
+        check_same_vocabulary(64, 64, Tok(same), Tok({"a": 1, "b": 0}))
+    with pytest.raises(ValueError, match="eos_token_id"):
+        check_same_vocabulary(64, 64, Tok(same), Tok(same, eos=0))
+
+
+def test_draft_config_validation():
+    with pytest.raises(ValueError, match="one threshold"):
+        DraftConfig(thresholds=(0.1,))
+    with pytest.raises(ValueError, match="nothing to graft"):
+        DraftConfig(prune=False)
+    with pytest.raises(ValueError, match="checkpoints"):
+        DraftConfig(depth=4)  # checkpoint level 5 is never reached
+    assert EngineConfig(method="graft").draft == DraftConfig()
