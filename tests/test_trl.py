@@ -9,13 +9,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import pytest
 import torch
 from trl import GRPOConfig, ModelConfig, TrlParser
-from trl_helpers import char_tokenizer, length_reward, prompt_dataset, tiny_policy
+from trl_helpers import CHARS, char_tokenizer, length_reward, prompt_dataset, tiny_policy
 
 from rollout_graft.config import METHODS, EngineConfig, RetrievalConfig, SamplingParams
 from rollout_graft.engine import RolloutEngine
 from trainers import GraftConfig, GraftGRPOTrainer
 from trainers.config import PRIOR_FILE
-from trainers.drafter import check_same_tokenizer
 
 
 
@@ -165,15 +164,31 @@ def test_drafter_needs_a_drafter_method():
         GraftConfig(method="graft")
 
 
+def save_drafter(path, tok, seed=1):
+    tiny_policy(len(tok), seed=seed).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
 def test_drafter_with_another_tokenizer_is_rejected(tmp_path):
     tok = char_tokenizer()
-    other = char_tokenizer(list("abcdefghij0123456789"))
-    other.save_pretrained(tmp_path)
-    check_same_tokenizer(tok, char_tokenizer(), "same")  # same vocabulary: fine
-    with pytest.raises(ValueError, match="another tokenizer"):
+    drafter = save_drafter(tmp_path / "draft", char_tokenizer(CHARS[::-1]))  # same size, other ids
+    with pytest.raises(ValueError, match="maps .* tokens differently"):
         GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path / "out"),
-                         graft_config=GraftConfig(method="graft", draft_model_name_or_path=str(tmp_path)),
+                         graft_config=GraftConfig(method="graft", draft_model_name_or_path=drafter),
                          train_dataset=prompt_dataset(), processing_class=tok)
+
+
+def test_graft_method_with_a_drafter_trains(tmp_path):
+    """method 'graft' (drafter trees + retrieval) behind TRL: its logprobs match TRL's recompute too."""
+    tok = char_tokenizer()
+    graft = GraftConfig(method="graft", draft_model_name_or_path=save_drafter(tmp_path / "draft", tok))
+    trainer = GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path / "out", max_steps=1),
+                               graft_config=graft, train_dataset=prompt_dataset(), processing_class=tok)
+    trainer.train()
+    (h,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert h["rollout/mean_accepted_tokens"] >= 1.0
+    assert h["sampling/sampling_logp_difference/max"] < 1e-4
 
 
 def test_num_generations_must_divide_the_batch(tmp_path):

@@ -12,7 +12,7 @@ all three from one command line or YAML file.
 import dataclasses
 from dataclasses import dataclass, field
 
-from rollout_graft.config import METHODS, EngineConfig, RetrievalConfig
+from rollout_graft.config import METHODS, DraftConfig, EngineConfig, RetrievalConfig
 
 DRAFTER_METHODS = ("graft",)
 """Methods that run a draft model (with the policy's tokenizer)."""
@@ -31,6 +31,8 @@ class GraftConfig:
             grafted with retrieval; needs `draft_model_name_or_path`).
         draft_model_name_or_path: local path of a draft model sharing the policy's tokenizer
             (used by drafter-based methods only).
+        draft_thresholds_path: pruning thresholds τ calibrated for this drafter (JSON written by
+            the engine's `calibrate`); None = the engine's default thresholds.
         budget: candidate nodes per sequence and step; None = engine default.
         budget_policy: how the verification budget is allocated ("fixed" or, where the engine
             supports it, "dcut"); None = engine default.
@@ -46,6 +48,9 @@ class GraftConfig:
     method: str = field(default="retrieval", metadata={"help": f"Rollout engine draft source, one of {METHODS}."})
     draft_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Local path of a draft model with the policy's tokenizer (drafter methods only)."}
+    )
+    draft_thresholds_path: str | None = field(
+        default=None, metadata={"help": "Calibrated pruning thresholds (JSON from the engine's calibrate) for method 'graft'."}
     )
     budget: int | None = field(default=None, metadata={"help": "Candidate nodes per sequence and step (engine default if unset)."})
     budget_policy: str | None = field(
@@ -64,9 +69,9 @@ class GraftConfig:
         uses_drafter = self.method in DRAFTER_METHODS
         if uses_drafter and self.draft_model_name_or_path is None:
             raise ValueError(f"method={self.method!r} drafts with a small model: set draft_model_name_or_path")
-        if not uses_drafter and self.draft_model_name_or_path is not None:
+        if not uses_drafter and (self.draft_model_name_or_path or self.draft_thresholds_path) is not None:
             raise ValueError(f"method={self.method!r} does not use a draft model: set method to one of "
-                             f"{DRAFTER_METHODS} or unset draft_model_name_or_path")
+                             f"{DRAFTER_METHODS} or unset draft_model_name_or_path / draft_thresholds_path")
 
     def engine_config(self) -> EngineConfig:
         """The `EngineConfig` these settings describe (unset fields keep the engine's defaults)."""
@@ -74,6 +79,9 @@ class GraftConfig:
                              max_depth=self.max_depth)
         engine["retrieval"] = RetrievalConfig(**_set_fields(RetrievalConfig, share_in_group=self.share_in_group,
                                                              prior_path=self.prior_path))
+        if self.draft_model_name_or_path is not None:
+            engine["draft"] = DraftConfig(**_set_fields(DraftConfig, draft_model=self.draft_model_name_or_path,
+                                                        thresholds_path=self.draft_thresholds_path))
         return EngineConfig(**engine)
 
 

@@ -18,16 +18,16 @@ import time
 from contextlib import contextmanager
 
 import torch
-from transformers import PreTrainedModel
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
 from rollout_graft.config import SamplingParams
 from rollout_graft.engine import RolloutEngine
+from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.stats import RolloutStats
 
 from .config import PRIOR_FILE, GraftConfig
-from .drafter import check_drafter
 
 _SEED_STRIDE = 1_000_003  # a prime: (base, rank, rollout) → distinct sampler seeds
 
@@ -54,10 +54,7 @@ class GraftGRPOTrainer(GRPOTrainer):
         self.graft_config = graft_config or GraftConfig()
         self._check_distributed_setup()
         if self.graft_config.draft_model_name_or_path is not None:
-            check_drafter(self._tokenizer, self.graft_config.draft_model_name_or_path)
-            # TODO(engine): pass the drafter once RolloutEngine takes one ('graft' is only reserved so far).
-            raise ValueError(f"method={self.graft_config.method!r} needs a draft model, which this rollout_graft "
-                             "version's RolloutEngine cannot take yet: use method='retrieval'")
+            self._check_drafter(self.graft_config.draft_model_name_or_path)
         self.rollout_engine: RolloutEngine | None = None  # built at the first rollout, inside the ZeRO-3 gather
         self._rollouts = 0
         # TRL applies importance-sampling correction where `use_vllm` is set; the engine stands in for vLLM.
@@ -72,6 +69,12 @@ class GraftGRPOTrainer(GRPOTrainer):
         if self._dist.is_zero3 and not self.args.ds3_gather_for_generation:
             raise ValueError("the rollout engine needs whole weights: set ds3_gather_for_generation=True "
                              "(ZeRO-3 parameters are gathered for each rollout, as TRL does for generate)")
+
+    def _check_drafter(self, path: str) -> None:
+        """Fail before training, not at the first rollout, when the drafter's token ids differ from the policy's."""
+        vocab = self.accelerator.unwrap_model(self.model).config.vocab_size  # config: ZeRO-3 weights are sharded
+        check_same_vocabulary(vocab, AutoConfig.from_pretrained(path).vocab_size, self._tokenizer,
+                              AutoTokenizer.from_pretrained(path))
 
     # ------------------------------------------------------------------ generation (TRL's vLLM slot)
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
