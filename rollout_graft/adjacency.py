@@ -19,6 +19,20 @@ from .tree import RETRIEVAL, Draft
 EMPTY = -1  # successor id of a never-written slot
 
 
+def _merge_rows(ids_a, p_a, ids_b, p_b, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of the union of two successor lists [N, k] (a duplicate id keeps its larger prob)."""
+    ids = torch.cat([ids_a, ids_b], 1)  # [N, 2k]
+    p = torch.cat([p_a, p_b], 1).masked_fill(ids == EMPTY, -1.0)
+    p, order = torch.sort(p, dim=1, descending=True)
+    ids = ids.gather(1, order)
+    same = ids.unsqueeze(2) == ids.unsqueeze(1)  # [N, 2k, 2k]
+    dup = (same & torch.ones_like(same[0]).tril(-1)).any(2)  # an earlier (larger) copy exists
+    p = p.masked_fill(dup, -1.0)
+    p, keep = torch.topk(p, k, dim=1)
+    ids = ids.gather(1, keep).masked_fill(p < 0, EMPTY)
+    return ids, p.clamp(min=0.0)
+
+
 class AdjacencyIndex:
     """`[groups, V, k]` successor ids and probabilities on one device."""
 
@@ -48,11 +62,14 @@ class AdjacencyIndex:
         return AdjacencyIndex(self.ids[:1].repeat(groups, 1, 1), self.probs[:1].repeat(groups, 1, 1))
 
     # ------------------------------------------------------------------ learn
-    def update(self, group: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor) -> None:
-        """Overwrite the rows of `tokens` with the top-k of the distribution that follows them.
+    def update(self, group: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, decay: float = 0.0) -> None:
+        """Write the top-k of the distribution that follows each token into that token's row.
 
         group, tokens: [N]; probs: [N, V] target next-token probabilities at each position.
-        When one (group, token) row is written several times, the last occurrence wins.
+        decay = 0 overwrites the row (Token Recycling); decay > 0 merges: the row becomes the top-k
+        of the new successors ∪ the old ones with probabilities × decay, so successors seen in a
+        sibling's context stay as alternatives behind the fresh ones. When one (group, token) row
+        is written several times in a call, the last occurrence wins.
         """
         if tokens.numel() == 0:
             return
@@ -64,8 +81,11 @@ class AdjacencyIndex:
         last = torch.full((uniq.numel(),), -1, dtype=torch.long, device=key.device).scatter_reduce(
             0, inverse, pos, reduce="amax"
         )
-        self.ids[group[last], tokens[last]] = top_i[last]
-        self.probs[group[last], tokens[last]] = top_p[last].to(self.probs.dtype)
+        g, t, new_i, new_p = group[last], tokens[last], top_i[last], top_p[last]
+        if decay > 0:
+            new_i, new_p = _merge_rows(new_i, new_p, self.ids[g, t], self.probs[g, t].float() * decay, self.k)
+        self.ids[g, t] = new_i
+        self.probs[g, t] = new_p.to(self.probs.dtype)
 
     # ------------------------------------------------------------------ draft
     def lookup(self, group: torch.Tensor, root: torch.Tensor, template: Template) -> Draft:

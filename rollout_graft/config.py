@@ -82,6 +82,8 @@ class RetrievalConfig:
             and improves across rollouts (GRPO steps).
         prior_path: a saved prior (`.safetensors`) to start from; None starts empty.
         template: shape of the retrieval trees.
+        merge_decay: 0 overwrites an index row on every write; > 0 keeps older successors (e.g. a
+            sibling's) as alternatives with their probability × merge_decay.
     """
 
     top_k: int = 8
@@ -90,10 +92,13 @@ class RetrievalConfig:
     update_prior: bool = True
     prior_path: str | None = None
     template: TemplateConfig = field(default_factory=TemplateConfig)
+    merge_decay: float = 0.5
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError(f"retrieval top_k must be >= 1, got {self.top_k}")
+        if not 0.0 <= self.merge_decay < 1.0:
+            raise ValueError(f"merge_decay must be in [0, 1) (0 = overwrite), got {self.merge_decay}")
         if self.template.width > self.top_k:
             raise ValueError(f"template width {self.template.width} exceeds the index's top_k {self.top_k}")
 

@@ -138,3 +138,15 @@ def test_template_config_validation():
     with pytest.raises(ValueError, match="exceeds"):
         RetrievalConfig(top_k=4, template=TemplateConfig(width=8))
     assert make_template(TemplateConfig(), 60).size == 60
+
+
+def test_merge_keeps_older_successors_behind_fresh_ones():
+    index = AdjacencyIndex.empty(groups=1, vocab=8, k=3)
+    g, t = torch.tensor([0]), torch.tensor([1])
+    index.update(g, t, probs_row(8, {2: 0.6, 3: 0.3, 4: 0.1}).unsqueeze(0))  # 1 → 2 .6, 3 .3, 4 .1
+    index.update(g, t, probs_row(8, {5: 0.9, 3: 0.1}).unsqueeze(0), decay=0.5)  # a sibling saw 1 → 5
+    # union: 5 .9 (new), 2 .3 (old .6 × .5), 3 max(.1 new, .15 old) = .15, 4 .05 → top-3
+    assert index.ids[0, 1].tolist() == [5, 2, 3]
+    assert index.probs[0, 1].float().tolist() == pytest.approx([0.9, 0.3, 0.15], abs=2e-3)
+    index.update(g, t, probs_row(8, {6: 1.0}).unsqueeze(0), decay=0.0)  # decay 0 overwrites
+    assert index.ids[0, 1].tolist() == [6, EMPTY, EMPTY]

@@ -57,13 +57,13 @@ class RetrievalProposer(Proposer):
         groups = torch.arange(len(prompts), device=self.device).view(-1, 1).expand_as(mask)[mask]
         toks = ids[mask]
         if self.cfg.share_in_group:
-            self.index.update(groups, toks, probs)
+            self.index.update(groups, toks, probs, self.cfg.merge_decay)
         else:  # every row's own table learns its prompt
             for row, g in enumerate(row_prompt.tolist()):
                 sel = groups == g
-                self.index.update(torch.full_like(toks[sel], row), toks[sel], probs[sel])
+                self.index.update(torch.full_like(toks[sel], row), toks[sel], probs[sel], self.cfg.merge_decay)
         if self.cfg.update_prior:
-            self.prior.update(torch.zeros_like(toks), toks, probs)
+            self.prior.update(torch.zeros_like(toks), toks, probs, self.cfg.merge_decay)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.row_table = self.row_table.index_select(0, rows.to(self.device))
@@ -78,9 +78,10 @@ class RetrievalProposer(Proposer):
     def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
         probs = (logits[tree.valid].float() / self.temperature).softmax(-1)  # [N, V] every verified node
         toks = tree.tokens[tree.valid]
-        self.index.update(self.row_table.view(-1, 1).expand_as(tree.tokens)[tree.valid], toks, probs)
+        self.index.update(self.row_table.view(-1, 1).expand_as(tree.tokens)[tree.valid], toks, probs,
+                          self.cfg.merge_decay)
         if self.cfg.update_prior:
-            self.prior.update(torch.zeros_like(toks), toks, probs)
+            self.prior.update(torch.zeros_like(toks), toks, probs, self.cfg.merge_decay)
 
     def save_prior(self, path) -> None:
         self.prior.save(path)
