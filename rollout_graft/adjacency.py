@@ -19,6 +19,31 @@ from .tree import RETRIEVAL, Draft
 EMPTY = -1  # successor id of a never-written slot
 
 
+def _last_occurrence(keys: torch.Tensor) -> torch.Tensor:
+    """Index of the last occurrence of each distinct key in `keys` [N]."""
+    uniq, inverse = torch.unique(keys, return_inverse=True)
+    pos = torch.arange(keys.numel(), device=keys.device)
+    return torch.full((uniq.numel(),), -1, dtype=torch.long, device=keys.device).scatter_reduce(
+        0, inverse, pos, reduce="amax")
+
+
+def _write(ids: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor, new_i: torch.Tensor, new_p: torch.Tensor,
+           decay: float, same: torch.Tensor | None) -> None:
+    """Write successor lists into flat tables ids/probs [R, k] at `rows` [N] (last occurrence wins).
+    same: [N] bool where merging is allowed (None: everywhere; already deduplicated if given)."""
+    if same is None:
+        last = _last_occurrence(rows)
+        rows, new_i, new_p = rows[last], new_i[last], new_p[last]
+    if decay > 0:
+        merged_i, merged_p = _merge_rows(new_i, new_p, ids[rows], probs[rows].float() * decay, ids.shape[1])
+        if same is not None:
+            merged_i = torch.where(same.view(-1, 1), merged_i, new_i)
+            merged_p = torch.where(same.view(-1, 1), merged_p, new_p)
+        new_i, new_p = merged_i, merged_p
+    ids[rows] = new_i
+    probs[rows] = new_p.to(probs.dtype)
+
+
 def _merge_rows(ids_a, p_a, ids_b, p_b, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the union of two successor lists [N, k] (a duplicate id keeps its larger prob)."""
     ids = torch.cat([ids_a, ids_b], 1)  # [N, 2k]
@@ -33,17 +58,34 @@ def _merge_rows(ids_a, p_a, ids_b, p_b, k: int) -> tuple[torch.Tensor, torch.Ten
     return ids, p.clamp(min=0.0)
 
 
-class AdjacencyIndex:
-    """`[groups, V, k]` successor ids and probabilities on one device."""
+_HASH_MUL = 1_000_003
 
-    def __init__(self, ids: torch.Tensor, probs: torch.Tensor):
+
+class AdjacencyIndex:
+    """`[groups, V, k]` successor ids and probabilities on one device, plus an optional
+    second-order table keyed by (previous token, token), hashed into `H` rows and tagged so a
+    hash collision reads as a miss. Lookups use the second-order row when it holds the exact
+    context and back off to the first-order row otherwise: "7" after "=" and "7" after "4" get
+    different successors, which is what makes a sibling's arithmetic reusable."""
+
+    def __init__(self, ids: torch.Tensor, probs: torch.Tensor, ctx_ids: torch.Tensor | None = None,
+                 ctx_probs: torch.Tensor | None = None, ctx_tag: torch.Tensor | None = None):
         self.ids = ids  # [groups, V, k] int64, EMPTY where unknown
         self.probs = probs  # [groups, V, k] float16 target probability of each successor
+        self.ctx_ids = ctx_ids  # [groups, H, k] int64 second-order successors (None: first order only)
+        self.ctx_probs = ctx_probs  # [groups, H, k] float16
+        self.ctx_tag = ctx_tag  # [groups, H] int64 prev * V + token stored in each row, EMPTY if unused
 
     @staticmethod
-    def empty(groups: int, vocab: int, k: int, device: torch.device | str = "cpu") -> "AdjacencyIndex":
+    def empty(groups: int, vocab: int, k: int, device: torch.device | str = "cpu", context_rows: int = 0) -> "AdjacencyIndex":
         ids = torch.full((groups, vocab, k), EMPTY, dtype=torch.long, device=device)
-        return AdjacencyIndex(ids, torch.zeros(groups, vocab, k, dtype=torch.float16, device=device))
+        probs = torch.zeros(groups, vocab, k, dtype=torch.float16, device=device)
+        if context_rows <= 0:
+            return AdjacencyIndex(ids, probs)
+        ctx_ids = torch.full((groups, context_rows, k), EMPTY, dtype=torch.long, device=device)
+        ctx_probs = torch.zeros(groups, context_rows, k, dtype=torch.float16, device=device)
+        ctx_tag = torch.full((groups, context_rows), EMPTY, dtype=torch.long, device=device)
+        return AdjacencyIndex(ids, probs, ctx_ids, ctx_probs, ctx_tag)
 
     @property
     def groups(self) -> int:
@@ -57,39 +99,55 @@ class AdjacencyIndex:
     def k(self) -> int:
         return self.ids.shape[2]
 
+    @property
+    def context_rows(self) -> int:
+        return 0 if self.ctx_ids is None else self.ctx_ids.shape[1]
+
     def expand(self, groups: int) -> "AdjacencyIndex":
         """A fresh index of `groups` copies of group 0 (a prior → one table per group)."""
-        return AdjacencyIndex(self.ids[:1].repeat(groups, 1, 1), self.probs[:1].repeat(groups, 1, 1))
+        rep = lambda t: None if t is None else t[:1].repeat(groups, *([1] * (t.dim() - 1)))  # noqa: E731
+        return AdjacencyIndex(rep(self.ids), rep(self.probs), rep(self.ctx_ids), rep(self.ctx_probs), rep(self.ctx_tag))
+
+    def _ctx_row(self, prev: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hashed row and exact tag of the context (prev, token)."""
+        tag = prev * self.vocab + tokens
+        return (prev * _HASH_MUL + tokens) % self.context_rows, tag
 
     # ------------------------------------------------------------------ learn
-    def update(self, group: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, decay: float = 0.0) -> None:
+    def update(self, group: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, decay: float = 0.0,
+               prev: torch.Tensor | None = None) -> None:
         """Write the top-k of the distribution that follows each token into that token's row.
 
-        group, tokens: [N]; probs: [N, V] target next-token probabilities at each position.
+        group, tokens: [N]; probs: [N, V] target next-token probabilities at each position;
+        prev: [N] the token before each position (-1 unknown), for the second-order table.
         decay = 0 overwrites the row (Token Recycling); decay > 0 merges: the row becomes the top-k
         of the new successors ∪ the old ones with probabilities × decay, so successors seen in a
-        sibling's context stay as alternatives behind the fresh ones. When one (group, token) row
-        is written several times in a call, the last occurrence wins.
+        sibling's context stay as alternatives behind the fresh ones. When one row is written
+        several times in a call, the last occurrence wins.
         """
         if tokens.numel() == 0:
             return
         top_p, top_i = torch.topk(probs.float(), self.k, dim=-1)  # [N, k]
         top_i = top_i.masked_fill(top_p <= 0, EMPTY)
-        key = group * self.vocab + tokens  # [N]
-        uniq, inverse = torch.unique(key, return_inverse=True)
-        pos = torch.arange(key.numel(), device=key.device)
-        last = torch.full((uniq.numel(),), -1, dtype=torch.long, device=key.device).scatter_reduce(
-            0, inverse, pos, reduce="amax"
-        )
-        g, t, new_i, new_p = group[last], tokens[last], top_i[last], top_p[last]
-        if decay > 0:
-            new_i, new_p = _merge_rows(new_i, new_p, self.ids[g, t], self.probs[g, t].float() * decay, self.k)
-        self.ids[g, t] = new_i
-        self.probs[g, t] = new_p.to(self.probs.dtype)
+        _write(self.ids.view(-1, self.k), self.probs.view(-1, self.k), group * self.vocab + tokens,
+               top_i, top_p, decay, same=None)
+        if self.ctx_ids is None or prev is None:
+            return
+        known = prev >= 0
+        row, tag = self._ctx_row(prev[known], tokens[known])
+        flat = group[known] * self.context_rows + row
+        tags = self.ctx_tag.view(-1)
+        last = _last_occurrence(flat)
+        same = tags[flat[last]] == tag[last]  # same context already stored: merge; else replace
+        _write(self.ctx_ids.view(-1, self.k), self.ctx_probs.view(-1, self.k), flat[last],
+               top_i[known][last], top_p[known][last], decay, same=same)
+        tags[flat[last]] = tag[last]
 
     # ------------------------------------------------------------------ draft
-    def lookup(self, group: torch.Tensor, root: torch.Tensor, template: Template) -> Draft:
-        """Retrieval tree per row. group, root: [rows] → Draft with template.size nodes per row."""
+    def lookup(self, group: torch.Tensor, root: torch.Tensor, template: Template,
+               prev_root: torch.Tensor | None = None) -> Draft:
+        """Retrieval tree per row. group, root, prev_root (token before the root, -1 unknown): [rows]
+        → Draft with template.size nodes per row."""
         rows, m = root.shape[0], template.size
         dev = root.device
         tokens = torch.zeros(rows, m, dtype=torch.long, device=dev)
@@ -98,6 +156,7 @@ class AdjacencyIndex:
         parents = template.parents.to(dev)
         ranks = template.ranks.to(dev)
         g = group.view(rows, 1)
+        use_ctx = self.ctx_ids is not None and prev_root is not None
         for level in template.levels:
             level = level.to(dev)
             par = parents[level]  # [L]
@@ -109,6 +168,14 @@ class AdjacencyIndex:
             r = ranks[level].view(1, -1).expand(rows, -1)
             ids = self.ids[g, ptok, r]  # [rows, L]
             p = self.probs[g, ptok, r].float()
+            if use_ctx:  # grandparent token: the token before the parent
+                gpar = parents[par.clamp(min=0)].view(1, -1)
+                gtok = torch.where(gpar < 0, root.view(rows, 1), tokens.gather(1, gpar.clamp(min=0).expand(rows, -1)))
+                gtok = torch.where(at_root, prev_root.view(rows, 1), gtok)
+                row, tag = self._ctx_row(gtok.clamp(min=0), ptok)
+                hit = (gtok >= 0) & (self.ctx_tag[g, row] == tag)
+                ids = torch.where(hit, self.ctx_ids[g, row, r], ids)
+                p = torch.where(hit, self.ctx_probs[g, row, r].float(), p)
             ok = pvalid & (ids != EMPTY)
             tokens[:, level] = ids.clamp(min=0).masked_fill(~ok, 0)
             valid[:, level] = ok
@@ -119,12 +186,12 @@ class AdjacencyIndex:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        save_file({"ids": self.ids.cpu().contiguous(), "probs": self.probs.cpu().contiguous()}, str(path))
+        fields = {"ids": self.ids, "probs": self.probs, "ctx_ids": self.ctx_ids, "ctx_probs": self.ctx_probs,
+                  "ctx_tag": self.ctx_tag}
+        save_file({k: v.cpu().contiguous() for k, v in fields.items() if v is not None}, str(path))
 
     @staticmethod
     def load(path: str | Path, device: torch.device | str = "cpu") -> "AdjacencyIndex":
         t = load_file(str(path), device=str(device))
-        ids, probs = t["ids"], t["probs"]
-        if ids.dim() == 2:
-            ids, probs = ids.unsqueeze(0), probs.unsqueeze(0)
-        return AdjacencyIndex(ids.long(), probs.to(torch.float16))
+        return AdjacencyIndex(t["ids"].long(), t["probs"].to(torch.float16), t.get("ctx_ids"),
+                              t.get("ctx_probs"), t.get("ctx_tag"))

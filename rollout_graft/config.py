@@ -84,6 +84,9 @@ class RetrievalConfig:
         template: shape of the retrieval trees.
         merge_decay: 0 overwrites an index row on every write; > 0 keeps older successors (e.g. a
             sibling's) as alternatives with their probability × merge_decay.
+        context_order: 1 = successors keyed by the token alone (`[V, k]`); 2 = also keyed by
+            (previous token, token) in a hashed table, used when it holds the exact context.
+        context_rows: rows of the second-order table per group (None: min(4·V, 65536)).
     """
 
     top_k: int = 8
@@ -93,10 +96,16 @@ class RetrievalConfig:
     prior_path: str | None = None
     template: TemplateConfig = field(default_factory=TemplateConfig)
     merge_decay: float = 0.5
+    context_order: Literal[1, 2] = 2
+    context_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError(f"retrieval top_k must be >= 1, got {self.top_k}")
+        if self.context_order not in (1, 2):
+            raise ValueError(f"context_order must be 1 or 2, got {self.context_order}")
+        if self.context_rows is not None and self.context_rows < 1:
+            raise ValueError(f"context_rows must be a positive number of rows, got {self.context_rows}")
         if not 0.0 <= self.merge_decay < 1.0:
             raise ValueError(f"merge_decay must be in [0, 1) (0 = overwrite), got {self.merge_decay}")
         if self.template.width > self.top_k:

@@ -38,6 +38,7 @@ class _Rows:
 
     index: list[int]  # original row index of each active row
     last_token: torch.Tensor  # [rows]
+    prev_token: torch.Tensor  # [rows] the token before last_token (-1: none)
     length: torch.Tensor  # [rows] committed tokens incl. the uncached root
     group: torch.Tensor  # [rows]
     generated: torch.Tensor  # [rows] completion tokens so far
@@ -45,7 +46,7 @@ class _Rows:
     def select(self, keep: list[int]) -> None:
         idx = torch.tensor(keep, dtype=torch.long, device=self.last_token.device)
         self.index = [self.index[i] for i in keep]
-        for name in ("last_token", "length", "group", "generated"):
+        for name in ("last_token", "prev_token", "length", "group", "generated"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
 
 
@@ -168,6 +169,7 @@ class RolloutEngine:
         state = _Rows(
             index=list(range(len(rows))),
             last_token=torch.tensor([p[-1] for p in rows], dtype=torch.long, device=device),
+            prev_token=torch.tensor([p[-2] if len(p) > 1 else -1 for p in rows], dtype=torch.long, device=device),
             length=torch.tensor([len(p) for p in rows], dtype=torch.long, device=device),
             group=group,
             generated=torch.zeros(len(rows), dtype=torch.long, device=device),
@@ -191,6 +193,7 @@ class RolloutEngine:
             group=state.group,
             remaining=params.max_new_tokens - state.generated,
             budget=self.config.budget,
+            prev_token=state.prev_token,
         )
         with stats.timed("propose"):
             draft = self.proposer.propose(ctx)
@@ -235,6 +238,8 @@ class RolloutEngine:
                 if not done and len(out) < params.max_new_tokens:
                     keep.append(r)
             rows = torch.arange(len(state.index), device=acc.n_emitted.device)
+            before_last = acc.emitted[rows, (acc.n_emitted - 2).clamp(min=0)]
+            state.prev_token = torch.where(acc.n_emitted > 1, before_last, state.last_token)
             state.last_token = acc.emitted[rows, acc.n_emitted - 1]
             state.length = state.length + acc.n_emitted
             state.generated = state.generated + acc.n_emitted

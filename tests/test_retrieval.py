@@ -150,3 +150,18 @@ def test_merge_keeps_older_successors_behind_fresh_ones():
     assert index.probs[0, 1].float().tolist() == pytest.approx([0.9, 0.3, 0.15], abs=2e-3)
     index.update(g, t, probs_row(8, {6: 1.0}).unsqueeze(0), decay=0.0)  # decay 0 overwrites
     assert index.ids[0, 1].tolist() == [6, EMPTY, EMPTY]
+
+
+def test_second_order_context_wins_over_first_order():
+    index = AdjacencyIndex.empty(groups=1, vocab=8, k=2, context_rows=16)
+    g = torch.tensor([0, 0])
+    # token 3 seen after 1 → successor 4; token 3 seen after 2 → successor 5 (written last)
+    index.update(g, torch.tensor([3, 3]), torch.stack([probs_row(8, {4: 1.0}), probs_row(8, {5: 1.0})]),
+                 prev=torch.tensor([1, 2]))
+    tpl = breadth_first(n_slots=1, depth=1, width=1)
+    root, rows = torch.tensor([3, 3, 3]), torch.tensor([0, 0, 0])
+    d = index.lookup(rows, root, tpl, prev_root=torch.tensor([1, 2, 7]))
+    # context (1,3) → 4; (2,3) → 5; unseen (7,3) backs off to the first-order row (last write: 5)
+    assert d.tokens[:, 0].tolist() == [4, 5, 5]
+    first_order = index.lookup(rows, root, tpl)  # no previous token: first order only
+    assert first_order.tokens[:, 0].tolist() == [5, 5, 5]

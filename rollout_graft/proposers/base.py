@@ -25,6 +25,7 @@ class StepContext:
     group: torch.Tensor  # [rows] int64 group id (rows with the same prompt share it)
     remaining: torch.Tensor  # [rows] int64 tokens each row may still emit
     budget: int  # candidate nodes per row for this step
+    prev_token: torch.Tensor | None = None  # [rows] int64 token before the root (-1: none)
 
 
 class Proposer(ABC):

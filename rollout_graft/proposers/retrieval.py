@@ -29,11 +29,27 @@ class RetrievalProposer(Proposer):
                     f"the adjacency prior {cfg.prior_path} has {self.prior.vocab} rows but the model's vocabulary "
                     f"has {vocab}: warm a prior for this model (scripts/warm_prior.py)"
                 )
+            self.prior = self._with_context_order(self.prior)
         else:
-            self.prior = AdjacencyIndex.empty(1, vocab, cfg.top_k, self.device)
+            self.prior = self._empty(1)
         self.index: AdjacencyIndex | None = None
         self.row_table: torch.Tensor | None = None  # [rows] which table of `index` each row uses
         self.temperature = 1.0
+
+    def _empty(self, groups: int) -> AdjacencyIndex:
+        rows = 0
+        if self.cfg.context_order == 2:
+            rows = self.cfg.context_rows or min(4 * self.vocab, 1 << 16)
+        return AdjacencyIndex.empty(groups, self.vocab, self.cfg.top_k, self.device, context_rows=rows)
+
+    def _with_context_order(self, index: AdjacencyIndex) -> AdjacencyIndex:
+        """Drop or add the second-order table so a loaded prior matches `cfg.context_order`."""
+        if self.cfg.context_order == 1:
+            return AdjacencyIndex(index.ids, index.probs)
+        if index.ctx_ids is None:
+            ctx = self._empty(1)
+            return AdjacencyIndex(index.ids, index.probs, ctx.ctx_ids, ctx.ctx_probs, ctx.ctx_tag)
+        return index
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompts, row_prompt, prompt_logits, params: SamplingParams) -> None:
@@ -41,7 +57,7 @@ class RetrievalProposer(Proposer):
         self.temperature = params.temperature if params.temperature > 0 else 1.0
         self.row_table = row_prompt.clone() if self.cfg.share_in_group else torch.arange(rows, device=self.device)
         tables = len(prompts) if self.cfg.share_in_group else rows
-        base = self.prior if self.cfg.use_prior else AdjacencyIndex.empty(1, self.vocab, self.cfg.top_k, self.device)
+        base = self.prior if self.cfg.use_prior else self._empty(1)
         self.index = base.expand(tables)
         if prompt_logits is not None:  # the prompts' own transitions, free from the prefill
             self._learn_prompts(prompts, row_prompt, prompt_logits)
@@ -50,20 +66,23 @@ class RetrievalProposer(Proposer):
         lens = torch.tensor([len(p) - 1 for p in prompts], device=self.device)  # prefilled positions
         width = prompt_logits.shape[1]
         ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+        prev_ids = torch.full((len(prompts), width), -1, dtype=torch.long, device=self.device)
         for g, p in enumerate(prompts):
             ids[g, : len(p) - 1] = torch.tensor(p[:-1], device=self.device)
+            prev_ids[g, 1 : len(p) - 1] = torch.tensor(p[:-2], device=self.device)
         mask = torch.arange(width, device=self.device).view(1, -1) < lens.view(-1, 1)  # [groups, width]
         probs = (prompt_logits.float() / self.temperature).softmax(-1)[mask]  # [N, V]
         groups = torch.arange(len(prompts), device=self.device).view(-1, 1).expand_as(mask)[mask]
-        toks = ids[mask]
+        toks, prev = ids[mask], prev_ids[mask]
+        decay = self.cfg.merge_decay
         if self.cfg.share_in_group:
-            self.index.update(groups, toks, probs, self.cfg.merge_decay)
+            self.index.update(groups, toks, probs, decay, prev)
         else:  # every row's own table learns its prompt
             for row, g in enumerate(row_prompt.tolist()):
                 sel = groups == g
-                self.index.update(torch.full_like(toks[sel], row), toks[sel], probs[sel], self.cfg.merge_decay)
+                self.index.update(torch.full_like(toks[sel], row), toks[sel], probs[sel], decay, prev[sel])
         if self.cfg.update_prior:
-            self.prior.update(torch.zeros_like(toks), toks, probs, self.cfg.merge_decay)
+            self.prior.update(torch.zeros_like(toks), toks, probs, decay, prev)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.row_table = self.row_table.index_select(0, rows.to(self.device))
@@ -71,17 +90,22 @@ class RetrievalProposer(Proposer):
     # ------------------------------------------------------------------ step
     def propose(self, ctx: StepContext) -> Draft:
         template = make_template(self.cfg.template, ctx.budget)
-        draft = self.index.lookup(self.row_table, ctx.last_token, template)
+        draft = self.index.lookup(self.row_table, ctx.last_token, template, ctx.prev_token)
         draft.valid &= draft.depth < ctx.remaining.view(-1, 1)  # deeper nodes could never be emitted
         return draft.compacted()
 
     def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
         probs = (logits[tree.valid].float() / self.temperature).softmax(-1)  # [N, V] every verified node
         toks = tree.tokens[tree.valid]
-        self.index.update(self.row_table.view(-1, 1).expand_as(tree.tokens)[tree.valid], toks, probs,
-                          self.cfg.merge_decay)
+        # the token before each node: its parent's token; before the root: the row's previous token
+        parent_tok = tree.tokens.gather(1, tree.parents)
+        before_root = ctx.prev_token if ctx.prev_token is not None else torch.full_like(ctx.last_token, -1)
+        parent_tok[:, 0] = before_root
+        prev = parent_tok[tree.valid]
+        tables = self.row_table.view(-1, 1).expand_as(tree.tokens)[tree.valid]
+        self.index.update(tables, toks, probs, self.cfg.merge_decay, prev)
         if self.cfg.update_prior:
-            self.prior.update(torch.zeros_like(toks), toks, probs, self.cfg.merge_decay)
+            self.prior.update(torch.zeros_like(toks), toks, probs, self.cfg.merge_decay, prev)
 
     def save_prior(self, path) -> None:
         self.prior.save(path)
