@@ -96,7 +96,7 @@ class RetrievalConfig:
     prior_path: str | None = None
     template: TemplateConfig = field(default_factory=TemplateConfig)
     merge_decay: float = 0.5
-    context_order: Literal[1, 2] = 2
+    context_order: Literal[1, 2] = 1
     context_rows: int | None = None
 
     def __post_init__(self) -> None:
