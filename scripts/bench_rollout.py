@@ -25,14 +25,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollout_graft import EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
-from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET
+from rollout_graft import DraftConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams, calibrate
+from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET
+
+GRAFT_VARIANTS = ("dense-draft", "prune-only", "fixed-split", "graft")
 
 
-def variants(budget: int, prior: str | None) -> dict[str, EngineConfig]:
+def variants(budget: int, prior: str | None, draft: str | None = None, thresholds: str | None = None) -> dict[str, EngineConfig]:
     """Named engine configurations (ablations are options of a method, not copies)."""
     r = RetrievalConfig(prior_path=prior, update_prior=False)
+    d = DraftConfig(draft_model=draft, thresholds_path=thresholds)
+    graft = lambda dc: EngineConfig(method="graft", budget=budget, retrieval=r, draft=dc)  # noqa: E731
     return {
+        "dense-draft": graft(replace(d, prune=False, graft=False)),  # EAGLE-like dense drafter tree
+        "prune-only": graft(replace(d, graft=False)),  # pruned, freed slots left empty
+        "fixed-split": graft(replace(d, prune=False, adaptive_split=False)),  # draft + retrieval, fixed split
+        "graft": graft(d),
         "ar": EngineConfig(method="ar"),
         "retrieval": EngineConfig(method="retrieval", budget=budget, retrieval=r),
         "retrieval-noshare": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, share_in_group=False)),
@@ -62,6 +70,17 @@ def warm_prior(model, tokenizer, prompts: list[list[int]], group: int, params: S
     return time.perf_counter() - start
 
 
+def calibrate_graft(model, tokenizer, prompts: list[list[int]], group: int, params: SamplingParams, draft: str,
+                    prior: str, path: str, objective: str) -> float:
+    """Fit the graft pruning thresholds τ on the warm-up (train) prompts; saves them as JSON."""
+    cfg = EngineConfig(method="graft", retrieval=RetrievalConfig(prior_path=prior, update_prior=False),
+                       draft=DraftConfig(draft_model=draft))
+    start = time.perf_counter()
+    calibrate(RolloutEngine(model, cfg, tokenizer=tokenizer), [p for p in prompts for _ in range(group)],
+              replace(params, seed=20_000), path=path, objective=objective)
+    return time.perf_counter() - start
+
+
 def run_engine(model, tokenizer, cfg: EngineConfig, rows, params: SamplingParams) -> dict:
     engine = RolloutEngine(model, cfg, tokenizer=tokenizer)
     start = time.perf_counter()
@@ -72,6 +91,8 @@ def run_engine(model, tokenizer, cfg: EngineConfig, rows, params: SamplingParams
         "wall_s": wall, "tokens": s.emitted_tokens, "tokens_per_s": s.emitted_tokens / wall,
         "mat": s.mean_accepted_tokens, "verify_tokens_per_step": s.verify_tokens_per_step,
         "target_forwards": s.target_forwards, "phase_s": s.seconds,
+        "propose_share": s.seconds.get("propose", 0.0) / wall,  # drafter + retrieval + merge + D-cut
+        "proposer_s": dict(getattr(engine.proposer, "seconds", {})),  # graft: "draft" (drafter) and "graft"
     }
 
 
@@ -121,6 +142,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     ap.add_argument("--methods", nargs="+", default=["hf", "ar", "retrieval", "retrieval-noshare",
                                                       "retrieval-noprior", "retrieval-bare"])
+    ap.add_argument("--draft-model", default=str(TINY_DRAFT), help="drafter of the graft variants")
+    ap.add_argument("--calibration", default="accepted", choices=["accepted", "separation"],
+                    help="objective of the graft pruning thresholds (rollout_graft.pruning)")
     ap.add_argument("--budget", type=int, default=60, help="candidate nodes per sequence and step")
     ap.add_argument("--warmup-rounds", type=int, default=5, help="prior warm-up rounds over train prompts")
     ap.add_argument("--repeats", type=int, default=3)
@@ -143,12 +167,18 @@ def main(argv=None) -> dict:
     for temperature in args.temperatures:
         base = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
         warm_s = warm_prior(model, tokenizer, warm_prompts, args.group_size, base, args.warmup_rounds, prior_file)
-        cfgs = variants(args.budget, prior_file)
+        tau_file = None
+        if any(m in GRAFT_VARIANTS for m in args.methods):
+            tau_file = prior_file.replace(".safetensors", ".tau.json")
+            calibrate_graft(model, tokenizer, warm_prompts, args.group_size, base, args.draft_model, prior_file, tau_file,
+                            args.calibration)
+        cfgs = variants(args.budget, prior_file, args.draft_model, tau_file)
         for p in args.num_prompts:
             prompts = load_prompts(Path(args.prompts), tokenizer, "test", p)
             rows = [q for q in prompts for _ in range(args.group_size)]
             entry = {"temperature": temperature, "prompts": p, "group": args.group_size, "batch": len(rows),
-                     "prior_warmup_s": warm_s, "methods": {}}
+                     "prior_warmup_s": warm_s, "methods": {},
+                     "graft_thresholds": json.loads(Path(tau_file).read_text()) if tau_file else None}
             for name in args.methods:
                 runs = []
                 for rep in range(args.repeats):
@@ -160,12 +190,15 @@ def main(argv=None) -> dict:
                 entry["methods"][name] = median_of(runs)
                 m = entry["methods"][name]
                 print(f"T={temperature} batch={len(rows)} {name:>18}: {m['tokens_per_s']:8.1f} tok/s  "
-                      f"MAT {m['mat']:.2f}  verify/step {m['verify_tokens_per_step']:.0f}", flush=True)
+                      f"MAT {m['mat']:.2f}  verify/step {m['verify_tokens_per_step']:.0f}  "
+                      f"propose {100 * m.get('propose_share', 0.0):.0f}%", flush=True)
             ar = entry["methods"].get("ar")
             for m in entry["methods"].values():
                 m["ratio_vs_ar"] = m["tokens_per_s"] / ar["tokens_per_s"] if ar else None
             results["configs"].append(entry)
     os.unlink(prior_file)
+    if os.path.exists(prior_file.replace(".safetensors", ".tau.json")):
+        os.unlink(prior_file.replace(".safetensors", ".tau.json"))
     print(markdown(results))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -174,12 +207,14 @@ def main(argv=None) -> dict:
 
 
 def markdown(results: dict) -> str:
-    lines = ["| T | batch | method | tokens/s | × ar | MAT | verified tok/step | wall s |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| T | batch | method | tokens/s | × ar | MAT | verified tok/step | propose % | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for e in results["configs"]:
         for name, m in e["methods"].items():
             ratio = f"{m['ratio_vs_ar']:.2f}" if m.get("ratio_vs_ar") else "–"
             lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {m['tokens_per_s']:.0f} | {ratio} | "
-                         f"{m['mat']:.2f} | {m['verify_tokens_per_step']:.0f} | {m['wall_s']:.1f} |")
+                         f"{m['mat']:.2f} | {m['verify_tokens_per_step']:.0f} | {100 * m.get('propose_share', 0.0):.0f} | "
+                         f"{m['wall_s']:.1f} |")
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ import rollout_graft.proposers.graft as graft_module
 from rollout_graft import DraftConfig, EngineConfig, RolloutEngine, SamplingParams, calibrate
 from rollout_graft.merge import keep_best, merge_trees, sibling_duplicates, token_paths
 from rollout_graft.proposers.drafter import check_same_vocabulary
-from rollout_graft.pruning import draft_quota, fit_thresholds, pruning_stage
+from rollout_graft.pruning import accepted_along, draft_quota, fit_thresholds, pruning_stage, separating_thresholds
 from rollout_graft.tree import DRAFT, RETRIEVAL, Draft
 
 MAX_NEW = 16
@@ -118,13 +118,29 @@ def test_draft_quota_follows_the_paper_split_and_scales():
     assert draft_quota(stage, fixed, 60).tolist() == [40, 40, 40, 40]
 
 
-def test_fit_thresholds_separates_accepted_rows():
-    # checkpoint level 0: rows with best ≥ 0.5 accepted ≥ 1 draft token, the others none
+def test_fit_thresholds_maximises_accepted_tokens():
+    # one checkpoint; columns: tokens accepted by the pruned+grafted tree, by the dense tree.
+    # Unsure rows (best < 0.5) do better grafted, sure rows do better dense: τ = 0.5 separates them.
     best = torch.tensor([[0.9], [0.8], [0.6], [0.5], [0.4], [0.3], [0.2], [0.1]]).repeat(3, 1)
-    accepted = torch.tensor([2, 1, 3, 1, 0, 0, 0, 0]).repeat(3)
-    assert fit_thresholds(best, accepted, (0,), (0.7,)) == (pytest.approx(0.5),)
-    assert fit_thresholds(best[:4], accepted[:4], (0,), (0.7,)) == (0.7,)  # too few rows: keep τ
-    assert fit_thresholds(best, torch.zeros(24, dtype=torch.long), (0,), (0.7,)) == (1.0,)  # never accepted
+    accepted = torch.tensor([[1, 4], [0, 3], [2, 3], [1, 2], [2, 1], [1, 0], [3, 0], [1, 1]]).repeat(3, 1)
+    assert fit_thresholds(best, accepted, (0.7,)) == (pytest.approx(0.5),)
+    assert fit_thresholds(best[:4], accepted[:4], (0.7,)) == (0.7,)  # too few observations: keep τ
+    never = torch.tensor([[0, 2]]).repeat(24, 1)  # pruning never helps: τ = 0
+    assert fit_thresholds(best, never, (0.7,)) == (0.0,)
+
+
+def test_separating_thresholds_split_accepted_from_rejected_rows():
+    # checkpoint level 0: rows with best ≥ 0.5 got ≥ 1 draft token accepted by the dense tree, the others none
+    best = torch.tensor([[0.9], [0.8], [0.6], [0.5], [0.4], [0.3], [0.2], [0.1]]).repeat(3, 1)
+    dense_accepted = torch.tensor([2, 1, 3, 1, 0, 0, 0, 0]).repeat(3)
+    assert separating_thresholds(best, dense_accepted, (0,), (0.7,)) == (pytest.approx(0.5),)
+    assert separating_thresholds(best, torch.zeros(24, dtype=torch.long), (0,), (0.7,)) == (1.0,)  # always rejected
+
+
+def test_accepted_along_counts_the_walk_prefix_in_a_tree():
+    tree = Draft.from_lists([[(5, -1), (6, 0), (7, 1), (8, -1)], [(3, -1)]])
+    walk = torch.tensor([[5, 6, 9, -1], [4, 3, -1, -1]])  # row 0 walked 5 → 6, then drew 9; row 1 drew 4
+    assert accepted_along(tree, walk, torch.tensor([3, 1])).tolist() == [2, 0]
 
 
 def test_drafter_stops_at_checkpoints(qwen3_model):
@@ -177,14 +193,14 @@ def test_merge_trees_unions_identical_paths():
 
 def test_graft_trees_within_budget_superset_and_well_formed(qwen3_model, monkeypatch):
     pairs = []
-    real_merge = graft_module.merge_trees
+    finish = graft_module.GraftProposer._finish
 
-    def spy(first, second):
-        out = real_merge(first, second)
-        pairs.append((first, out))
+    def spy(self, ctx, nodes, quota):
+        out = finish(self, ctx, nodes, quota)
+        pairs.append((keep_best(nodes, quota), out))  # (the pruned draft tree, the grafted tree)
         return out
 
-    monkeypatch.setattr(graft_module, "merge_trees", spy)
+    monkeypatch.setattr(graft_module.GraftProposer, "_finish", spy)
     budget = 20
     engine = graft_engine(qwen3_model, small_draft(), DraftConfig(thresholds=(0.5, 0.3, 0.05)), budget=budget)
     engine.generate([[5, 6, 7]] * 4 + [[8, 9]] * 2, SamplingParams(temperature=1.0, max_new_tokens=30, seed=0))
@@ -195,7 +211,7 @@ def test_graft_trees_within_budget_superset_and_well_formed(qwen3_model, monkeyp
         assert sibling_duplicates(merged) == 0
         assert int(merged.valid.sum(1).max()) <= budget
         for r in range(merged.tokens.shape[0]):
-            assert token_paths(pruned, r) <= token_paths(merged, r)  # merged ⊇ pruned draft tree
+            assert token_paths(pruned, r) <= token_paths(merged, r)  # grafted ⊇ pruned draft tree
         grafted += int((merged.valid & (merged.source == RETRIEVAL)).sum())
     assert grafted > 0  # retrieval actually filled freed slots
 
@@ -215,6 +231,8 @@ def test_calibrate_fits_saves_and_loads(qwen3_model, tmp_path):
     taus = calibrate(engine, [[5, 6, 7]] * 4 + [[9, 10]] * 4, SamplingParams(temperature=1.0, max_new_tokens=24, seed=0),
                      path=path)
     assert len(taus) == 3 and all(0.0 <= t <= 1.0 for t in taus)
+    with pytest.raises(ValueError, match="objective"):
+        calibrate(engine, [[5, 6, 7]], objective="youden")
     assert engine.proposer.thresholds == taus
     loaded = graft_engine(qwen3_model, qwen3_model, DraftConfig(thresholds_path=str(path)))
     assert loaded.proposer.thresholds == pytest.approx(taus)

@@ -23,7 +23,7 @@ import torch
 
 from ..config import DraftConfig, EngineConfig, SamplingParams
 from ..merge import keep_best, merge_trees
-from ..pruning import draft_quota, load_thresholds
+from ..pruning import accepted_along, draft_quota, load_thresholds
 from ..runner import ModelRunner
 from ..tree import Draft, TreeBatch
 from ..verify import Acceptance
@@ -60,7 +60,8 @@ class GraftProposer(Proposer):
         self.thresholds = load_thresholds(cfg.thresholds_path, cfg.checkpoints) if cfg.thresholds_path else cfg.thresholds
         self.calibration_log: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # set by pruning.calibrate
         self.seconds: dict[str, float] = {}  # "draft", "graft": proposer time per phase, this rollout
-        self._best: torch.Tensor | None = None
+        self._best: torch.Tensor | None = None  # calibration: [rows, C] confidences of this step
+        self._stage_trees: list[Draft] = []  # calibration: the tree each stage would have verified
 
     @staticmethod
     def build(config: EngineConfig, target: ModelRunner, draft_model=None, tokenizer=None) -> "GraftProposer":
@@ -87,8 +88,9 @@ class GraftProposer(Proposer):
         self.drafter.observe(ctx, tree, logits, acceptance)
         if self.retrieval is not None:  # the group index learns exactly as for method "retrieval"
             self.retrieval.observe(ctx, tree, logits, acceptance)
-        if self.calibration_log is not None:
-            self.calibration_log.append((self._best.cpu(), (acceptance.n_emitted - 1).cpu()))
+        if self.calibration_log is not None:  # tokens each stage's tree accepts along the verified walk
+            walk = [accepted_along(t, acceptance.emitted, acceptance.n_emitted) for t in self._stage_trees]
+            self.calibration_log.append((self._best.cpu(), torch.stack(walk, 1).cpu()))
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.drafter.select_rows(rows)
@@ -100,22 +102,54 @@ class GraftProposer(Proposer):
         return best < self.thresholds[checkpoint]
 
     def propose(self, ctx: StepContext) -> Draft:
-        calibrating = self.calibration_log is not None  # warm-up: dense trees, nothing pruned or grafted
         t0 = time.perf_counter()
+        calibrating = self.calibration_log is not None
         stop = self._stop if self.cfg.prune and not calibrating else None
         expansion = self.drafter.expand(ctx, stop)
-        self._best = expansion.best
-        quota = torch.full_like(expansion.stage, ctx.budget)
-        if not calibrating and (self.cfg.prune or not self.cfg.adaptive_split):
-            quota = draft_quota(expansion.stage, self.cfg, ctx.budget)
-        draft = keep_best(expansion.nodes, quota).to(ctx.last_token.device)
+        nodes = expansion.nodes.to(ctx.last_token.device)
+        self.seconds["draft"] += time.perf_counter() - t0
         t1 = time.perf_counter()
-        self.seconds["draft"] += t1 - t0
-        if self.retrieval is None or calibrating:
-            return draft
-        merged = merge_trees(draft, self._retrieve(ctx, ctx.budget - quota.to(ctx.last_token.device)))
+        if calibrating:  # warm-up: verify the union of every stage's tree (see pruning.calibrate)
+            self._best, self._stage_trees = expansion.best, self._stage_trees_of(ctx, nodes)
+            draft = self._stage_trees[0]
+            for tree in self._stage_trees[1:]:
+                draft = merge_trees(draft, tree)
+        else:
+            stage = expansion.stage.to(ctx.last_token.device)
+            draft = self._finish(ctx, nodes, self._quota(stage, ctx.budget))
         self.seconds["graft"] += time.perf_counter() - t1
+        return draft
+
+    def _quota(self, stage: torch.Tensor, budget: int) -> torch.Tensor:
+        """Draft nodes per row: by pruning stage, fixed, or the whole budget (dense draft)."""
+        if self.cfg.prune or not self.cfg.adaptive_split:
+            return draft_quota(stage, self.cfg, budget)
+        return torch.full_like(stage, budget)
+
+    def _finish(self, ctx: StepContext, nodes: Draft, quota: torch.Tensor) -> Draft:
+        """The row's `quota` best draft nodes, grafted with a retrieval tree in the other slots.
+
+        Slots the retrieval tree cannot use (unknown successors, paths the draft already has) go
+        back to the next-best draft nodes, so the tree never exceeds the budget and ⊇ the pruned one.
+        """
+        kept = keep_best(nodes, quota)
+        if self.retrieval is None:
+            return kept
+        retrieved = self._retrieve(ctx, ctx.budget - quota)
+        merged = merge_trees(kept, retrieved)
+        spare = ctx.budget - merged.valid.sum(1)  # [rows]
+        if bool((spare > 0).any()) and nodes.tokens.shape[1] > kept.tokens.shape[1]:
+            merged = merge_trees(keep_best(nodes, quota + spare), retrieved)
         return merged
+
+    def _stage_trees_of(self, ctx: StepContext, nodes: Draft) -> list[Draft]:
+        """The tree of each pruning stage (calibration): draft nodes cut at the stage's level."""
+        trees = []
+        for stage, level in enumerate((*self.cfg.checkpoints, None)):
+            cut = nodes if level is None else replace(nodes, valid=nodes.valid & (nodes.depth <= level + 1))
+            quota = self._quota(torch.full_like(ctx.last_token, stage), ctx.budget)
+            trees.append(self._finish(ctx, cut, quota))
+        return trees
 
     def _retrieve(self, ctx: StepContext, slots: torch.Tensor) -> Draft:
         """A retrieval tree of `slots[row]` nodes per row: one lookup per distinct slot count
