@@ -90,7 +90,8 @@ def sibling_duplicates(draft: Draft) -> int:
     rows, n = draft.tokens.shape
     if n == 0:
         return 0
-    same = (draft.parents.unsqueeze(2) == draft.parents.unsqueeze(1)) & (draft.tokens.unsqueeze(2) == draft.tokens.unsqueeze(1))
+    same = draft.parents.unsqueeze(2) == draft.parents.unsqueeze(1)
+    same &= draft.tokens.unsqueeze(2) == draft.tokens.unsqueeze(1)
     same &= draft.valid.unsqueeze(2) & draft.valid.unsqueeze(1)
     earlier = torch.ones(n, n, dtype=torch.bool, device=draft.tokens.device).tril(-1)  # j < i
     return int((same & earlier).any(2).sum())

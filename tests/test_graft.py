@@ -10,6 +10,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rollout_graft.proposers.graft as graft_module
 from rollout_graft import DraftConfig, EngineConfig, RolloutEngine, SamplingParams, calibrate
+from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts
 from rollout_graft.merge import keep_best, merge_trees, sibling_duplicates, token_paths
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.pruning import accepted_along, draft_quota, fit_thresholds, pruning_stage, separating_thresholds
@@ -51,7 +52,7 @@ def test_greedy_graft_variants_equal_ar(qwen3_model, drafter):
         out = graft_engine(qwen3_model, draft, dcfg).generate(PROMPTS, greedy)
         assert out.completion_ids == ar.completion_ids, name
         assert out.finish_reasons == ar.finish_reasons, name
-        if drafter == "perfect" and name == "dense-draft":  # the target drafting itself: its greedy chain is in the tree
+        if drafter == "perfect" and name == "dense-draft":  # the target drafts itself: its greedy chain is in the tree
             assert out.stats.mean_accepted_tokens > 2.0
 
 
@@ -228,8 +229,8 @@ def test_group_index_learns_during_graft(qwen3_model):
 def test_calibrate_fits_saves_and_loads(qwen3_model, tmp_path):
     engine = graft_engine(qwen3_model, qwen3_model)
     path = tmp_path / "tau.json"
-    taus = calibrate(engine, [[5, 6, 7]] * 4 + [[9, 10]] * 4, SamplingParams(temperature=1.0, max_new_tokens=24, seed=0),
-                     path=path)
+    params = SamplingParams(temperature=1.0, max_new_tokens=24, seed=0)
+    taus = calibrate(engine, [[5, 6, 7]] * 4 + [[9, 10]] * 4, params, path=path)
     assert len(taus) == 3 and all(0.0 <= t <= 1.0 for t in taus)
     with pytest.raises(ValueError, match="objective"):
         calibrate(engine, [[5, 6, 7]], objective="youden")
@@ -260,6 +261,17 @@ def test_bad_drafter_is_refused(qwen3_model):
         check_same_vocabulary(64, 64, Tok(same), Tok({"a": 1, "b": 0}))
     with pytest.raises(ValueError, match="eos_token_id"):
         check_same_vocabulary(64, 64, Tok(same), Tok(same, eos=0))
+
+
+@pytest.mark.skipif(not (TINY_TARGET / "config.json").exists(), reason="embedded tiny models not built")
+def test_tiny_pair_from_pretrained_greedy_equals_ar():
+    prompts = [row["prompt"] for row in load_tiny_prompts("test")[:1]]
+    engine = RolloutEngine.from_pretrained(TINY_TARGET, EngineConfig(method="graft"), draft_model=TINY_DRAFT)
+    rows = [ids for ids in engine.tokenizer(prompts, add_special_tokens=False)["input_ids"] for _ in range(2)]
+    greedy = SamplingParams(temperature=0, max_new_tokens=24)
+    out = engine.generate(rows, greedy)
+    assert out.completion_ids == RolloutEngine(engine.model).generate(rows, greedy).completion_ids
+    assert out.stats.mean_accepted_tokens > 2.0  # the trained drafter agrees with the target most of the time
 
 
 def test_draft_config_validation():

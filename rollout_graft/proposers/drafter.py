@@ -105,8 +105,8 @@ class DrafterProposer(Proposer):
 
     def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
         # the emitted tokens (accepted candidates + bonus/recovered) are the next pending block
-        self.pending = acceptance.emitted.to(self.runner.device)
         self.pending_len = acceptance.n_emitted.to(self.runner.device)
+        self.pending = acceptance.emitted[:, : int(self.pending_len.max())].to(self.runner.device)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         rows = rows.to(self.runner.device)
@@ -141,59 +141,76 @@ class DrafterProposer(Proposer):
     def expand(self, ctx: StepContext, stop: StopRule | None = None) -> Expansion:
         """Grow every row's tree level by level; `stop` may end a row's tree at a checkpoint."""
         cfg, dev = self.cfg, self.runner.device
-        rows, k = ctx.last_token.shape[0], cfg.top_k
-        # deepest useful node: depth < remaining (an emitted token must follow), ≤ engine max_depth
-        max_nodes_depth = torch.clamp(torch.minimum(ctx.remaining.to(dev) - 1, torch.full_like(ctx.remaining, self.max_depth)), min=0)
-        levels = min(cfg.depth, int(max_nodes_depth.max()))
+        rows = ctx.last_token.shape[0]
+        limit = (ctx.remaining.to(dev) - 1).clamp(0, self.max_depth)  # [rows] deepest useful node depth
+        levels = min(cfg.depth, int(limit.max()))
         stage = torch.full((rows,), len(cfg.checkpoints), dtype=torch.long, device=dev)
         best = torch.zeros(rows, len(cfg.checkpoints), device=dev)
-        root_logits = self._feed_pending(ctx)
-        if levels == 0:
-            self.runner.maybe_compact(int(self.runner.slot_valid.sum(1).max()))
-            return Expansion(Draft.empty(rows, dev), stage, best)
-        scratch = self.runner.slots  # tree slots appended from here are cut off at the end
-
-        conf, tok = self._confidence(root_logits).topk(k, dim=-1)  # [rows, k] level 0
-        score, parent = conf, torch.full((rows, k), -1, dtype=torch.long, device=dev)
         active = torch.ones(rows, dtype=torch.bool, device=dev)
-        vis = torch.zeros(rows, k, 0, dtype=torch.bool, device=dev)  # [rows, width, scratch] ancestors' slots
-        out = {"tokens": [], "parents": [], "score": [], "depth": []}
-        offset = 0
+        root_logits = self._feed_pending(ctx)
+        scratch = self.runner.slots  # tree slots appended from here on are cut off at the end
+        found: list[_Level] = []
+        lvl = self._root_children(root_logits) if levels else None
         for level in range(levels):
-            valid_lvl = (score > 0) & active.view(-1, 1) & (level < max_nodes_depth).view(-1, 1)
-            score = score.masked_fill(~valid_lvl, 0.0)
-            for name, value in (("tokens", tok), ("parents", parent), ("score", score),
-                                ("depth", torch.full_like(tok, level + 1))):
-                out[name].append(value)
+            lvl.score = lvl.score.masked_fill(~(active & (level < limit)).view(-1, 1), 0.0)
+            found.append(lvl)
             if level in cfg.checkpoints:
                 c = cfg.checkpoints.index(level)
-                best[:, c] = score.max(1).values
+                best[:, c] = lvl.score.max(1).values
                 if stop is not None:
                     stopped = active & stop(c, best[:, c])
                     stage[stopped] = c
                     active &= ~stopped
-            if level + 1 == levels or not bool((valid_lvl.any(1) & active).any()):
+            if level + 1 == levels or not bool(((lvl.score > 0).any(1) & active).any()):
                 break
-            # frontier: the `beam` best nodes of this level, each expanded by one draft forward
-            f_score, f_idx = score.topk(min(cfg.beam, score.shape[1]), dim=1)  # [rows, b]
-            f_tok, f_vis = tok.gather(1, f_idx), vis.gather(1, f_idx.unsqueeze(-1).expand(-1, -1, vis.shape[2]))
-            b = f_idx.shape[1]
-            past_extra = torch.cat([torch.zeros(rows, b, scratch, dtype=torch.bool, device=dev), f_vis], 2)
-            eye = torch.eye(b, dtype=torch.bool, device=dev).expand(rows, b, b)
-            positions = (ctx.length.to(dev) - 1 + level + 1).view(-1, 1).expand(rows, b)
-            logits = self.runner.verify(f_tok, positions, eye, past_extra=past_extra)  # [rows, b, V]
-            conf, tok = self._confidence(logits).topk(k, dim=-1)  # [rows, b, k]
-            score = (f_score.unsqueeze(-1) * conf).view(rows, b * k)
-            tok = tok.view(rows, b * k)
-            parent = (offset + f_idx).repeat_interleave(k, dim=1)  # global index of each child's parent
-            # a child sees what its parent saw plus the parent's own slot
-            vis = torch.cat([f_vis, eye], 2).repeat_interleave(k, dim=1)  # [rows, b*k, scratch + b]
-            offset += out["tokens"][-1].shape[1]
+            offset = sum(f.tokens.shape[1] for f in found[:-1])  # index of this level's first node
+            lvl = self._children(lvl, level, offset, ctx, scratch)
         self.runner.truncate(scratch)
         self.runner.maybe_compact(int(self.runner.slot_valid.sum(1).max()))
-        tokens = torch.cat(out["tokens"], 1)
-        score = torch.cat(out["score"], 1)
-        valid = score > 0
-        nodes = Draft(tokens, torch.cat(out["parents"], 1), torch.cat(out["depth"], 1), valid, score,
-                      torch.full_like(tokens, DRAFT, dtype=torch.int8))
-        return Expansion(nodes, stage, best)
+        return Expansion(_as_draft(found, rows, dev), stage, best)
+
+    def _root_children(self, root_logits: torch.Tensor) -> "_Level":
+        conf, tok = self._confidence(root_logits).topk(self.cfg.top_k, dim=-1)  # [rows, k]
+        sees = torch.zeros(*tok.shape, 0, dtype=torch.bool, device=tok.device)  # nothing forwarded yet
+        return _Level(tok, conf, torch.full_like(tok, -1), sees)
+
+    def _children(self, lvl: "_Level", level: int, offset: int, ctx: StepContext, scratch: int) -> "_Level":
+        """One draft forward over the `beam` best nodes of `lvl` (tree level `level`) → their top-k children."""
+        rows, k = lvl.tokens.shape[0], self.cfg.top_k
+        f_score, f_idx = lvl.score.topk(min(self.cfg.beam, lvl.score.shape[1]), dim=1)  # [rows, b] the frontier
+        b, dev = f_idx.shape[1], f_idx.device
+        f_tok = lvl.tokens.gather(1, f_idx)
+        f_sees = lvl.sees.gather(1, f_idx.unsqueeze(-1).expand(-1, -1, lvl.sees.shape[2]))
+        # each frontier node sees the committed cache, its ancestors' scratch slots and itself
+        past_extra = torch.cat([torch.zeros(rows, b, scratch, dtype=torch.bool, device=dev), f_sees], 2)
+        eye = torch.eye(b, dtype=torch.bool, device=dev).expand(rows, b, b)
+        positions = (ctx.length.to(dev) + level).view(-1, 1).expand(rows, b)  # root at length - 1, depth level + 1
+        logits = self.runner.verify(f_tok, positions, eye, past_extra=past_extra)  # [rows, b, V]
+        conf, tok = self._confidence(logits).topk(k, dim=-1)  # [rows, b, k]
+        return _Level(
+            tokens=tok.view(rows, b * k),
+            score=(f_score.unsqueeze(-1) * conf).view(rows, b * k),  # prefix product
+            parent=(offset + f_idx).repeat_interleave(k, dim=1),
+            sees=torch.cat([f_sees, eye], 2).repeat_interleave(k, dim=1),  # the parent's view + its own slot
+        )
+
+
+@dataclass(slots=True)
+class _Level:
+    """The candidate nodes of one tree level, for every row."""
+
+    tokens: torch.Tensor  # [rows, w]
+    score: torch.Tensor  # [rows, w] prefix product of drafter confidences, 0 = not a node
+    parent: torch.Tensor  # [rows, w] index of the parent among all nodes (levels concatenated), -1 = root
+    sees: torch.Tensor  # [rows, w, scratch] scratch slots of the node's ancestors that were forwarded
+
+
+def _as_draft(levels: list[_Level], rows: int, device: torch.device) -> Draft:
+    """Concatenate the levels (parents precede children) into one Draft of source DRAFT."""
+    if not levels:
+        return Draft.empty(rows, device)
+    tokens = torch.cat([lvl.tokens for lvl in levels], 1)
+    score = torch.cat([lvl.score for lvl in levels], 1)
+    depth = torch.cat([torch.full_like(lvl.tokens, d + 1) for d, lvl in enumerate(levels)], 1)
+    return Draft(tokens, torch.cat([lvl.parent for lvl in levels], 1), depth, score > 0, score,
+                 torch.full_like(tokens, DRAFT, dtype=torch.int8))

@@ -57,7 +57,9 @@ class GraftProposer(Proposer):
         self.cfg = cfg
         self.drafter = drafter
         self.retrieval = retrieval
-        self.thresholds = load_thresholds(cfg.thresholds_path, cfg.checkpoints) if cfg.thresholds_path else cfg.thresholds
+        self.thresholds = cfg.thresholds  # τ per checkpoint; `pruning.calibrate` replaces it
+        if cfg.thresholds_path:
+            self.thresholds = load_thresholds(cfg.thresholds_path, cfg.checkpoints)
         self.calibration_log: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # set by pruning.calibrate
         self.seconds: dict[str, float] = {}  # "draft", "graft": proposer time per phase, this rollout
         self._best: torch.Tensor | None = None  # calibration: [rows, C] confidences of this step
