@@ -34,6 +34,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch
 from datasets import Dataset
+from transformers.trainer_utils import IntervalStrategy
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
 from rollout_graft.assets import TINY_ANSWER_PATTERN, TINY_PROMPTS, TINY_TARGET
@@ -57,9 +58,19 @@ RECIPE_DEFAULTS = dict(
     report_to="none",
     gradient_checkpointing=False,
     bf16=torch.cuda.is_available(),
-    reward_weights=[1.0, 0.2],
+    reward_weights=[1.0, 0.25],  # 0.25: exact in binary, so all-equal groups have exactly zero std
     seed=0,
+    # a fixed held-out set, evaluated every 10 steps (and before training): unlike the training
+    # reward, whose batches change difficulty from step to step, it shows what GRPO has learnt
+    eval_strategy="steps",
+    eval_steps=10,
+    eval_on_start=True,
+    per_device_eval_batch_size=64,
+    num_generations_eval=4,
 )
+
+# Recipe defaults for GraftConfig: on a compute-bound CPU, D-cut keeps verification cheap.
+GRAFT_DEFAULTS = dict(method="retrieval", budget_policy="dcut")
 
 
 @dataclass
@@ -70,7 +81,9 @@ class ScriptArguments:
         backend: "graft" (rollout_graft's engine) or "hf" (TRL's own `generate`, for comparison).
         dataset_path: JSON-lines file with `prompt` and `answer` (and optionally `split`) per row;
             default: the embedded tiny arithmetic prompts.
-        dataset_split: rows of this `split` value are used (all rows if the file has no `split`).
+        dataset_split: rows of this `split` value are trained on (all rows if the file has no `split`).
+        eval_split: rows of this `split` value are evaluated on (GRPOConfig.eval_strategy/eval_steps).
+        num_eval_prompts: evaluate on the first N `eval_split` rows; 0 disables evaluation.
         conversational: wrap each prompt as a user chat message (the chat template is then applied).
         num_threads: torch CPU threads; default 1 on a CPU-only machine (tiny models gain nothing
             from intra-op threads, and on shared cores oversubscribed threads run ~20x slower),
@@ -79,7 +92,9 @@ class ScriptArguments:
 
     backend: str = field(default="graft", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
     dataset_path: str = field(default=str(TINY_PROMPTS), metadata={"help": "JSON-lines prompts with `prompt`, `answer`."})
-    dataset_split: str = field(default="train", metadata={"help": "Use rows whose `split` equals this."})
+    dataset_split: str = field(default="train", metadata={"help": "Train on rows whose `split` equals this."})
+    eval_split: str = field(default="test", metadata={"help": "Evaluate on rows whose `split` equals this."})
+    num_eval_prompts: int = field(default=48, metadata={"help": "Held-out prompts to evaluate on (0: no evaluation)."})
     conversational: bool = field(default=False, metadata={"help": "Send prompts as chat messages."})
     num_threads: int | None = field(
         default=None if torch.cuda.is_available() else 1, metadata={"help": "torch CPU threads (unset: torch's choice)."}
@@ -107,12 +122,12 @@ def format_reward(completions, **kwargs) -> list[float]:
 
 
 # ---------------------------------------------------------------------------- data
-def load_prompts(args: ScriptArguments) -> Dataset:
+def load_prompts(args: ScriptArguments, split: str, limit: int | None = None) -> Dataset:
     with open(args.dataset_path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    rows = [r for r in rows if r.get("split", args.dataset_split) == args.dataset_split]
+    rows = [r for r in rows if r.get("split", split) == split][:limit]
     if not rows:
-        raise ValueError(f"{args.dataset_path} has no rows with split={args.dataset_split!r}")
+        raise ValueError(f"{args.dataset_path} has no rows with split={split!r}")
     prompts = [[{"role": "user", "content": r["prompt"]}] if args.conversational else r["prompt"] for r in rows]
     return Dataset.from_dict({"prompt": prompts, "answer": [str(r["answer"]) for r in rows]})
 
@@ -136,7 +151,9 @@ def build_trainer(script_args, training_args, model_args, graft_args) -> GRPOTra
         model=model_args.model_name_or_path or str(TINY_TARGET),
         reward_funcs=[correctness_reward, format_reward],
         args=training_args,
-        train_dataset=load_prompts(script_args),
+        train_dataset=load_prompts(script_args, script_args.dataset_split),
+        eval_dataset=load_prompts(script_args, script_args.eval_split, script_args.num_eval_prompts)
+        if script_args.num_eval_prompts else None,
     )
     if script_args.backend == "hf":
         return TimedGRPOTrainer(**common)
@@ -169,6 +186,8 @@ def summarize(log_history: list[dict], wall_seconds: float, backend: str) -> dic
         "reward_final": sum(rewards[-k:]) / k if rewards else None,
         "correct_first": sum(h["rewards/correctness_reward/mean"] for h in steps[:k]) / k if steps else None,
         "correct_final": sum(h["rewards/correctness_reward/mean"] for h in steps[-k:]) / k if steps else None,
+        "eval_correct": [(h["step"], h["eval_rewards/correctness_reward/mean"]) for h in log_history
+                         if "eval_rewards/correctness_reward/mean" in h],
     }
 
 
@@ -185,6 +204,8 @@ def print_summary(s: dict) -> None:
         f"reward (first -> final)         : {fmt(s['reward_first'], '.3f')} -> {fmt(s['reward_final'], '.3f')}\n"
         f"correct answers (first -> final): {fmt(s['correct_first'], '.1%')} -> {fmt(s['correct_final'], '.1%')}"
     )
+    if s["eval_correct"]:
+        print("held-out correct (step: share)  : " + ", ".join(f"{step}: {v:.1%}" for step, v in s["eval_correct"]))
 
 
 # ---------------------------------------------------------------------------- main
@@ -192,10 +213,13 @@ def main(script_args, training_args, model_args, graft_args) -> dict:
     if script_args.num_threads:
         torch.set_num_threads(script_args.num_threads)
     training_args.output_dir = training_args.output_dir.format(backend=script_args.backend)
+    if not script_args.num_eval_prompts:
+        training_args.eval_strategy, training_args.eval_on_start = IntervalStrategy.NO, False
     trainer = build_trainer(script_args, training_args, model_args, graft_args)
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     summary = summarize(trainer.state.log_history, time.perf_counter() - start, script_args.backend)
+    trainer.save_model(training_args.output_dir)  # graft backend: also the adjacency prior
     if trainer.accelerator.is_main_process:
         out = Path(training_args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -210,7 +234,7 @@ def main(script_args, training_args, model_args, graft_args) -> dict:
 
 def make_parser() -> TrlParser:
     parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig, GraftConfig))
-    parser.set_defaults(**RECIPE_DEFAULTS)
+    parser.set_defaults(**RECIPE_DEFAULTS, **GRAFT_DEFAULTS)
     return parser
 
 

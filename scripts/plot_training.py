@@ -16,8 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-PANELS = (  # (log key, axis title)
-    ("reward", "reward (mean over the batch)"),
+PANELS = (  # (log key, axis title); "eval_" + key, when logged, is drawn with markers
+    ("reward", "reward (training batch; held-out set: markers)"),
     ("rewards/correctness_reward/mean", "correct answers (fraction)"),
     ("rollout/tokens_per_s", "rollout completion tokens / s"),
     ("rollout/mean_accepted_tokens", "mean accepted tokens per forward (MAT)"),
@@ -27,7 +27,7 @@ PANELS = (  # (log key, axis title)
 def load_history(path: Path) -> list[dict]:
     data = json.loads(path.read_text())
     history = data["log_history"] if isinstance(data, dict) else data
-    return [h for h in history if "step" in h and "reward" in h]
+    return [h for h in history if "step" in h and ("reward" in h or "eval_reward" in h)]
 
 
 def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -56,6 +56,9 @@ def plot(runs: dict[str, list[dict]], out: Path, window: int) -> None:
             else:
                 line.set_alpha(1.0)
                 line.set_label(label)
+            eval_steps, eval_values = series(history, f"eval_{key}")
+            if eval_steps and key.startswith("reward"):
+                ax.plot(eval_steps, eval_values, "o--", color=line.get_color(), label=f"{label} (held-out)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
