@@ -46,14 +46,14 @@ def test_bad_prompts_raise_and_engine_recovers(qwen3_model):
     assert len(out.completion_ids[0]) >= 1
 
 
-class _Tok:
-    def __len__(self):
-        return 1000
-
-
 def test_tokenizer_vocabulary_mismatch(qwen3_model):
+    from transformers import AutoTokenizer
+
+    from rollout_graft.assets import TINY_TARGET
+
+    tiny_tokenizer = AutoTokenizer.from_pretrained(TINY_TARGET)  # 749 tokens; the model has 64
     with pytest.raises(ValueError, match="tokenizer"):
-        RolloutEngine(qwen3_model, tokenizer=_Tok())
+        RolloutEngine(qwen3_model, tokenizer=tiny_tokenizer)
 
 
 def test_nan_logits_raise(qwen3_model):
