@@ -27,8 +27,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft import DraftConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams, calibrate
 from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET
+from rollout_graft.warmup import warm_prior
 
-GRAFT_VARIANTS = ("dense-draft", "prune-only", "fixed-split", "graft")
+GRAFT_VARIANTS = ("dense-draft", "prune-only", "fixed-split", "graft", "graft+dcut")
 
 
 def variants(budget: int, prior: str | None, draft: str | None = None, thresholds: str | None = None) -> dict[str, EngineConfig]:
@@ -41,10 +42,13 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
         "prune-only": graft(replace(d, graft=False)),  # pruned, freed slots left empty
         "fixed-split": graft(replace(d, prune=False, adaptive_split=False)),  # draft + retrieval, fixed split
         "graft": graft(d),
+        "graft+dcut": replace(graft(d), budget_policy="dcut"),
         "ar": EngineConfig(method="ar"),
+        "retrieval+dcut": EngineConfig(method="retrieval", budget=budget, retrieval=r, budget_policy="dcut"),
         "retrieval": EngineConfig(method="retrieval", budget=budget, retrieval=r),
         "retrieval-noshare": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, share_in_group=False)),
         "retrieval-noprior": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, use_prior=False)),
+        "retrieval-order2": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, context_order=2)),
         "retrieval-bare": EngineConfig(method="retrieval", budget=budget,
                                        retrieval=replace(r, share_in_group=False, use_prior=False)),
     }
@@ -58,16 +62,6 @@ def load_prompts(path: Path, tokenizer, split: str, n: int, offset: int = 0) -> 
     if isinstance(rows[0]["prompt"], list):  # chat messages
         return [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True) for r in rows]
     return [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
-
-
-def warm_prior(model, tokenizer, prompts: list[list[int]], group: int, params: SamplingParams, rounds: int, path: str) -> float:
-    """A few rounds of generation over non-evaluation prompts; saves the global prior."""
-    engine = RolloutEngine(model, EngineConfig(method="retrieval"), tokenizer=tokenizer)
-    start = time.perf_counter()
-    for r in range(rounds):
-        engine.generate([p for p in prompts for _ in range(group)], replace(params, seed=10_000 + r))
-    engine.proposer.save_prior(path)
-    return time.perf_counter() - start
 
 
 def calibrate_graft(model, tokenizer, prompts: list[list[int]], group: int, params: SamplingParams, draft: str,
@@ -166,7 +160,10 @@ def main(argv=None) -> dict:
     warm_prompts = load_prompts(Path(args.prompts), tokenizer, "train", 8)
     for temperature in args.temperatures:
         base = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
-        warm_s = warm_prior(model, tokenizer, warm_prompts, args.group_size, base, args.warmup_rounds, prior_file)
+        start = time.perf_counter()
+        warm_prior(model, warm_prompts, prior_file, rounds=args.warmup_rounds, group=args.group_size, params=base,
+                   tokenizer=tokenizer)
+        warm_s = time.perf_counter() - start
         tau_file = None
         if any(m in GRAFT_VARIANTS for m in args.methods):
             tau_file = prior_file.replace(".safetensors", ".tau.json")
