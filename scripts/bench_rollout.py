@@ -87,6 +87,9 @@ def run_engine(model, tokenizer, cfg: EngineConfig, rows, params: SamplingParams
         "target_forwards": s.target_forwards, "phase_s": s.seconds,
         "propose_share": s.seconds.get("propose", 0.0) / wall,  # drafter + retrieval + merge + D-cut
         "proposer_s": dict(getattr(engine.proposer, "seconds", {})),  # graft: "draft" (drafter) and "graft"
+        "budget_ratio": s.budget_ratio,  # D-cut: mean ρ; the trace shows ρ as the batch drains
+        "budget_trace": [(t["rows"], t["ratio"], t["kept"]) for t in s.budget_trace],
+        "dcut_expected_vs_actual": [sum(t["expected"] for t in s.budget_trace), sum(t["actual"] for t in s.budget_trace)],
     }
 
 
@@ -203,17 +206,24 @@ def main(argv=None) -> dict:
     return results
 
 
+def rho(m: dict) -> str:
+    return "–" if m.get("budget_ratio") is None else f"{m['budget_ratio']:.2f}"
+
+
 def markdown(results: dict) -> str:
-    lines = ["| T | batch | method | tokens/s | × ar | MAT | verified tok/step | propose % | wall s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| T | batch | method | tokens/s (median) | × ar | MAT | verified tok/step | propose % | mean ρ | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for e in results["configs"]:
         for name, m in e["methods"].items():
             ratio = f"{m['ratio_vs_ar']:.2f}" if m.get("ratio_vs_ar") else "–"
             lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {m['tokens_per_s']:.0f} | {ratio} | "
                          f"{m['mat']:.2f} | {m['verify_tokens_per_step']:.0f} | {100 * m.get('propose_share', 0.0):.0f} | "
-                         f"{m['wall_s']:.1f} |")
+                         f"{rho(m)} | {m['wall_s']:.1f} |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--markdown":  # re-render a saved JSON
+        print(markdown(json.loads(Path(sys.argv[2]).read_text())))
+    else:
+        main()
