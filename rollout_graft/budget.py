@@ -97,6 +97,23 @@ class DCut:
         self.calibration = ScoreCalibration()
         self.explore_every = explore_every  # every n-th step verifies ≥ the smallest ρ > 0 to keep calibrating
         self.steps = 0
+        self.idle = 0  # consecutive decisions for ρ = 0
+        self.until_probe = 0  # steps left to decode plainly without even proposing
+
+    def skip_proposal(self) -> bool:
+        """Back off while speculation does not pay: after n consecutive ρ = 0 decisions, the next
+        min(2^n, 64) − 1 steps decode plainly without building a tree at all (then probe again)."""
+        if self.until_probe > 0:
+            self.until_probe -= 1
+            return True
+        return False
+
+    def _track(self, ratio: float) -> None:
+        if ratio > 0:
+            self.idle = 0
+            return
+        self.idle += 1
+        self.until_probe = min(2 ** self.idle, 64) - 1
 
     def observe(self, draft: Draft, accepted: torch.Tensor) -> None:
         """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
@@ -106,6 +123,7 @@ class DCut:
         rows = draft.tokens.shape[0]
         candidates = int(draft.valid.sum())
         if candidates == 0:
+            self._track(0.0)
             return draft, BudgetDecision(0.0, 0, 0, float(rows))
         # expected emitted tokens when keeping the top-K: prefix sums of the sorted calibrated scores
         scores = torch.sort(self.calibration(draft.score[draft.valid]), descending=True).values
@@ -122,6 +140,7 @@ class DCut:
             if best is None or rate > best[0]:
                 best = (rate, ratio, kept, expected)
         _, ratio, kept, expected = best
+        self._track(ratio)
         if kept < candidates:
             draft = keep_top(draft, kept).compacted()
         return draft, BudgetDecision(ratio, kept, candidates, expected)

@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .budget import DCut
+from .budget import BudgetDecision, DCut
 from .config import EngineConfig, SamplingParams
 from .cost import CostModel
 from .proposers import GraftProposer, NoProposer, Proposer, RetrievalProposer, StepContext
 from .runner import ModelRunner
 from .sampling import check_finite
 from .stats import RolloutStats
-from .tree import TreeBatch
+from .tree import Draft, TreeBatch
 from .verify import accept
 
 
@@ -196,10 +196,14 @@ class RolloutEngine:
             prev_token=state.prev_token,
         )
         with stats.timed("propose"):
-            draft = self.proposer.propose(ctx)
             decision = None
-            if self.dcut is not None:
-                draft, decision = self.dcut.decide(draft)
+            if self.dcut is not None and self.proposer.can_skip and self.dcut.skip_proposal():
+                draft = Draft.empty(len(state.index), state.last_token.device)  # D-cut backed off: plain step
+                decision = BudgetDecision(0.0, 0, 0, float(len(state.index)))
+            else:
+                draft = self.proposer.propose(ctx)
+                if self.dcut is not None:
+                    draft, decision = self.dcut.decide(draft)
             tree = TreeBatch.from_draft(state.last_token, draft)
             tree.max_depth = min(tree.max_depth, self.config.max_depth)
             positions = (state.length - 1).unsqueeze(1) + tree.depth  # [rows, n]

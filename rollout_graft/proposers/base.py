@@ -31,6 +31,10 @@ class StepContext:
 class Proposer(ABC):
     """A source of candidate trees."""
 
+    can_skip: bool = True
+    """Whether a step may go without `propose` (D-cut backing off); False for proposers whose state
+    must follow every step through `propose` (e.g. a drafter's KV cache)."""
+
     def start(self, prompts: list[list[int]], row_prompt: torch.Tensor, prompt_logits: torch.Tensor | None,
               params: SamplingParams) -> None:
         """A rollout begins. prompts: the distinct prompts (group g = prompts[g]); row_prompt: [rows]

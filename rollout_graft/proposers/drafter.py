@@ -87,6 +87,8 @@ class DrafterProposer(Proposer):
         max_depth: the engine's deepest acceptable node.
     """
 
+    can_skip = False  # the drafter's KV cache follows every step through propose()
+
     def __init__(self, cfg: DraftConfig, runner: ModelRunner, max_depth: int):
         self.cfg = cfg
         self.runner = runner

@@ -53,6 +53,8 @@ class GraftProposer(Proposer):
         retrieval: the group-shared `RetrievalProposer` (None when `cfg.graft` is False).
     """
 
+    can_skip = False  # the drafter's KV cache follows every step through propose()
+
     def __init__(self, cfg: DraftConfig, drafter: DrafterProposer, retrieval: RetrievalProposer | None):
         self.cfg = cfg
         self.drafter = drafter
