@@ -96,6 +96,7 @@ class ScriptArguments:
     eval_split: str = field(default="test", metadata={"help": "Evaluate on rows whose `split` equals this."})
     num_eval_prompts: int = field(default=48, metadata={"help": "Held-out prompts to evaluate on (0: no evaluation)."})
     conversational: bool = field(default=False, metadata={"help": "Send prompts as chat messages."})
+    equation_reward: bool = field(default=False, metadata={"help": "Add the per-step arithmetic reward (weight: reward_weights[2])."})
     num_threads: int | None = field(
         default=None if torch.cuda.is_available() else 1, metadata={"help": "torch CPU threads (unset: torch's choice)."}
     )
@@ -119,6 +120,20 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
 def format_reward(completions, **kwargs) -> list[float]:
     """1 when the completion ends with a `#### <integer>` line, else 0."""
     return [float(FINAL_ANSWER.search(_text(c).strip()) is not None) for c in completions]
+
+
+EQUATION = re.compile(r"(-?\d+)\s*([-+*/])\s*(-?\d+)\s*=\s*(-?\d+)")
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+       "/": lambda a, b: a // b if b and a % b == 0 else None}
+
+
+def equation_reward(completions, **kwargs) -> list[float]:
+    """Fraction of the `a op b = c` steps whose arithmetic holds (a dense, per-step signal)."""
+    rewards = []
+    for c in completions:
+        steps = EQUATION.findall(_text(c))
+        rewards.append(sum(OPS[op](int(a), int(b)) == int(r) for a, op, b, r in steps) / len(steps) if steps else 0.0)
+    return rewards
 
 
 # ---------------------------------------------------------------------------- data
@@ -149,7 +164,7 @@ def build_trainer(script_args, training_args, model_args, graft_args) -> GRPOTra
     training_args.model_init_kwargs = {"dtype": model_args.dtype, **(training_args.model_init_kwargs or {})}
     common = dict(
         model=model_args.model_name_or_path or str(TINY_TARGET),
-        reward_funcs=[correctness_reward, format_reward],
+        reward_funcs=[correctness_reward, format_reward] + ([equation_reward] if script_args.equation_reward else []),
         args=training_args,
         train_dataset=load_prompts(script_args, script_args.dataset_split),
         eval_dataset=load_prompts(script_args, script_args.eval_split, script_args.num_eval_prompts)

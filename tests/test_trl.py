@@ -127,6 +127,22 @@ def test_save_model_writes_a_loadable_prior(trained, tmp_path):
     assert len(out.completion_ids[0]) >= 1
 
 
+def test_grpo_learns_a_trivial_reward(tmp_path):
+    """End to end sign check: rewarding the character '7' makes the policy write more 7s."""
+    tok = char_tokenizer()
+
+    def sevens(completions, **kwargs):
+        return [c.count("7") / max(len(c), 1) for c in completions]
+
+    args = grpo_args(tmp_path, per_device_train_batch_size=16, num_generations=8, max_completion_length=16,
+                     max_steps=10, learning_rate=1e-2)
+    trainer = GraftGRPOTrainer(tiny_policy(len(tok), sharp=1.0), sevens, args=args, train_dataset=prompt_dataset(64),
+                               processing_class=tok)
+    trainer.train()
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    assert sum(rewards[-3:]) > 2 * sum(rewards[:3]), rewards  # e.g. 0.026 .. 0.12 per character
+
+
 # ---------------------------------------------------------------------------- configuration
 def test_graft_config_parses_next_to_grpo_config(tmp_path):
     parser = TrlParser((GRPOConfig, ModelConfig, GraftConfig))
