@@ -247,14 +247,16 @@ def test_recipe_runs_and_writes_logs(tmp_path, backend):
     tok = char_tokenizer()
     tiny_policy(len(tok)).save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
-    rows = [{"prompt": f"Q:{q}\nA:", "answer": "3", "split": "train"} for q in ("1+2=", "3*4=", "9-5=", "7+8=")]
+    rows = [{"prompt": f"Q:{q}\nA:", "answer": "3", "split": split}
+            for q in ("1+2=", "3*4=", "9-5=", "7+8=") for split in ("train", "test")]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     recipe = load_recipe()
     args = recipe.make_parser().parse_args_into_dataclasses([
         "--backend", backend, "--model_name_or_path", str(tmp_path / "model"),
         "--dataset_path", str(tmp_path / "prompts.jsonl"), "--output_dir", str(tmp_path / "out-{backend}"),
         "--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "4",
-        "--max_completion_length", "8", "--disable_tqdm", "true", "--use_cpu", "true",
+        "--max_completion_length", "8", "--use_cpu", "true",
+        "--num_eval_prompts", "2", "--eval_steps", "1", "--per_device_eval_batch_size", "8", "--num_generations_eval", "4",
     ])
     summary = recipe.main(*args)
     out = tmp_path / f"out-{backend}"
@@ -263,6 +265,8 @@ def test_recipe_runs_and_writes_logs(tmp_path, backend):
     history = json.loads((out / "log_history.json").read_text())
     assert all("rewards/correctness_reward/mean" in h for h in history if "loss" in h)
     assert (summary["mean_accepted_tokens"] is None) == (backend == "hf")
+    assert [step for step, _ in summary["eval_correct"]] == [0, 1, 2]  # held-out set before training + every step
+    assert (out / "model.safetensors").exists()
 
 
 def test_correctness_and_format_rewards():
