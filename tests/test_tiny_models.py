@@ -25,3 +25,15 @@ def test_tiny_target_greedy_matches_hf_generate_for_every_method():
         assert all(r == "stop" and c[-1] == tok.eos_token_id for r, c in zip(out.finish_reasons, out.completion_ids))
         if cfg.method == "retrieval" and cfg.budget_policy == "fixed":
             assert out.stats.mean_accepted_tokens > 2.0  # templated arithmetic: retrieval pays
+
+
+def test_bf16_runs_on_every_path():
+    """bf16 (the usual training dtype) through the same runner: finite logprobs, EOS stops."""
+    tok = AutoTokenizer.from_pretrained(TINY_TARGET)
+    model = AutoModelForCausalLM.from_pretrained(TINY_TARGET, dtype=torch.bfloat16).eval()
+    rows = [tok(load_tiny_prompts("test")[0]["prompt"])["input_ids"]] * 2
+    params = SamplingParams(temperature=1.0, max_new_tokens=96, seed=3)
+    for cfg in (EngineConfig(method="ar"), EngineConfig(method="retrieval")):
+        out = RolloutEngine(model, cfg, tokenizer=tok).generate(rows, params)
+        assert all(torch.isfinite(torch.tensor(lp)).all() for lp in out.logprobs)
+        assert all(c[-1] == tok.eos_token_id for c in out.completion_ids)
