@@ -165,3 +165,14 @@ def test_second_order_context_wins_over_first_order():
     assert d.tokens[:, 0].tolist() == [4, 5, 5]
     first_order = index.lookup(rows, root, tpl)  # no previous token: first order only
     assert first_order.tokens[:, 0].tolist() == [5, 5, 5]
+
+
+def test_graft_saves_its_retrieval_prior(tmp_path):
+    from rollout_graft import DraftConfig
+
+    model = random_model("qwen3")
+    draft = random_model("qwen3", seed=1)
+    engine = RolloutEngine(model, EngineConfig(method="graft", budget=12, draft=DraftConfig(depth=2, checkpoints=(0,), thresholds=(0.3,), split=((0, 8),))), draft_model=draft)
+    engine.generate([[5, 6, 7]] * 2, SamplingParams(temperature=0, max_new_tokens=8))
+    engine.proposer.save_prior(tmp_path / "p.safetensors")
+    assert AdjacencyIndex.load(tmp_path / "p.safetensors").vocab == 64

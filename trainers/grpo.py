@@ -147,7 +147,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         """Save the model (TRL) and, with `save_prior`, the engine's adjacency prior as `graft_prior.safetensors`."""
         super().save_model(output_dir, _internal_call=_internal_call)
         proposer = getattr(self.rollout_engine, "proposer", None)
-        if self.graft_config.save_prior and hasattr(proposer, "save_prior") and self.accelerator.is_main_process:
+        if (self.graft_config.save_prior and hasattr(proposer, "save_prior") and self.accelerator.is_main_process
+                and getattr(proposer, "retrieval", proposer) is not None):  # graft without retrieval has no prior
             proposer.save_prior(f"{output_dir or self.args.output_dir}/{PRIOR_FILE}")
 
 

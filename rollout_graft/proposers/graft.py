@@ -101,6 +101,12 @@ class GraftProposer(Proposer):
         if self.retrieval is not None:
             self.retrieval.select_rows(rows)
 
+    def save_prior(self, path) -> None:
+        """Save the global adjacency prior of the grafted retrieval (as method "retrieval" does)."""
+        if self.retrieval is None:
+            raise ValueError("this graft configuration has no retrieval (DraftConfig.graft=False): there is no prior to save")
+        self.retrieval.save_prior(path)
+
     # ------------------------------------------------------------------ step
     def _stop(self, checkpoint: int, best: torch.Tensor) -> torch.Tensor:
         return best < self.thresholds[checkpoint]
