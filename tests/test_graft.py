@@ -1,11 +1,10 @@
 """method="graft": drafter trees, calibrated pruning, retrieval grafting — lossless and well-formed."""
 
-import math
 
 import pytest
 import torch
 from conftest import random_model
-from test_lossless import PROMPTS, chi2_pvalue, exact_two_token_probs
+from test_lossless import PROMPTS, assert_logprobs_match_recompute, chi2_pvalue, exact_two_token_probs
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rollout_graft.proposers.graft as graft_module
@@ -76,14 +75,7 @@ def test_graft_sampling_matches_target_distribution(params, drafter):
 def test_graft_logprobs_equal_full_recompute(qwen3_model, temperature):
     params = SamplingParams(temperature=temperature, top_k=20, max_new_tokens=16, seed=11)
     out = graft_engine(qwen3_model, small_draft(), budget=20).generate(PROMPTS, params)
-    scale = temperature if temperature > 0 else 1.0
-    for p, c, lp in zip(PROMPTS, out.completion_ids, out.logprobs):
-        assert len(c) == len(lp) > 0
-        with torch.no_grad():
-            logits = qwen3_model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1]
-        ref = torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(c).unsqueeze(-1)).squeeze(-1)
-        assert torch.allclose(torch.tensor(lp), ref, atol=1e-4)
-        assert all(math.isfinite(x) for x in lp)
+    assert_logprobs_match_recompute(qwen3_model, PROMPTS, out, temperature)
 
 
 def test_graft_seeded_runs_repeat(qwen3_model):

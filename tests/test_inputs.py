@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from conftest import random_model
 
 from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
 

@@ -143,15 +143,19 @@ def test_logprobs_equal_full_recompute(arch_model, temperature):
     engines = (RolloutEngine(model), RolloutEngine(model, EngineConfig(budget=12), proposer=proposer),
                RolloutEngine(model, EngineConfig(method="retrieval", budget=12)))
     for engine in engines:
-        out = engine.generate(PROMPTS, params)
-        scale = temperature if temperature > 0 else 1.0
-        for p, c, lp in zip(PROMPTS, out.completion_ids, out.logprobs):
-            assert len(c) == len(lp) > 0
-            with torch.no_grad():
-                logits = model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1]
-            ref = torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(c).unsqueeze(-1)).squeeze(-1)
-            assert torch.allclose(torch.tensor(lp), ref, atol=1e-4)
-            assert all(math.isfinite(x) for x in lp)
+        assert_logprobs_match_recompute(model, PROMPTS, engine.generate(PROMPTS, params), temperature)
+
+
+def assert_logprobs_match_recompute(model, prompts, out, temperature):
+    """Returned logprobs = log_softmax(model(prompt + completion).logits / T) within 1e-4."""
+    scale = temperature if temperature > 0 else 1.0
+    for p, c, lp in zip(prompts, out.completion_ids, out.logprobs):
+        assert len(c) == len(lp) > 0
+        with torch.no_grad():
+            logits = model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1]
+        ref = torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(c).unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(torch.tensor(lp), ref, atol=1e-4)
+        assert all(math.isfinite(x) for x in lp)
 
 
 @pytest.mark.parametrize("method", ["random-tree", "retrieval", "ar"])

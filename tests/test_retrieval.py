@@ -7,7 +7,7 @@ from conftest import random_model
 from rollout_graft import EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
 from rollout_graft.adjacency import EMPTY, AdjacencyIndex
 from rollout_graft.templates import TemplateConfig, best_first, breadth_first, make_template
-from rollout_graft.tree import Draft, TreeBatch
+from rollout_graft.tree import TreeBatch
 
 
 def probs_row(vocab, mass):  # mass: {token: prob}
