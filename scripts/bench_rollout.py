@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -159,7 +158,6 @@ def main(argv=None) -> dict:
                "model": args.model, "threads": args.threads, "dtype": args.dtype, "device": args.device,
                "torch": torch.__version__, "configs": []}
     prior_file = tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False).name
-    max_p = max(args.num_prompts)
     warm_prompts = load_prompts(Path(args.prompts), tokenizer, "train", 8)
     for temperature in args.temperatures:
         base = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
