@@ -7,6 +7,10 @@ byte-level BPE tokenizer, plus held-out RL prompts. Regenerate with
 
 Prompt format: ``"Question: <problem>\\nAnswer:"``; completions end with a line
 ``"#### <integer>"`` followed by the EOS token ``<|endoftext|>``.
+
+``real-prompts/prompts.jsonl`` holds chat-formatted prompts for real instruct models (written by
+the project): 64 grade-school math word problems with integer gold answers and 32 short Python
+coding tasks with an assert test each. Load them with :func:`load_real_prompts`.
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ TINY_PROMPTS = TINY_MATH / "prompts.jsonl"
 TINY_PROMPT_CUE = "\nAnswer:"
 TINY_ANSWER_PATTERN = r"####\s*(-?\d+)"
 
+REAL_PROMPTS = Path(__file__).parent / "real-prompts" / "prompts.jsonl"
+
 __all__ = [
-    "TINY_MATH",
-    "TINY_TARGET",
+    "REAL_PROMPTS",
+    "TINY_ANSWER_PATTERN",
     "TINY_DRAFT",
+    "TINY_MATH",
     "TINY_PROMPTS",
     "TINY_PROMPT_CUE",
-    "TINY_ANSWER_PATTERN",
+    "TINY_TARGET",
+    "load_real_prompts",
     "load_tiny_prompts",
 ]
 
@@ -47,5 +55,28 @@ def load_tiny_prompts(split: str | None = None) -> list[dict]:
             if line.strip():
                 row = json.loads(line)
                 if split is None or row["split"] == split:
+                    rows.append(row)
+    return rows
+
+
+def load_real_prompts(split: str | None = None, kind: str | None = None) -> list[dict]:
+    """Rows of ``real-prompts/prompts.jsonl`` as dicts ``{"prompt", "answer", "kind", "split"}``.
+
+    ``prompt`` is a chat message list ``[{"role": "system", ...}, {"role": "user", ...}]`` (apply
+    the model's chat template). ``split`` is ``"train"``, ``"test"`` or ``None``; ``kind`` is
+    ``"math"``, ``"code"`` or ``None`` (``None``: no filter). Rows keep file order: math before
+    code, test before train within each kind. ``answer`` is the gold integer as a string for math
+    and a Python ``assert`` statement (run after the function's definition) for code.
+    """
+    if split not in (None, "train", "test"):
+        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    if kind not in (None, "math", "code"):
+        raise ValueError(f"kind must be 'math', 'code' or None, got {kind!r}")
+    rows = []
+    with open(REAL_PROMPTS, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                if (split is None or row["split"] == split) and (kind is None or row["kind"] == kind):
                     rows.append(row)
     return rows
