@@ -1,15 +1,16 @@
 """D-cut: a batch-wide verification budget chosen by a cost model (DESIGN.md §2 step 4).
 
 Every candidate node carries a score: the estimated probability that verification reaches and
-accepts it (prefix product of confidences). Scores never increase along a path, so keeping the
-global top-K nodes of the batch keeps each row's tree ancestor-closed; rows with poor drafts give
-their verification budget to rows with good ones. K = ρ·(Σ candidates), with ρ chosen per step to
-maximise expected emitted tokens / predicted step time:
+accepts it (prefix product of confidences, calibrated online against observed acceptance).
+Scores never increase along a path, so keeping a row's highest-scoring nodes keeps its tree
+ancestor-closed. Each step D-cut picks the verified width W = ρ·m (m: the draft's width) that
+maximises expected emitted tokens / predicted step time over the whole batch:
 
-    E[emitted | kept set S] = Σ_rows 1 + Σ_{i ∈ S} score_i        (bonus/recovered token + accepted)
-    time(S)                 = cost(rows, 1 + |S| / rows)           (profiled latency table)
+    E[emitted | W] = Σ_rows (1 + Σ_{row's top-W nodes} score)      (bonus/recovered token + accepted)
+    time(W)        = cost(rows, 1 + W) + overhead(rows)            (profiled forward + measured rest)
 
-ρ = 0 (plain decoding) is always a candidate, so a step is never predicted slower than "ar".
+W = 0 (plain decoding, no overhead) is always a candidate, so a step is never predicted slower
+than "ar". Why a per-row width rather than the paper's global top-K: see `DCut`.
 """
 
 from __future__ import annotations
@@ -30,26 +31,29 @@ class BudgetDecision:
     expected_emitted: float  # predicted Σ emitted tokens of this step
 
 
-def keep_top(draft: Draft, keep: int) -> Draft:
-    """Keep the `keep` highest-scoring valid nodes of the whole batch (ties: shallower first).
-
-    The result is ancestor-closed: a node is dropped whenever its parent is (an explicit pass, so
-    exact ties between a parent and a child cannot break a tree).
-    """
-    rows, m = draft.tokens.shape
-    if m == 0:
-        return draft
-    score = draft.score.masked_fill(~draft.valid, -1.0).flatten()
-    depth = draft.depth.flatten().float()
-    key = score - depth * 1e-6  # among equal scores prefer shallower nodes
-    chosen = torch.zeros(rows * m, dtype=torch.bool, device=score.device)
-    if keep > 0:
-        chosen[torch.topk(key, min(keep, rows * m)).indices] = True
-    valid = chosen.view(rows, m) & draft.valid
+def _close(draft: Draft, valid: torch.Tensor) -> Draft:
+    """Drop every node whose parent is dropped (an explicit pass, so exact score ties between a
+    parent and a child cannot break a tree)."""
     par = draft.parents.clamp(min=0)
-    for _ in range(int(draft.depth.max()) if keep > 0 else 0):  # enforce ancestor closure
+    for _ in range(draft.max_depth):
         valid = valid & torch.where(draft.parents < 0, True, valid.gather(1, par))
     return Draft(draft.tokens, draft.parents, draft.depth, valid, draft.score, draft.source)
+
+
+def _key(draft: Draft) -> torch.Tensor:
+    """Selection key: score, ties broken towards shallower nodes (so a parent beats its child)."""
+    return draft.score.masked_fill(~draft.valid, -1.0) - draft.depth.float() * 1e-6
+
+
+def keep_top_per_row(draft: Draft, width: int) -> Draft:
+    """Keep each row's `width` highest-scoring valid nodes (ancestor-closed)."""
+    rows, m = draft.tokens.shape
+    if m == 0 or width >= m:
+        return draft
+    chosen = torch.zeros(rows, m, dtype=torch.bool, device=draft.tokens.device)
+    if width > 0:
+        chosen.scatter_(1, torch.topk(_key(draft), width, dim=1).indices, True)
+    return _close(draft, chosen & draft.valid)
 
 
 class ScoreCalibration:
@@ -88,13 +92,51 @@ class ScoreCalibration:
         return float((mid * self.seen).sum()), float(self.accepted.sum())
 
 
-class DCut:
-    """Chooses ρ per step from `ratios` with a `CostModel`."""
+class OverheadModel:
+    """Milliseconds a speculative step spends outside the target forward (building the tree,
+    learning from the logits, D-cut itself), as a + b·rows, fitted online by exponentially
+    weighted least squares. The profiled cost table only times forwards; on a small model or a
+    large batch this overhead decides whether speculation pays."""
 
-    def __init__(self, cost: CostModel, ratios: tuple[float, ...], explore_every: int = 16):
+    def __init__(self, forget: float = 0.9):
+        self.forget = forget
+        self.sums = [0.0] * 5  # Σw, Σw·x, Σw·y, Σw·x², Σw·x·y
+
+    def observe(self, rows: int, ms: float) -> None:
+        f = self.forget
+        w, sx, sy, sxx, sxy = (v * f for v in self.sums)
+        self.sums = [w + 1, sx + rows, sy + ms, sxx + rows * rows, sxy + rows * ms]
+
+    def predict(self, rows: int) -> float:
+        w, sx, sy, sxx, sxy = self.sums
+        if w == 0:
+            return 0.0
+        var = sxx / w - (sx / w) ** 2
+        if var < 1e-6 * max(1.0, (sx / w) ** 2):  # one batch size seen so far: scale with the rows
+            return sy / max(sx, 1e-9) * rows
+        b = (sxy / w - sx * sy / w**2) / var
+        a = sy / w - b * sx / w
+        return max(a + b * rows, 0.0)
+
+
+class DCut:
+    """Chooses the verified width W = ρ·m per step (m: the draft's width, ≈ the per-sequence
+    budget) from `ratios`, with a `CostModel` for the forward and an `OverheadModel` for the rest.
+
+    The verify forward is a padded [rows, 1 + W] batch: its cost is set by its widest row. A global
+    top-K (the D-cut paper's selection, made for token-packed engines) would pay for its widest row
+    anyway, and the padding can be filled with every row's next-best nodes for free — so keeping
+    the global top-K and filling the padding *is* keeping each row's top-W (`keep_top_per_row`).
+    Which W is worth it is still a batch-wide decision: Σ over all rows of the expected accepted
+    tokens against the predicted step time.
+    """
+
+    def __init__(self, cost: CostModel, ratios: tuple[float, ...], explore_every: int = 16,
+                 overhead: OverheadModel | None = None):
         self.cost = cost
         self.ratios = tuple(sorted(set(ratios) | {0.0}))
         self.calibration = ScoreCalibration()
+        self.overhead = overhead or OverheadModel()
         self.explore_every = explore_every  # every n-th step verifies ≥ the smallest ρ > 0 to keep calibrating
         self.steps = 0
         self.idle = 0  # consecutive decisions for ρ = 0
@@ -119,28 +161,44 @@ class DCut:
         """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
         self.calibration.observe(draft.score, draft.valid, accepted)
 
+    def observe_overhead(self, rows: int, ms: float) -> None:
+        """Time a speculative step spent outside the verify forward (measured by the engine)."""
+        self.overhead.observe(rows, ms)
+
     def decide(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
-        rows = draft.tokens.shape[0]
-        candidates = int(draft.valid.sum())
-        if candidates == 0:
+        rows, m = draft.tokens.shape
+        if m == 0:
             self._track(0.0)
             return draft, BudgetDecision(0.0, 0, 0, float(rows))
-        # expected emitted tokens when keeping the top-K: prefix sums of the sorted calibrated scores
-        scores = torch.sort(self.calibration(draft.score[draft.valid]), descending=True).values
-        cum = torch.cat([scores.new_zeros(1), scores.cumsum(0)]).tolist()
+        # each row's calibrated scores, best first: expected accepted tokens of its top-W = prefix sum
+        score = self.calibration(draft.score).masked_fill(~draft.valid, 0.0)
+        cum = torch.sort(score, dim=1, descending=True).values.cumsum(1)  # [rows, m]
+        counts = draft.valid.sum(1)
+        widths = sorted({min(m, int(round(r * m))) for r in self.ratios})
+        cols = torch.tensor([max(w - 1, 0) for w in widths], device=cum.device)
+        gains = cum[:, cols].sum(0)  # [len(widths)] Σ_rows expected accepted candidates
+        kept = torch.minimum(counts.view(-1, 1), torch.tensor(widths, device=counts.device).view(1, -1)).sum(0)
+        host = torch.cat([gains.float(), kept.float(), counts.max().view(1).float(), counts.sum().view(1).float()])
+        host = host.tolist()  # the one host transfer of the decision
+        n = len(widths)
+        gains, kept, widest, candidates = host[:n], [int(k) for k in host[n : 2 * n]], int(host[-2]), int(host[-1])
         self.steps += 1
         explore = self.explore_every > 0 and self.steps % self.explore_every == 0
+        overhead = self.overhead.predict(rows)
         best = None
-        for ratio in self.ratios:
-            if explore and ratio == 0.0 and len(self.ratios) > 1:
+        for i, w in enumerate(widths):
+            if explore and w == 0 and n > 1:
                 continue
-            kept = int(round(ratio * candidates))
-            expected = rows + cum[kept]
-            rate = expected / self.cost.predict(rows, 1.0 + kept / rows)
-            if best is None or rate > best[0]:
-                best = (rate, ratio, kept, expected)
-        _, ratio, kept, expected = best
+            if w == 0:
+                expected, ms = float(rows), self.cost.predict(rows, 1.0)
+            else:
+                expected = rows + gains[i]
+                ms = self.cost.predict(rows, 1.0 + min(w, widest)) + overhead
+            if best is None or expected / ms > best[0]:
+                best = (expected / ms, w, kept[i] if w else 0, expected)
+        _, width, n_kept, expected = best
+        ratio = width / m
         self._track(ratio)
-        if kept < candidates:
-            draft = keep_top(draft, kept).compacted()
-        return draft, BudgetDecision(ratio, kept, candidates, expected)
+        if width < widest:
+            draft = keep_top_per_row(draft, width).compacted()
+        return draft, BudgetDecision(ratio, n_kept, candidates, expected)

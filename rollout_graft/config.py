@@ -15,8 +15,8 @@ from .templates import TemplateConfig
 
 Method = Literal["ar", "retrieval", "graft"]
 BudgetPolicy = Literal["fixed", "dcut"]
-"""'fixed': every row verifies its proposer's tree (≤ budget nodes). 'dcut': a batch-wide top-K
-of all candidate nodes, K chosen per step by the profiled cost model."""
+"""'fixed': every row verifies its proposer's tree (≤ budget nodes). 'dcut': every row verifies
+its W best nodes, one W for the batch chosen per step by the profiled cost model (budget.DCut)."""
 
 DEFAULT_DCUT_RATIOS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 """Draft source. "ar": plain autoregressive decoding (the baseline, one token per forward).

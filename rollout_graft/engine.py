@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,10 +196,12 @@ class RolloutEngine:
             budget=self.config.budget,
             prev_token=state.prev_token,
         )
+        start = time.perf_counter()
+        skipped = self.dcut is not None and self.proposer.can_skip and self.dcut.skip_proposal()
         with stats.timed("propose"):
             decision = None
-            if self.dcut is not None and self.proposer.can_skip and self.dcut.skip_proposal():
-                draft = Draft.empty(len(state.index), state.last_token.device)  # D-cut backed off: plain step
+            if skipped:  # D-cut backed off: a plain step, no tree, nothing to learn
+                draft = Draft.empty(len(state.index), state.last_token.device)
                 decision = BudgetDecision(0.0, 0, 0, float(len(state.index)))
             else:
                 draft = self.proposer.propose(ctx)
@@ -208,16 +211,23 @@ class RolloutEngine:
             tree.max_depth = min(tree.max_depth, self.config.max_depth)
             positions = (state.length - 1).unsqueeze(1) + tree.depth  # [rows, n]
             mask = tree.ancestor_mask()
+        proposed = time.perf_counter()
         with stats.timed("verify"):
             logits = self.runner.verify(tree.tokens, positions, mask)
         with stats.timed("accept"):
             check_finite(logits)
             acc = accept(tree, logits, params, self.generator)
             self.runner.commit(acc.kept_nodes(tree.tokens.shape[1]))
+        learn_start = time.perf_counter()
         with stats.timed("learn"):
-            self.proposer.observe(ctx, tree, logits, acc)
+            if not skipped:
+                self.proposer.observe(ctx, tree, logits, acc)
             if decision is not None and draft.tokens.shape[1]:
                 self.dcut.observe(draft, acc.kept_nodes(tree.tokens.shape[1])[:, 1:])
+        if self.dcut is not None and not skipped:
+            # what speculating cost beyond the forward: the tree (if plain steps could skip it) + learning
+            extra = (proposed - start if self.proposer.can_skip else 0.0) + time.perf_counter() - learn_start
+            self.dcut.observe_overhead(len(state.index), 1000.0 * extra)
         with stats.timed("bookkeeping"):
             stats.target_forwards += 1
             stats.row_steps += len(state.index)

@@ -1,11 +1,11 @@
-"""D-cut: global top-K selection, ancestor closure, ρ choice from a hand-made cost table."""
+"""D-cut: per-row top-W selection, ancestor closure, width choice from hand-made cost tables and overhead."""
 
 import pytest
 import torch
 from conftest import random_model
 
 from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
-from rollout_graft.budget import DCut, ScoreCalibration, keep_top
+from rollout_graft.budget import DCut, OverheadModel, ScoreCalibration, keep_top_per_row
 from rollout_graft.cost import CostModel
 from rollout_graft.tree import Draft
 
@@ -26,32 +26,65 @@ TREES = [
 ]
 
 
-def test_global_top_k_moves_budget_to_the_good_row():
-    kept = keep_top(draft_with_scores(TREES), keep=5)
-    # top-5 scores: .9 .8 .7 .5 (row 0, whole chain) and .3 (row 1, node 0)
-    assert kept.valid.tolist() == [[True, True, True, True], [True, False, False, False]]
+def test_per_row_top_w_keeps_each_rows_best_nodes():
+    kept = keep_top_per_row(draft_with_scores(TREES), width=2)
+    # row 0: .9 .8 (its chain's first two nodes); row 1: .3 .2 (its two depth-1 nodes)
+    assert kept.valid.tolist() == [[True, True, False, False], [True, True, False, False]]
+    assert keep_top_per_row(draft_with_scores(TREES), width=0).valid.sum() == 0
 
 
 def test_cut_is_ancestor_closed_even_with_ties():
-    # the child ties with its parent; the parent's sibling would be picked first by index
+    # all three nodes tie; node 2 is node 1's child, so the shallower nodes 0 and 1 go first
     trees = [[(-1, 0.5), (-1, 0.5), (1, 0.5)]]
-    kept = keep_top(draft_with_scores(trees), keep=2)
-    v = kept.valid[0].tolist()
-    assert v[2] is False or v[1] is True  # never a child without its parent
+    kept = keep_top_per_row(draft_with_scores(trees), width=2)
+    assert kept.valid.tolist() == [[True, True, False]]
+    kept = keep_top_per_row(draft_with_scores([[(-1, 0.5), (0, 0.5), (1, 0.5)]]), width=2)
+    assert kept.valid.tolist() == [[True, True, False]]  # a chain of ties keeps its prefix
     kept.compacted().validate()
 
 
-def test_rho_choice_follows_the_cost_table():
-    d = draft_with_scores(TREES)  # 8 candidates, calibrated scores ≈ raw
-    flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4, [1.0] * 4, [1.0] * 4])  # verification is free
-    steep = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0, 2.0, 4.0, 8.0]] * 3)  # cost ∝ tokens
-    free, _ = DCut(flat, (0.25, 0.5, 1.0), explore_every=0).decide(d)
-    assert int(free.valid.sum()) == 8  # keep everything: more tokens for the same time
-    dcut = DCut(steep, (0.25, 0.5, 1.0), explore_every=0)
-    dcut.calibration.prior_weight = 1e9  # trust the raw scores (no observations)
-    cut, decision = dcut.decide(d)
-    # rows=2: ρ=0 → 2 / cost(2,1)=2.0 ; ρ=.25 → (2+.9+.8) / cost(2,2)=1.85 ; ρ=.5 → (2+2.9)/cost(2,3)=1.63
+def trusting(cost, ratios=(0.25, 0.5, 1.0)) -> DCut:
+    dcut = DCut(cost, ratios, explore_every=0)
+    dcut.calibration.prior_weight = 1e9  # trust the raw scores (no observations yet)
+    return dcut
+
+
+def test_width_choice_follows_the_cost_table():
+    d = draft_with_scores(TREES)  # m = 4 → widths W ∈ {0, 1, 2, 4} for ρ ∈ {0, .25, .5, 1}
+    flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)  # verification is free
+    free, decision = trusting(flat).decide(d)
+    assert int(free.valid.sum()) == 8 and decision.ratio == 1.0  # more tokens for the same time
+    steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # cost ∝ tokens per row
+    cut, decision = trusting(steep).decide(d)
+    # rows=2: W=0 → 2/cost(2,1)=2.0 ; W=1 → (2+.9+.3)/cost(2,2)=1.6 ; W=2 → (2+.9+.8+.3+.2)/3=1.4
     assert decision.ratio == 0.0 and int(cut.valid.sum()) == 0
+    knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)  # one extra token is cheap
+    cut, decision = trusting(knee).decide(d)
+    # W=0 → 2.0 ; W=1 → 3.2/1.2 = 2.67 ; W=2 → 4.2/2 = 2.1 ; W=4 → 5.55/4 = 1.39
+    assert decision.ratio == 0.25 and decision.kept == 2 and decision.candidates == 8
+    assert cut.valid.tolist() == [[True], [True]] and cut.tokens.tolist() == [[10], [10]]
+
+
+def test_width_follows_the_batch_size_as_it_drains():
+    # speculation pays at 2 rows (the forward is latency-bound) but not at 64 (compute-bound)
+    cost = CostModel([2, 64], [1, 2, 3, 5], [[1.0, 1.05, 1.1, 1.2], [1.0, 2.0, 3.0, 5.0]])
+    dcut = trusting(cost)
+    _, small = dcut.decide(draft_with_scores(TREES))
+    _, large = dcut.decide(draft_with_scores(TREES * 32))
+    assert small.ratio == 1.0 and large.ratio == 0.0
+
+
+def test_overhead_is_charged_to_speculation():
+    model = OverheadModel()
+    for rows, ms in [(1, 3.0), (4, 6.0), (16, 18.0)]:
+        model.observe(rows, ms)
+    assert model.predict(8) == pytest.approx(10.0, rel=1e-6)  # fits 2 + 1·rows exactly
+    flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)
+    dcut = trusting(flat)
+    dcut.observe_overhead(2, 5.0)  # 5 ms of tree building + learning per step vs a 1 ms forward
+    _, decision = dcut.decide(draft_with_scores(TREES))
+    # W=0 → 2/1 ; W=4 → (2+3.75)/(1+5) < 2
+    assert decision.ratio == 0.0
 
 
 def test_calibration_learns_acceptance_rates():

@@ -172,7 +172,8 @@ def test_graft_saves_its_retrieval_prior(tmp_path):
 
     model = random_model("qwen3")
     draft = random_model("qwen3", seed=1)
-    engine = RolloutEngine(model, EngineConfig(method="graft", budget=12, draft=DraftConfig(depth=2, checkpoints=(0,), thresholds=(0.3,), split=((0, 8),))), draft_model=draft)
+    draft_cfg = DraftConfig(depth=2, checkpoints=(0,), thresholds=(0.3,), split=((0, 8),))
+    engine = RolloutEngine(model, EngineConfig(method="graft", budget=12, draft=draft_cfg), draft_model=draft)
     engine.generate([[5, 6, 7]] * 2, SamplingParams(temperature=0, max_new_tokens=8))
     engine.proposer.save_prior(tmp_path / "p.safetensors")
     assert AdjacencyIndex.load(tmp_path / "p.safetensors").vocab == 64

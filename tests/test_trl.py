@@ -17,7 +17,6 @@ from trainers import GraftConfig, GraftGRPOTrainer
 from trainers.config import PRIOR_FILE
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Tiny models gain nothing from intra-op threads; on shared cores extra threads cost ~20x."""

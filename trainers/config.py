@@ -35,7 +35,7 @@ class GraftConfig:
             the engine's `calibrate`); None = the engine's default thresholds.
         budget: candidate nodes per sequence and step; None = engine default.
         budget_policy: how the verification budget is allocated: "fixed" (every row verifies its
-            tree) or "dcut" (batch-wide top-K, K chosen by the profiled cost model); None = engine default.
+            tree) or "dcut" (batch-wide verification width chosen by the profiled cost model); None = engine default.
         max_depth: deepest candidate node; None = engine default.
         share_in_group: the G samples of one prompt share one retrieval index; None = engine default.
         prior_path: saved adjacency prior (`.safetensors`) to start from, e.g. the
