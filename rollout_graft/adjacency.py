@@ -128,6 +128,14 @@ class AdjacencyIndex:
         if tokens.numel() == 0:
             return
         top_p, top_i = torch.topk(probs.float(), self.k, dim=-1)  # [N, k]
+        self.update_topk(group, tokens, top_i, top_p, decay, prev)
+
+    def update_topk(self, group: torch.Tensor, tokens: torch.Tensor, top_i: torch.Tensor, top_p: torch.Tensor,
+                    decay: float = 0.0, prev: torch.Tensor | None = None) -> None:
+        """`update` from the top-k successors already extracted: top_i, top_p [N, k], probabilities
+        descending (`sampling.top_k_probs` gets them from logits without a full softmax)."""
+        if tokens.numel() == 0:
+            return
         top_i = top_i.masked_fill(top_p <= 0, EMPTY)
         _write(self.ids.view(-1, self.k), self.probs.view(-1, self.k), group * self.vocab + tokens,
                top_i, top_p, decay, same=None)

@@ -75,3 +75,14 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) 
     scale = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(logits.float() / scale, dim=-1)
     return logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def top_k_probs(logits: torch.Tensor, k: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely next tokens under softmax(logits / T), without materialising the softmax.
+
+    logits: [N, V] → (probs [N, k] float32, ids [N, k]); greedy (T=0) uses T=1.
+    """
+    scale = temperature if temperature > 0 else 1.0
+    scaled = logits.float() if scale == 1.0 else logits.float() / scale
+    top, ids = torch.topk(scaled, k, dim=-1)
+    return (top - torch.logsumexp(scaled, dim=-1, keepdim=True)).exp(), ids

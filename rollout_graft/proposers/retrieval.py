@@ -11,6 +11,7 @@ import torch
 
 from ..adjacency import AdjacencyIndex
 from ..config import RetrievalConfig, SamplingParams
+from ..sampling import top_k_probs
 from ..templates import make_template
 from ..tree import Draft, TreeBatch
 from ..verify import Acceptance
@@ -71,18 +72,18 @@ class RetrievalProposer(Proposer):
             ids[g, : len(p) - 1] = torch.tensor(p[:-1], device=self.device)
             prev_ids[g, 1 : len(p) - 1] = torch.tensor(p[:-2], device=self.device)
         mask = torch.arange(width, device=self.device).view(1, -1) < lens.view(-1, 1)  # [groups, width]
-        probs = (prompt_logits.float() / self.temperature).softmax(-1)[mask]  # [N, V]
+        top_p, top_i = top_k_probs(prompt_logits[mask], self.index.k, self.temperature)  # [N, k]
         groups = torch.arange(len(prompts), device=self.device).view(-1, 1).expand_as(mask)[mask]
         toks, prev = ids[mask], prev_ids[mask]
         decay = self.cfg.merge_decay
         if self.cfg.share_in_group:
-            self.index.update(groups, toks, probs, decay, prev)
+            self.index.update_topk(groups, toks, top_i, top_p, decay, prev)
         else:  # every row's own table learns its prompt
             for row, g in enumerate(row_prompt.tolist()):
                 sel = groups == g
-                self.index.update(torch.full_like(toks[sel], row), toks[sel], probs[sel], decay, prev[sel])
+                self.index.update_topk(torch.full_like(toks[sel], row), toks[sel], top_i[sel], top_p[sel], decay, prev[sel])
         if self.cfg.update_prior:
-            self.prior.update(torch.zeros_like(toks), toks, probs, decay, prev)
+            self.prior.update_topk(torch.zeros_like(toks), toks, top_i, top_p, decay, prev)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.row_table = self.row_table.index_select(0, rows.to(self.device))
@@ -95,7 +96,7 @@ class RetrievalProposer(Proposer):
         return draft.compacted()
 
     def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
-        probs = (logits[tree.valid].float() / self.temperature).softmax(-1)  # [N, V] every verified node
+        top_p, top_i = top_k_probs(logits[tree.valid], self.index.k, self.temperature)  # [N, k] every verified node
         toks = tree.tokens[tree.valid]
         # the token before each node: its parent's token; before the root: the row's previous token
         parent_tok = tree.tokens.gather(1, tree.parents)
@@ -103,9 +104,9 @@ class RetrievalProposer(Proposer):
         parent_tok[:, 0] = before_root
         prev = parent_tok[tree.valid]
         tables = self.row_table.view(-1, 1).expand_as(tree.tokens)[tree.valid]
-        self.index.update(tables, toks, probs, self.cfg.merge_decay, prev)
+        self.index.update_topk(tables, toks, top_i, top_p, self.cfg.merge_decay, prev)
         if self.cfg.update_prior:
-            self.prior.update(torch.zeros_like(toks), toks, probs, self.cfg.merge_decay, prev)
+            self.prior.update_topk(torch.zeros_like(toks), toks, top_i, top_p, self.cfg.merge_decay, prev)
 
     def save_prior(self, path) -> None:
         self.prior.save(path)
