@@ -33,8 +33,8 @@ target's draws are the recorded tokens and (2) the index learns the same thing a
 
 Float noise aside: recorded distributions come from one teacher-forced forward, the engine's from
 tree-masked forwards over a KV cache (about 1e-6 apart in fp32, more in bf16, where a near-tie
-can flip an argmax); and a recorded top-K (K ≥ the index's k) stands for the full distribution,
-which the index reduces to its top-k anyway.
+can flip an argmax). The index keeps only the top-k of each distribution (k ≤ the recorded K), so
+the recorded top-K holds all it learns.
 
 Not replayed: D-cut (its choice depends on measured step times) and drafters (method "graft").
 """
@@ -52,7 +52,7 @@ from safetensors.torch import save_file
 from .config import EngineConfig, RetrievalConfig, SamplingParams
 from .engine import RolloutEngine
 from .proposers import RetrievalProposer, StepContext
-from .sampling import target_probs
+from .sampling import target_probs, top_k_probs
 from .tree import TreeBatch
 
 FORMAT = "rollout_graft.replay/1"
@@ -117,19 +117,14 @@ class Recording:
 
 
 # ---------------------------------------------------------------------- record
-def _index_temperature(params: SamplingParams) -> float:
-    """The temperature the retrieval index learns at (RetrievalProposer.start: 1 when greedy)."""
-    return params.temperature if params.temperature > 0 else 1.0
-
-
 @torch.inference_mode()
 def teacher_forced_topk(model, ids: list[int], params: SamplingParams, k: int):
-    """One forward over `ids`: for every position, the top-k of softmax(logits / T') (ids int32,
-    probs float32) and the sampler's warped probability of those ids (float16). [len(ids), k] each."""
+    """One forward over `ids`: for every position, the top-k of softmax(logits / T') as the index
+    learns it (`sampling.top_k_probs`: ids int32, probs float32) and the sampler's warped
+    probability of those ids (float16). [len(ids), k] each."""
     device = next(model.parameters()).device
-    logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0].float()
-    probs = (logits / _index_temperature(params)).softmax(-1)
-    top_p, top_i = torch.topk(probs, k, dim=-1)
+    logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0]
+    top_p, top_i = top_k_probs(logits, k, params.temperature)
     warped = target_probs(logits, params).gather(-1, top_i)
     return top_i.int().cpu(), top_p.cpu(), warped.half().cpu()
 
@@ -245,16 +240,14 @@ def _walk(tree: TreeBatch, draws: torch.Tensor, max_depth: int) -> torch.Tensor:
 
 def _learn(proposer: RetrievalProposer, tables, toks, prev, top_ids, top_probs, index: bool = True,
            prior: bool = True) -> None:
-    """The proposer's index and prior update (as `RetrievalProposer.observe`) from recorded top-K
-    distributions scattered into [N, V]: the index keeps their top-k, which for K ≥ k is the
-    target's own top-k. tables, toks, prev: [N]; top_ids, top_probs: [N, K]."""
-    cfg = proposer.cfg
-    probs = torch.zeros(toks.numel(), proposer.vocab, device=toks.device)
-    probs.scatter_(1, top_ids.long(), top_probs.float())
+    """The proposer's index and prior update, as `RetrievalProposer.observe` makes it, from the
+    recorded top-K (descending, K ≥ the index's k). tables, toks, prev: [N]; top_ids, top_probs: [N, K]."""
+    cfg, k = proposer.cfg, proposer.index.k
+    top_i, top_p = top_ids[:, :k].long(), top_probs[:, :k].float()
     if index:
-        proposer.index.update(tables, toks, probs, cfg.merge_decay, prev)
+        proposer.index.update_topk(tables, toks, top_i, top_p, cfg.merge_decay, prev)
     if prior and cfg.update_prior:
-        proposer.prior.update(torch.zeros_like(toks), toks, probs, cfg.merge_decay, prev)
+        proposer.prior.update_topk(torch.zeros_like(toks), toks, top_i, top_p, cfg.merge_decay, prev)
 
 
 def _learn_prompts(proposer: RetrievalProposer, rec: Recording, dev: torch.device) -> None:
