@@ -16,6 +16,12 @@ class RolloutStats:
     verified_tokens: int = 0  # Σ tree nodes (root included) sent through the target
     seconds: dict[str, float] = field(default_factory=dict)  # per phase: prefill, propose, verify, accept, ...
     budget_trace: list[dict] = field(default_factory=list)  # D-cut, per step: rows, ratio, kept, expected, actual
+    accept_hist: list[int] = field(default_factory=list)  # [a]: row-steps that emitted a accepted + 1 bonus token
+
+    def count_emitted(self, emitted: int) -> None:
+        """One row-step emitted `emitted` tokens (accepted + bonus, after cutting at a stop token)."""
+        self.accept_hist.extend([0] * (emitted - len(self.accept_hist)))
+        self.accept_hist[emitted - 1] += 1
 
     @property
     def budget_ratio(self) -> float | None:
@@ -58,5 +64,6 @@ class RolloutStats:
             "verify_tokens_per_step": self.verify_tokens_per_step,
             "tokens_per_second": self.tokens_per_second,
             "budget_ratio": self.budget_ratio,
+            "accept_hist": list(self.accept_hist),
             "seconds": dict(self.seconds),
         }

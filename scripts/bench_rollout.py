@@ -22,6 +22,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from report import markdown  # scripts/report.py renders the tables
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft import DraftConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams, calibrate
@@ -89,6 +90,7 @@ def run_engine(model, tokenizer, cfg: EngineConfig, rows, params: SamplingParams
         "budget_ratio": s.budget_ratio,  # D-cut: mean ρ; the trace shows ρ as the batch drains
         "budget_trace": [(t["rows"], t["ratio"], t["kept"]) for t in s.budget_trace],
         "dcut_expected_vs_actual": [sum(t["expected"] for t in s.budget_trace), sum(t["actual"] for t in s.budget_trace)],
+        "accept_hist": list(s.accept_hist),  # RolloutStats.count_emitted (empty unless the engine counts)
     }
 
 
@@ -202,22 +204,6 @@ def main(argv=None) -> dict:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
     return results
-
-
-def rho(m: dict) -> str:
-    return "–" if m.get("budget_ratio") is None else f"{m['budget_ratio']:.2f}"
-
-
-def markdown(results: dict) -> str:
-    lines = ["| T | batch | method | tokens/s (median) | × ar | MAT | verified tok/step | propose % | mean ρ | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for e in results["configs"]:
-        for name, m in e["methods"].items():
-            ratio = f"{m['ratio_vs_ar']:.2f}" if m.get("ratio_vs_ar") else "–"
-            lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {m['tokens_per_s']:.0f} | {ratio} | "
-                         f"{m['mat']:.2f} | {m['verify_tokens_per_step']:.0f} | {100 * m.get('propose_share', 0.0):.0f} | "
-                         f"{rho(m)} | {m['wall_s']:.1f} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

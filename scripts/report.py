@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""Benchmark JSON → markdown tables and PNG plots.
+
+    python scripts/report.py docs/bench/*.json --plots docs/bench/plots --markdown
+
+Reads the JSON that `scripts/bench_rollout.py --out` writes (`configs[*].methods[name]` with
+tokens_per_s, ratio_vs_ar, mat, verify_tokens_per_step, propose_share, budget_ratio, ...) and the
+JSON of `scripts/replay.py run --json` (same layout, no timings). Per input file it prints the
+tables (`--markdown`) and writes, under `--plots`:
+
+- `<name>_tokens_per_s.png`: tokens/s by method, one bar per batch size, one panel per temperature
+  (× ar above each bar);
+- `<name>_mat.png`: MAT (mean accepted tokens per target forward per sequence), same layout;
+- `<name>_accept_hist.png`: share of row-steps by accepted tokens per step, one line per method
+  and one panel per (temperature, batch) — only where the JSON has `accept_hist`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+MISSING = "–"
+
+
+def _num(m: dict, key: str, spec: str, scale: float = 1.0) -> str:
+    v = m.get(key)
+    return MISSING if v is None else format(scale * v, spec)
+
+
+def rho(m: dict) -> str:
+    return _num(m, "budget_ratio", ".2f")
+
+
+def markdown(results: dict) -> str:
+    """The main table: one row per (temperature, batch, method)."""
+    lines = ["| T | batch | method | tokens/s (median) | × ar | MAT | verified tok/step | propose % | mean ρ | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for e in results["configs"]:
+        for name, m in e["methods"].items():
+            ratio = f"{m['ratio_vs_ar']:.2f}" if m.get("ratio_vs_ar") else MISSING
+            propose = f"{100 * m.get('propose_share', 0.0):.0f}" if "tokens_per_s" in m else MISSING
+            lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {_num(m, 'tokens_per_s', '.0f')} | {ratio} | "
+                         f"{m['mat']:.2f} | {_num(m, 'verify_tokens_per_step', '.0f')} | {propose} | "
+                         f"{rho(m)} | {_num(m, 'wall_s', '.1f')} |")
+    return "\n".join(lines)
+
+
+def accept_markdown(results: dict) -> str | None:
+    """Share of row-steps by accepted tokens per step (bonus not counted), where recorded."""
+    rows = [(e, name, m["accept_hist"]) for e in results["configs"] for name, m in e["methods"].items()
+            if m.get("accept_hist")]
+    if not rows:
+        return None
+    depth = max(len(h) for _, _, h in rows)
+    lines = ["| T | batch | method | row-steps | " + " | ".join(f"{a} acc. %" for a in range(depth)) + " |",
+             "|---|---|---|---|" + "---|" * depth]
+    for e, name, h in rows:
+        total = max(sum(h), 1)
+        cells = [f"{100 * h[a] / total:.1f}" if a < len(h) else "0.0" for a in range(depth)]
+        lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {sum(h)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render(path: Path, results: dict) -> str:
+    parts = [f"### {path.name}", ""]
+    if results.get("command"):
+        parts += ["```", results["command"], "```", ""]
+    parts.append(markdown(results))
+    hist = accept_markdown(results)
+    if hist:
+        parts += ["", "Accepted tokens per step (share of row-steps):", "", hist]
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------- plots
+def _pyplot():
+    """matplotlib (the `bench` extra) only when plotting: bench_rollout imports `markdown` from here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _methods(configs: list[dict], key: str) -> list[str]:
+    """Methods that report `key`, in order of first appearance."""
+    names: list[str] = []
+    for e in configs:
+        names += [n for n, m in e["methods"].items() if m.get(key) is not None and n not in names]
+    return names
+
+
+def grouped_bars(results: dict, key: str, ylabel: str, out: Path, annotate: str | None = None) -> Path | None:
+    """One panel per temperature: x = method, one bar per batch size."""
+    plt = _pyplot()
+    configs = results["configs"]
+    methods = _methods(configs, key)
+    if not methods:
+        return None
+    temps = sorted({e["temperature"] for e in configs}, reverse=True)
+    batches = sorted({e["batch"] for e in configs})
+    width = 0.8 / len(batches)
+    fig, axes = plt.subplots(len(temps), 1, figsize=(max(6.0, 0.9 * len(methods) + 1.5), 3.4 * len(temps)),
+                             squeeze=False)
+    for ax, t in zip(axes[:, 0], temps):
+        for j, b in enumerate(batches):
+            entry = next((e for e in configs if e["temperature"] == t and e["batch"] == b), None)
+            if entry is None:
+                continue
+            xs, ys, notes = [], [], []
+            for i, name in enumerate(methods):
+                m = entry["methods"].get(name, {})
+                if m.get(key) is not None:
+                    xs.append(i + (j - (len(batches) - 1) / 2) * width)
+                    ys.append(m[key])
+                    notes.append(m.get(annotate) if annotate else None)
+            bars = ax.bar(xs, ys, width * 0.95, label=f"batch {b}", color=plt.cm.tab10(j))
+            for bar, note in zip(bars, notes):
+                if note is not None:
+                    ax.annotate(f"{note:.2f}×", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                ha="center", va="bottom", fontsize=6.5, rotation=90, xytext=(0, 2),
+                                textcoords="offset points")
+        ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.set_title(f"T = {t}" + (" (bar labels: × ar)" if annotate else ""), fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.margins(y=0.18)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def accept_plot(results: dict, out: Path) -> Path | None:
+    """One panel per (temperature, batch): share of row-steps by accepted tokens, a line per method."""
+    panels = [e for e in results["configs"] if any(m.get("accept_hist") for m in e["methods"].values())]
+    if not panels:
+        return None
+    plt = _pyplot()
+    cols = min(2, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.4 * rows), squeeze=False)
+    for ax, e in zip(axes.flat, panels):
+        for i, (name, m) in enumerate(e["methods"].items()):
+            h = m.get("accept_hist")
+            if h:
+                total = max(sum(h), 1)
+                ax.plot(range(len(h)), [v / total for v in h], "o-", markersize=3, color=plt.cm.tab20(i % 20),
+                        label=f"{name} (MAT {m['mat']:.2f})")
+        ax.set_title(f"T = {e['temperature']}, batch {e['batch']}", fontsize=10)
+        ax.set_xlabel("accepted tokens per step (tree depth reached; bonus not counted)", fontsize=8)
+        ax.set_ylabel("share of row-steps", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plots(path: Path, results: dict, outdir: Path) -> list[Path]:
+    outdir.mkdir(parents=True, exist_ok=True)
+    stem = path.stem
+    made = [grouped_bars(results, "tokens_per_s", "completion tokens / s", outdir / f"{stem}_tokens_per_s.png",
+                         annotate="ratio_vs_ar"),
+            grouped_bars(results, "mat", "MAT (tokens per forward per sequence)", outdir / f"{stem}_mat.png"),
+            accept_plot(results, outdir / f"{stem}_accept_hist.png")]
+    return [p for p in made if p is not None]
+
+
+def main(argv=None) -> list[Path]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="+", type=Path, help="JSON from bench_rollout.py --out or replay.py run --json")
+    ap.add_argument("--plots", type=Path, default=None, help="write PNGs into this directory")
+    ap.add_argument("--markdown", action="store_true", help="print the markdown tables")
+    args = ap.parse_args(argv)
+    if not args.plots and not args.markdown:
+        ap.error("nothing to do: give --markdown and/or --plots DIR")
+    written: list[Path] = []
+    for path in args.files:
+        results = json.loads(path.read_text())
+        if not isinstance(results, dict) or "configs" not in results:
+            raise SystemExit(f"{path} is not a benchmark JSON (no 'configs'): write one with bench_rollout.py --out")
+        if args.markdown:
+            print(render(path, results), end="\n\n")
+        if args.plots:
+            for p in plots(path, results, args.plots):
+                print(f"wrote {p}")
+                written.append(p)
+    return written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""scripts/report.py on a small synthetic benchmark JSON."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "report.py"
+
+
+def load_report():
+    spec = importlib.util.spec_from_file_location("report", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def method(tps, ar_tps, mat, hist=None, rho=None):
+    m = {"wall_s": 1.0, "tokens": 100, "tokens_per_s": tps, "ratio_vs_ar": tps / ar_tps, "mat": mat,
+         "verify_tokens_per_step": 40.0, "target_forwards": 20, "propose_share": 0.1, "budget_ratio": rho}
+    if hist is not None:
+        m["accept_hist"] = hist
+    return m
+
+
+def synthetic() -> dict:
+    configs = []
+    for t in (1.0, 0.0):
+        for batch in (8, 64):
+            configs.append({"temperature": t, "prompts": batch // 8, "group": 8, "batch": batch, "methods": {
+                "ar": method(1000.0, 1000.0, 1.0, hist=[50]),
+                "retrieval": method(800.0, 1000.0, 2.5, hist=[10, 5, 3, 2]),
+                "retrieval+dcut": method(1200.0, 1000.0, 1.8, rho=0.25),  # no histogram recorded
+            }})
+    return {"command": "python scripts/bench_rollout.py --synthetic", "configs": configs}
+
+
+def test_report_writes_tables_and_plots(tmp_path, capsys):
+    report = load_report()
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps(synthetic()))
+    written = report.main([str(path), "--plots", str(tmp_path / "plots"), "--markdown"])
+    names = sorted(p.name for p in written)
+    assert names == ["synthetic_accept_hist.png", "synthetic_mat.png", "synthetic_tokens_per_s.png"]
+    assert all(p.stat().st_size > 10_000 and p.read_bytes()[:4] == b"\x89PNG" for p in written)
+    out = capsys.readouterr().out
+    assert "| 1.0 | 8 | retrieval | 800 | 0.80 | 2.50 | 40 | 10 | – | 1.0 |" in out
+    assert "| 0.0 | 64 | retrieval+dcut | 1200 | 1.20 | 1.80 | 40 | 10 | 0.25 | 1.0 |" in out
+    assert "| 1.0 | 8 | retrieval | 20 | 50.0 | 25.0 | 15.0 | 10.0 |" in out  # accepted-length shares
+
+
+def test_report_renders_replay_json_without_timings(tmp_path):
+    report = load_report()
+    results = {"configs": [{"temperature": 1.0, "batch": 4, "methods": {
+        "retrieval": {"mat": 2.0, "verify_tokens_per_step": 100.0, "accept_hist": [3, 1, 2]}}}]}
+    assert "| 1.0 | 4 | retrieval | – | – | 2.00 | 100 | – | – | – |" in report.markdown(results)
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps(results))
+    written = report.main([str(path), "--plots", str(tmp_path)])
+    assert sorted(p.name for p in written) == ["replay_accept_hist.png", "replay_mat.png"]  # no tokens/s to plot
