@@ -242,13 +242,14 @@ class RolloutEngine:
             keep: list[int] = []
             for r, row in enumerate(state.index):
                 out, room = completions[row], params.max_new_tokens - len(completions[row])
-                done = False
+                before, done = len(out), False
                 for j in range(min(n_emit[r], room)):
                     out.append(emitted[r][j])
                     logprobs[row].append(lps[r][j])
                     if emitted[r][j] in stop_ids:
                         reasons[row], done = "stop", True
                         break
+                stats.count_emitted(len(out) - before)
                 if not done and len(out) < params.max_new_tokens:
                     keep.append(r)
             rows = torch.arange(len(state.index), device=acc.n_emitted.device)

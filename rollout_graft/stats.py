@@ -20,6 +20,8 @@ class RolloutStats:
 
     def count_emitted(self, emitted: int) -> None:
         """One row-step emitted `emitted` tokens (accepted + bonus, after cutting at a stop token)."""
+        if emitted <= 0:
+            return
         self.accept_hist.extend([0] * (emitted - len(self.accept_hist)))
         self.accept_hist[emitted - 1] += 1
 

@@ -32,6 +32,16 @@ from rollout_graft.warmup import warm_prior
 GRAFT_VARIANTS = ("dense-draft", "prune-only", "fixed-split", "graft", "graft+dcut")
 
 
+def variant(name: str, budget: int, prior: str | None, draft: str | None = None,
+            thresholds: str | None = None) -> EngineConfig:
+    """The engine configuration called `name`; `name@N` is that configuration with budget N."""
+    base, _, size = name.partition("@")
+    known = variants(budget, prior, draft, thresholds)
+    if base not in known:
+        raise SystemExit(f"unknown method {name!r}; known: hf, {', '.join(known)} (optionally @<budget>)")
+    return replace(known[base], budget=int(size)) if size else known[base]
+
+
 def variants(budget: int, prior: str | None, draft: str | None = None, thresholds: str | None = None) -> dict[str, EngineConfig]:
     """Named engine configurations (ablations are options of a method, not copies)."""
     r = RetrievalConfig(prior_path=prior, update_prior=False)
@@ -139,12 +149,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     ap.add_argument("--methods", nargs="+", default=["hf", "ar", "retrieval", "retrieval-noshare",
-                                                      "retrieval-noprior", "retrieval-bare"])
+                                                      "retrieval-noprior", "retrieval-bare"],
+                    help="configurations to run (see variants()); NAME@N runs NAME with budget N")
     ap.add_argument("--draft-model", default=str(TINY_DRAFT), help="drafter of the graft variants")
     ap.add_argument("--calibration", default="accepted", choices=["accepted", "separation"],
                     help="objective of the graft pruning thresholds (rollout_graft.pruning)")
     ap.add_argument("--budget", type=int, default=60, help="candidate nodes per sequence and step")
     ap.add_argument("--warmup-rounds", type=int, default=5, help="prior warm-up rounds over train prompts")
+    ap.add_argument("--warmup-budget", type=int, default=60, help="retrieval nodes per sequence while warming the prior")
+    ap.add_argument("--warmup-prompts", type=int, default=8, help="train prompts the prior is warmed on")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -160,19 +173,18 @@ def main(argv=None) -> dict:
                "model": args.model, "threads": args.threads, "dtype": args.dtype, "device": args.device,
                "torch": torch.__version__, "configs": []}
     prior_file = tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False).name
-    warm_prompts = load_prompts(Path(args.prompts), tokenizer, "train", 8)
+    warm_prompts = load_prompts(Path(args.prompts), tokenizer, "train", args.warmup_prompts)
     for temperature in args.temperatures:
         base = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
         start = time.perf_counter()
         warm_prior(model, warm_prompts, prior_file, rounds=args.warmup_rounds, group=args.group_size, params=base,
-                   tokenizer=tokenizer)
+                   tokenizer=tokenizer, budget=args.warmup_budget)
         warm_s = time.perf_counter() - start
         tau_file = None
-        if any(m in GRAFT_VARIANTS for m in args.methods):
+        if any(m.partition("@")[0] in GRAFT_VARIANTS for m in args.methods):
             tau_file = prior_file.replace(".safetensors", ".tau.json")
             calibrate_graft(model, tokenizer, warm_prompts, args.group_size, base, args.draft_model, prior_file, tau_file,
                             args.calibration)
-        cfgs = variants(args.budget, prior_file, args.draft_model, tau_file)
         for p in args.num_prompts:
             prompts = load_prompts(Path(args.prompts), tokenizer, "test", p)
             rows = [q for q in prompts for _ in range(args.group_size)]
@@ -186,7 +198,8 @@ def main(argv=None) -> dict:
                     if name == "hf":
                         runs.append(run_hf(model, tokenizer, prompts, args.group_size, params))
                     else:
-                        runs.append(run_engine(model, tokenizer, cfgs[name], rows, params))
+                        cfg = variant(name, args.budget, prior_file, args.draft_model, tau_file)
+                        runs.append(run_engine(model, tokenizer, cfg, rows, params))
                 entry["methods"][name] = median_of(runs)
                 m = entry["methods"][name]
                 print(f"T={temperature} batch={len(rows)} {name:>18}: {m['tokens_per_s']:8.1f} tok/s  "
