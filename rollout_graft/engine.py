@@ -125,7 +125,13 @@ class RolloutEngine:
             prompt_ids = prompt_ids.tolist()
         if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
             raise ValueError("prompt_ids must be a non-empty list of token-id lists (one per row)")
-        rows = [list(map(int, p)) for p in prompt_ids]
+        try:
+            rows = [list(map(int, p)) for p in prompt_ids]
+        except (TypeError, ValueError):
+            raise ValueError(
+                "prompt_ids must hold one list of integer token ids per row; got "
+                f"{type(prompt_ids[0]).__name__} rows (from a tokenizer, pass its ['input_ids'])"
+            ) from None
         vocab, max_pos = self.runner.vocab_size, self.runner.max_positions
         for i, p in enumerate(rows):
             if not p:

@@ -70,7 +70,8 @@ def load_prompts(path: Path, tokenizer, split: str, n: int, offset: int = 0) -> 
     if len(rows) < n:
         raise SystemExit(f"{path} has only {len(rows)} {split!r} prompts after offset {offset}; need {n}")
     if isinstance(rows[0]["prompt"], list):  # chat messages
-        return [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True) for r in rows]
+        return [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)
+                ["input_ids"] for r in rows]
     return [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
 
 

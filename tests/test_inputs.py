@@ -41,6 +41,8 @@ def test_bad_prompts_raise_and_engine_recovers(qwen3_model):
         engine.generate([[3] * 250], SamplingParams(max_new_tokens=10))
     with pytest.raises(ValueError, match="vocabulary"):
         engine.generate([[3, 64]], params)
+    with pytest.raises(ValueError, match="input_ids"):  # a tokenizer's BatchEncoding instead of its ids
+        engine.generate([{"input_ids": [3, 4], "attention_mask": [1, 1]}], params)
     out = engine.generate([[3, 4]], params)  # nothing was left half-done
     assert len(out.completion_ids[0]) >= 1
 
