@@ -8,8 +8,9 @@ exact draw of the target given the tokens before it, so the output law is the ta
 tree (for deterministic trees this equals multi-candidate rejection sampling: the acceptance
 probability at a node is the target mass its children cover). Greedy: x = argmax.
 
-Draws are made for every node at once (independent noise per node); nodes along one walk are
-distinct, so the draws the walk uses are independent exact samples.
+Draws are made lazily along the walk: one fresh draw per row and depth level, at the node the
+walk has reached (so a tree of n nodes costs depth + 1 draws per row, not n); the draws of one
+walk are independent exact samples.
 """
 
 from __future__ import annotations
@@ -42,31 +43,32 @@ class Acceptance:
 def accept(tree: TreeBatch, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Acceptance:
     """Walk every row's tree. logits: [batch, n, V] target logits at each node."""
     b, n = tree.tokens.shape
-    draws = sample(logits, params, generator)  # [batch, n] x_i ~ p(· | path to node i)
-    # child_of[b, i, j]: node j is a valid child of node i carrying the token drawn at node i
-    is_child = (tree.parents.unsqueeze(1) == torch.arange(n, device=logits.device).view(1, n, 1)) & tree.valid.unsqueeze(1)
-    is_child[:, :, 0] = False  # the root is nobody's child
-    match = is_child & (tree.tokens.unsqueeze(1) == draws.unsqueeze(2))  # [batch, n, n]
-    has_match = match.any(-1)  # [batch, n]
-    next_node = match.float().argmax(-1)  # [batch, n] the matching child (first if duplicated)
-
-    rows = torch.arange(b, device=logits.device)
-    cur = torch.zeros(b, dtype=torch.long, device=logits.device)
-    alive = torch.ones(b, dtype=torch.bool, device=logits.device)
-    path = [cur]
-    for _ in range(tree.max_depth):
-        step = alive & has_match[rows, cur]
-        cur = torch.where(step, next_node[rows, cur], cur)
+    dev = logits.device
+    rows = torch.arange(b, device=dev)
+    node_ids = torch.arange(n, device=dev).view(1, n)
+    candidate = tree.valid & (node_ids > 0)  # the root is nobody's child
+    cur = torch.zeros(b, dtype=torch.long, device=dev)
+    alive = torch.ones(b, dtype=torch.bool, device=dev)
+    path, draws = [cur], []
+    for _ in range(tree.max_depth + 1):
+        x = sample(logits[rows, cur], params, generator)  # [b] x ~ p(· | path to cur)
+        draws.append(x)
+        # a valid child of cur carrying x (the first one if a proposer duplicated it)
+        match = candidate & (tree.parents == cur.view(-1, 1)) & (tree.tokens == x.view(-1, 1))
+        step = alive & match.any(1)
+        if len(path) > tree.max_depth:
+            break
+        cur = torch.where(step, match.float().argmax(1), cur)
         path.append(torch.where(step, cur, -1))
         alive = step
     path_t = torch.stack(path, 1)  # [batch, D+1]
     n_emitted = (path_t >= 0).sum(1)
-    last = path_t.gather(1, (n_emitted - 1).unsqueeze(1)).squeeze(1)  # node the walk stopped at
-    # emitted[j] = token of path node j+1 for accepted nodes, then the draw at the last node
+    # the walk stops at level n_emitted - 1; the draw made there is the bonus/recovered token
+    final = torch.stack(draws, 1).gather(1, (n_emitted - 1).unsqueeze(1)).squeeze(1)
     safe = path_t.clamp(min=0)
     nxt_tokens = tree.tokens.gather(1, torch.cat([safe[:, 1:], safe[:, :1]], 1))
-    slot = torch.arange(path_t.shape[1], device=logits.device).unsqueeze(0)
-    emitted = torch.where(slot < (n_emitted - 1).unsqueeze(1), nxt_tokens, draws[rows, last].unsqueeze(1))
+    slot = torch.arange(path_t.shape[1], device=dev).unsqueeze(0)
+    emitted = torch.where(slot < (n_emitted - 1).unsqueeze(1), nxt_tokens, final.unsqueeze(1))
     emitted = emitted.masked_fill(slot >= n_emitted.unsqueeze(1), -1)
     # each emitted token's logprob comes from the logits at the path node that precedes it
     path_logits = logits.gather(1, safe.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [batch, D+1, V]
