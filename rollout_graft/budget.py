@@ -7,9 +7,9 @@ ancestor-closed. Each step D-cut picks the verified width W = ρ·m (m: the draf
 maximises expected emitted tokens / predicted step time over the whole batch:
 
     E[emitted | W] = Σ_rows (1 + Σ_{row's top-W nodes} score)      (bonus/recovered token + accepted)
-    time(W)        = cost(rows, 1 + W) + overhead(rows)            (profiled forward + measured rest)
+    time(W)        = cost(rows, 1 + W) + overhead(rows, W > 0)     (profiled forward + measured rest)
 
-W = 0 (plain decoding, no overhead) is always a candidate, so a step is never predicted slower
+W = 0 (plain decoding: no tree, one draw per row) is always a candidate, so a step is never predicted slower
 than "ar". Why a per-row width rather than the paper's global top-K: see `DCut`.
 """
 
@@ -136,7 +136,8 @@ class DCut:
         self.cost = cost
         self.ratios = tuple(sorted(set(ratios) | {0.0}))
         self.calibration = ScoreCalibration()
-        self.overhead = overhead or OverheadModel()
+        self.overhead = overhead or OverheadModel()  # speculative steps: tree + walk + learning
+        self.plain_overhead = OverheadModel()  # plain steps: one draw per row
         self.explore_every = explore_every  # every n-th step verifies ≥ the smallest ρ > 0 to keep calibrating
         self.steps = 0
         self.idle = 0  # consecutive decisions for ρ = 0
@@ -161,9 +162,9 @@ class DCut:
         """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
         self.calibration.observe(draft.score, draft.valid, accepted)
 
-    def observe_overhead(self, rows: int, ms: float) -> None:
-        """Time a speculative step spent outside the verify forward (measured by the engine)."""
-        self.overhead.observe(rows, ms)
+    def observe_overhead(self, rows: int, ms: float, speculative: bool = True) -> None:
+        """Time a step spent outside the verify forward (measured by the engine)."""
+        (self.overhead if speculative else self.plain_overhead).observe(rows, ms)
 
     def decide(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
         rows, m = draft.tokens.shape
@@ -184,16 +185,16 @@ class DCut:
         gains, kept, widest, candidates = host[:n], [int(k) for k in host[n : 2 * n]], int(host[-2]), int(host[-1])
         self.steps += 1
         explore = self.explore_every > 0 and self.steps % self.explore_every == 0
-        overhead = self.overhead.predict(rows)
+        spec_ms, plain_ms = self.overhead.predict(rows), self.plain_overhead.predict(rows)
         best = None
         for i, w in enumerate(widths):
             if explore and w == 0 and n > 1:
                 continue
             if w == 0:
-                expected, ms = float(rows), self.cost.predict(rows, 1.0)
+                expected, ms = float(rows), self.cost.predict(rows, 1.0) + plain_ms
             else:
                 expected = rows + gains[i]
-                ms = self.cost.predict(rows, 1.0 + min(w, widest)) + overhead
+                ms = self.cost.predict(rows, 1.0 + min(w, widest)) + spec_ms
             if best is None or expected / ms > best[0]:
                 best = (expected / ms, w, kept[i] if w else 0, expected)
         _, width, n_kept, expected = best

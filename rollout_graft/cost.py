@@ -1,8 +1,12 @@
-"""Verify-step latency (target forward + per-node sampling), profiled on the actual device/dtype/threads (DESIGN.md §2 step 4).
+"""Verify-forward latency, profiled on the actual device/dtype/threads (DESIGN.md §2 step 4).
 
 `CostModel.profile` times the target's forward over a grid of batch sizes × tokens per row
 (at a fixed cached context) and caches the table on disk, keyed by model, device, dtype and
-threads; `predict` interpolates it (bilinear; linear extrapolation past the grid's edge).
+threads; `predict` interpolates it (bilinear; linear extrapolation past the grid's edge). The
+rest of a step (tree building, sampling along the walk, learning) depends on the proposer and is
+measured online by `budget.OverheadModel`. Profiling is bounded: a cell slower than
+`cell_limit_ms` ends its row of the grid (the rest is extrapolated linearly in tokens), and fast
+cells are repeated, slow ones timed once.
 """
 
 from __future__ import annotations
@@ -16,9 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .config import SamplingParams
 from .runner import ModelRunner
-from .sampling import sample
 
 DEFAULT_BATCHES = (1, 4, 16, 64)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
@@ -64,12 +66,13 @@ class CostModel:
         p = next(model.parameters())
         cfg = model.config
         ident = f"{getattr(cfg, 'name_or_path', '')}|{cfg.model_type}|{sum(x.numel() for x in model.parameters())}"
-        ident += f"|{p.device}|{p.dtype}|threads={torch.get_num_threads()}"
+        ident += f"|{p.device}|{p.dtype}|threads={torch.get_num_threads()}|forward-only"
         return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
     @staticmethod
     def profile(model, batches=DEFAULT_BATCHES, tokens=DEFAULT_TOKENS, context: int = 128, repeats: int = 3,
-                max_tokens_per_forward: int = 4096, use_cache: bool = True, refresh: bool = False) -> "CostModel":
+                max_tokens_per_forward: int = 4096, cell_limit_ms: float = 400.0, use_cache: bool = True,
+                refresh: bool = False) -> "CostModel":
         """Time verify forwards on this hardware; cached on disk unless `refresh`."""
         key = CostModel.key_for(model)
         path = _cache_dir() / f"{key}.json"
@@ -78,15 +81,19 @@ class CostModel:
             if cached.batches == list(batches) and cached.tokens == list(tokens):
                 return cached
         runner = ModelRunner(model)
-        vocab = runner.vocab_size
+        _time_forward(runner, 1, 1, context, runner.vocab_size, 1)  # first-call allocations
         table: list[list[float]] = []
         for b in batches:
-            row = []
+            row: list[float] = []
             for q in tokens:
-                if b * q > max_tokens_per_forward and row:  # too big to time cheaply: extrapolate linearly
+                too_big = b * q > max_tokens_per_forward or (row and row[-1] > cell_limit_ms)
+                if too_big and row:  # too slow to time cheaply: extrapolate linearly in tokens
                     row.append(row[-1] * q / tokens[len(row) - 1])
                     continue
-                row.append(_time_forward(runner, b, q, context, vocab, repeats))
+                ms = _time_forward(runner, b, q, context, runner.vocab_size, 1)
+                if ms < cell_limit_ms / 4 and repeats > 1:  # cheap: best of a few more
+                    ms = min(ms, _time_forward(runner, b, q, context, runner.vocab_size, repeats - 1))
+                row.append(ms)
             table.append(row)
         cost = CostModel(list(batches), list(tokens), _monotone(table), key)
         if use_cache:
@@ -95,16 +102,14 @@ class CostModel:
         return cost
 
 
-_PROFILE_SAMPLING = SamplingParams(temperature=1.0)
-
-
 @torch.inference_mode()
 def _time_forward(runner: ModelRunner, batch: int, q: int, context: int, vocab: int, repeats: int) -> float:
+    """Best of `repeats` verify forwards of `batch` rows × `q` tree tokens over a cached context."""
     dev = runner.device
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (batch, context), generator=gen).tolist()
     times = []
-    for _ in range(repeats + 1):  # first run warms up
+    for _ in range(repeats):
         runner.prefill([prompt[0]], torch.zeros(batch, dtype=torch.long))
         tokens = torch.randint(0, vocab, (batch, q), generator=gen).to(dev)
         positions = (context + torch.arange(q)).expand(batch, q).to(dev)
@@ -112,13 +117,12 @@ def _time_forward(runner: ModelRunner, batch: int, q: int, context: int, vocab: 
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         start = time.perf_counter()
-        logits = runner.verify(tokens, positions, mask)
-        sample(logits, _PROFILE_SAMPLING, None)  # per-node sampling cost belongs to the step too
+        runner.verify(tokens, positions, mask)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         times.append((time.perf_counter() - start) * 1000)
     runner.release()
-    return min(times[1:])  # best-of: the intrinsic cost, robust to a noisy shared machine
+    return min(times)  # best-of: the intrinsic cost, robust to a noisy shared machine
 
 
 def _monotone(table: list[list[float]]) -> list[list[float]]:

@@ -112,6 +112,12 @@ class RolloutEngine:
             return GraftProposer.build(self.config, self.runner, draft_model, self.tokenizer)
         return RetrievalProposer(self.config.retrieval, self.runner.vocab_size, self.runner.device)
 
+    def _clock(self) -> float:
+        """Wall time for the D-cut overhead model (waits for the device so GPU work is counted)."""
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+        return time.perf_counter()
+
     def budget_policy(self) -> DCut | None:
         """The D-cut policy (profiles the cost model on first call), or None for 'fixed'."""
         if self.config.budget_policy == "dcut" and self.dcut is None:
@@ -202,7 +208,8 @@ class RolloutEngine:
             budget=self.config.budget,
             prev_token=state.prev_token,
         )
-        start = time.perf_counter()
+        clock = self._clock
+        start = clock()
         skipped = self.dcut is not None and self.proposer.can_skip and self.dcut.skip_proposal()
         with stats.timed("propose"):
             decision = None
@@ -217,23 +224,28 @@ class RolloutEngine:
             tree.max_depth = min(tree.max_depth, self.config.max_depth)
             positions = (state.length - 1).unsqueeze(1) + tree.depth  # [rows, n]
             mask = tree.ancestor_mask()
-        proposed = time.perf_counter()
+        proposed = clock()
         with stats.timed("verify"):
             logits = self.runner.verify(tree.tokens, positions, mask)
+        verified = clock()
         with stats.timed("accept"):
             check_finite(logits)
             acc = accept(tree, logits, params, self.generator)
             self.runner.commit(acc.kept_nodes(tree.tokens.shape[1]))
-        learn_start = time.perf_counter()
         with stats.timed("learn"):
             if not skipped:
                 self.proposer.observe(ctx, tree, logits, acc)
             if decision is not None and draft.tokens.shape[1]:
                 self.dcut.observe(draft, acc.kept_nodes(tree.tokens.shape[1])[:, 1:])
-        if self.dcut is not None and not skipped:
-            # what speculating cost beyond the forward: the tree (if plain steps could skip it) + learning
-            extra = (proposed - start if self.proposer.can_skip else 0.0) + time.perf_counter() - learn_start
-            self.dcut.observe_overhead(len(state.index), 1000.0 * extra)
+        if self.dcut is not None:
+            # what a step spends beyond the profiled forward: a speculative step pays its tree (when a
+            # plain step could skip it), the tree walk and learning; a plain step its one draw
+            rows, done = len(state.index), clock()
+            if draft.tokens.shape[1]:
+                tree_ms = proposed - start if self.proposer.can_skip else 0.0
+                self.dcut.observe_overhead(rows, 1000.0 * (tree_ms + done - verified), speculative=True)
+            else:
+                self.dcut.observe_overhead(rows, 1000.0 * (done - verified), speculative=False)
         with stats.timed("bookkeeping"):
             stats.target_forwards += 1
             stats.row_steps += len(state.index)

