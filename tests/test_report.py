@@ -48,7 +48,7 @@ def test_report_writes_tables_and_plots(tmp_path, capsys):
     assert all(p.stat().st_size > 10_000 and p.read_bytes()[:4] == b"\x89PNG" for p in written)
     out = capsys.readouterr().out
     assert "| 1.0 | 8 | retrieval | 800 | 0.80 | – | 2.50 | 40 | 10 | – | 1.0 |" in out
-    assert "| 0.0 | 64 | retrieval+dcut | 1200 | 1.20 | 1.80 | 40 | 10 | 0.25 | 1.0 |" in out
+    assert "| 0.0 | 64 | retrieval+dcut | 1200 | 1.20 | – | 1.80 | 40 | 10 | 0.25 | 1.0 |" in out
     assert "| 1.0 | 8 | retrieval | 20 | 50.0 | 25.0 | 15.0 | 10.0 |" in out  # accepted-length shares
 
 
