@@ -22,7 +22,7 @@ from .runner import ModelRunner
 from .sampling import check_finite
 from .stats import RolloutStats
 from .tree import Draft, TreeBatch
-from .verify import accept
+from .verify import Acceptance, accept
 
 
 @dataclass(slots=True)
@@ -208,78 +208,90 @@ class RolloutEngine:
             budget=self.config.budget,
             prev_token=state.prev_token,
         )
-        clock = self._clock
-        start = clock()
+        start = self._clock()
         skipped = self.dcut is not None and self.proposer.can_skip and self.dcut.skip_proposal()
         with stats.timed("propose"):
-            decision = None
-            if skipped:  # D-cut backed off: a plain step, no tree, nothing to learn
-                draft = Draft.empty(len(state.index), state.last_token.device)
-                decision = BudgetDecision(0.0, 0, 0, float(len(state.index)))
-            else:
-                draft = self.proposer.propose(ctx)
-                if self.dcut is not None:
-                    draft, decision = self.dcut.decide(draft)
+            draft, decision = self._propose(ctx, skipped)
             tree = TreeBatch.from_draft(state.last_token, draft)
             tree.max_depth = min(tree.max_depth, self.config.max_depth)
             positions = (state.length - 1).unsqueeze(1) + tree.depth  # [rows, n]
             mask = tree.ancestor_mask()
-        proposed = clock()
+        proposed = self._clock()
         with stats.timed("verify"):
             logits = self.runner.verify(tree.tokens, positions, mask)
-        verified = clock()
+        verified = self._clock()
         with stats.timed("accept"):
             check_finite(logits)
             acc = accept(tree, logits, params, self.generator)
-            self.runner.commit(acc.kept_nodes(tree.tokens.shape[1]))
+            kept = acc.kept_nodes(tree.tokens.shape[1])
+            self.runner.commit(kept)
         with stats.timed("learn"):
             if not skipped:
                 self.proposer.observe(ctx, tree, logits, acc)
             if decision is not None and draft.tokens.shape[1]:
-                self.dcut.observe(draft, acc.kept_nodes(tree.tokens.shape[1])[:, 1:])
+                self.dcut.observe(draft, kept[:, 1:])
         if self.dcut is not None:
             # what a step spends beyond the profiled forward: a speculative step pays its tree (when a
             # plain step could skip it), the tree walk and learning; a plain step its one draw
-            rows, done = len(state.index), clock()
+            rows, done = len(state.index), self._clock()
             if draft.tokens.shape[1]:
-                tree_ms = proposed - start if self.proposer.can_skip else 0.0
-                self.dcut.observe_overhead(rows, 1000.0 * (tree_ms + done - verified), speculative=True)
+                tree_s = proposed - start if self.proposer.can_skip else 0.0
+                self.dcut.observe_overhead(rows, 1000.0 * (tree_s + done - verified), speculative=True)
             else:
                 self.dcut.observe_overhead(rows, 1000.0 * (done - verified), speculative=False)
         with stats.timed("bookkeeping"):
-            stats.target_forwards += 1
-            stats.row_steps += len(state.index)
-            stats.verified_tokens += int(tree.valid.sum())
-            n_emit = acc.n_emitted.tolist()
-            emitted = acc.emitted.tolist()
-            lps = acc.logprobs.tolist()
-            if decision is not None:
-                stats.budget_trace.append({"rows": len(state.index), "ratio": decision.ratio, "kept": decision.kept,
-                                           "candidates": decision.candidates, "expected": decision.expected_emitted,
-                                           "actual": sum(n_emit)})
-            keep: list[int] = []
-            for r, row in enumerate(state.index):
-                out, room = completions[row], params.max_new_tokens - len(completions[row])
-                before, done = len(out), False
-                for j in range(min(n_emit[r], room)):
-                    out.append(emitted[r][j])
-                    logprobs[row].append(lps[r][j])
-                    if emitted[r][j] in stop_ids:
-                        reasons[row], done = "stop", True
-                        break
-                stats.count_emitted(len(out) - before)
-                if not done and len(out) < params.max_new_tokens:
-                    keep.append(r)
-            rows = torch.arange(len(state.index), device=acc.n_emitted.device)
-            before_last = acc.emitted[rows, (acc.n_emitted - 2).clamp(min=0)]
-            state.prev_token = torch.where(acc.n_emitted > 1, before_last, state.last_token)
-            state.last_token = acc.emitted[rows, acc.n_emitted - 1]
-            state.length = state.length + acc.n_emitted
-            state.generated = state.generated + acc.n_emitted
-            if len(keep) < len(state.index):
-                state.select(keep)
-                rows_t = torch.tensor(keep, dtype=torch.long, device=state.length.device)
-                self.runner.select_rows(rows_t)
-                self.proposer.select_rows(rows_t)
-            if state.index:
-                self.runner.maybe_compact(int(state.length.max()) - 1)
+            self._advance(state, tree, acc, decision, params, stats, stop_ids, completions, logprobs, reasons)
+
+    def _propose(self, ctx: StepContext, skipped: bool) -> tuple[Draft, BudgetDecision | None]:
+        """This step's candidates, cut by D-cut when it is on (none when D-cut backed off)."""
+        if skipped:  # a plain step: no tree, nothing to learn
+            rows = ctx.last_token.shape[0]
+            return Draft.empty(rows, ctx.last_token.device), BudgetDecision(0.0, 0, 0, float(rows))
+        draft = self.proposer.propose(ctx)
+        if self.dcut is None:
+            return draft, None
+        return self.dcut.decide(draft)
+
+    def _advance(self, state: _Rows, tree: TreeBatch, acc: Acceptance, decision: BudgetDecision | None, params: SamplingParams,
+                 stats: RolloutStats, stop_ids: set[int], completions: list[list[int]], logprobs: list[list[float]],
+                 reasons: list[str]) -> None:
+        """Host bookkeeping of one step: append emitted tokens, stop finished rows, move the state on."""
+        width = acc.emitted.shape[1]
+        # one host transfer for the integers of the step: n_emitted, emitted tokens, verified-node count
+        ints = torch.cat([acc.n_emitted, acc.emitted.flatten(), tree.valid.sum().view(1)]).tolist()
+        n_emit, flat, n_verified = ints[: len(state.index)], ints[len(state.index) : -1], ints[-1]
+        emitted = [flat[r * width : (r + 1) * width] for r in range(len(state.index))]
+        lps = acc.logprobs.tolist()
+        stats.target_forwards += 1
+        stats.row_steps += len(state.index)
+        stats.verified_tokens += n_verified
+        if decision is not None:
+            stats.budget_trace.append({"rows": len(state.index), "ratio": decision.ratio, "kept": decision.kept,
+                                       "candidates": decision.candidates, "expected": decision.expected_emitted,
+                                       "actual": sum(n_emit)})
+        keep: list[int] = []
+        for r, row in enumerate(state.index):
+            out, room = completions[row], params.max_new_tokens - len(completions[row])
+            before, done = len(out), False
+            for j in range(min(n_emit[r], room)):
+                out.append(emitted[r][j])
+                logprobs[row].append(lps[r][j])
+                if emitted[r][j] in stop_ids:
+                    reasons[row], done = "stop", True
+                    break
+            stats.count_emitted(len(out) - before)
+            if not done and len(out) < params.max_new_tokens:
+                keep.append(r)
+        rows = torch.arange(len(state.index), device=acc.n_emitted.device)
+        before_last = acc.emitted[rows, (acc.n_emitted - 2).clamp(min=0)]
+        state.prev_token = torch.where(acc.n_emitted > 1, before_last, state.last_token)
+        state.last_token = acc.emitted[rows, acc.n_emitted - 1]
+        state.length = state.length + acc.n_emitted
+        state.generated = state.generated + acc.n_emitted
+        if len(keep) < len(state.index):
+            state.select(keep)
+            rows_t = torch.tensor(keep, dtype=torch.long, device=state.length.device)
+            self.runner.select_rows(rows_t)
+            self.proposer.select_rows(rows_t)
+        if state.index:
+            self.runner.maybe_compact(int(state.length.max()) - 1)
