@@ -47,3 +47,13 @@ def arch_model(request):
 @pytest.fixture
 def qwen3_model():
     return random_model("qwen3")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `slow` (real downloads, long real-model runs) run only with `-m slow`."""
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="opt-in: run with `pytest -m slow`")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

