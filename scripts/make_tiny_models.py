@@ -31,6 +31,9 @@ Usage::
     python scripts/make_tiny_models.py            # full build (~800 CPU-s: ~11-12 min on 2 idle cores)
     python scripts/make_tiny_models.py --smoke    # quick reduced-step run into a temp dir
     python scripts/make_tiny_models.py --check    # only evaluate the existing assets
+    python scripts/make_tiny_models.py --only early-target --early-target-steps 540 --out DIR
+        # only the target's step-540 state of the same run (same data, RNG stream and LR schedule,
+        # which spans all --target-steps) as DIR/target-early/; ~0.3 CPU-s per step
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [EOS, PAD, IM_START, IM_END]  # ids 0..3
 ANSWER_RE = re.compile(r"####\s*(-?\d+)")
+# --early-target-steps default: 0 = no target-early/ snapshot (none is embedded; see --only early-target)
+EARLY_TARGET_STEPS = 0
 
 # Qwen-style chat template. Assistant turns end with the EOS token (instead of
 # <|im_end|>) so that a single eos_token_id terminates both raw-prompt and
@@ -431,7 +436,17 @@ def batches_for(seqs, batch_size: int, rng: random.Random, pad_id: int):
 
 
 def train_model(model, seqs, *, steps, batch_size, lr, seed, pad_id, label, warmup_frac=0.05,
-                min_lr_frac=0.05, log_every=100):
+                min_lr_frac=0.05, log_every=100, snapshot_steps=(), stop_after=None, snapshots=None):
+    """Train ``model`` for ``steps`` steps (the LR schedule always spans all ``steps``).
+
+    ``snapshot_steps``: after each of these optimizer steps a copy of the state_dict is put into
+    the ``snapshots`` dict (keyed by step); it consumes no randomness, so the run is unchanged.
+    ``stop_after``: end after this many steps (same RNG stream and schedule as the full run, so
+    the model is exactly the full run's state at that step)."""
+    snapshot_steps = set(snapshot_steps)
+    if snapshot_steps and snapshots is None:
+        raise ValueError("snapshot_steps needs a snapshots dict")
+    end = steps if stop_after is None else min(steps, stop_after)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     decay, no_decay = [], []
@@ -453,7 +468,7 @@ def train_model(model, seqs, *, steps, batch_size, lr, seed, pad_id, label, warm
     model.train()
     step, t0, c0, ema = 0, time.time(), time.process_time(), None
     losses = []
-    while step < steps:
+    while step < end:
         for ids, mask, labels in batches_for(seqs, batch_size, rng, pad_id):
             out = model(input_ids=ids, attention_mask=mask, labels=labels)
             out.loss.backward()
@@ -465,11 +480,13 @@ def train_model(model, seqs, *, steps, batch_size, lr, seed, pad_id, label, warm
             losses.append(lv)
             ema = lv if ema is None else 0.98 * ema + 0.02 * lv
             step += 1
-            if step % log_every == 0 or step == steps:
+            if step in snapshot_steps:
+                snapshots[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            if step % log_every == 0 or step == end:
                 print(f"[{label}] step {step}/{steps} loss {lv:.4f} ema {ema:.4f} "
                       f"lr {sched.get_last_lr()[0]:.2e} wall {time.time() - t0:.0f}s cpu {time.process_time() - c0:.0f}s",
                       flush=True)
-            if step >= steps:
+            if step >= end:
                 break
     model.eval()
     tail = losses[-50:]
@@ -477,21 +494,23 @@ def train_model(model, seqs, *, steps, batch_size, lr, seed, pad_id, label, warm
 
 
 def _train_worker(cfg_dict, init_seed, seqs, train_kwargs, threads, result_path):
-    """Child-process entry point: build, train and save one model (state_dict + stats)."""
+    """Child-process entry point: build, train and save one model (state_dict, snapshots, stats)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(threads)
     torch.manual_seed(init_seed)
     model = Qwen3ForCausalLM(Qwen3Config.from_dict(cfg_dict))
-    loss, secs = train_model(model, seqs, **train_kwargs)
-    torch.save({"state_dict": model.state_dict(), "loss": loss, "seconds": secs}, result_path)
+    snapshots = {}
+    loss, secs = train_model(model, seqs, snapshots=snapshots, **train_kwargs)
+    torch.save({"state_dict": model.state_dict(), "snapshots": snapshots, "loss": loss, "seconds": secs},
+               result_path)
 
 
 def train_both(jobs, threads: int, parallel: bool):
     """Train several models; with ``parallel`` each in its own single-process (spawned) worker.
 
     Each worker uses ``threads`` intra-op threads, so results do not depend on scheduling.
-    Returns a list of (state_dict, final_loss, seconds)."""
+    Returns a list of (state_dict, final_loss, seconds, snapshots)."""
     import multiprocessing as mp
 
     tmp = Path(tempfile.mkdtemp(prefix="tiny-math-train-"))
@@ -511,7 +530,7 @@ def train_both(jobs, threads: int, parallel: bool):
             for job, p in zip(jobs, paths):
                 _train_worker(*job, threads, str(p))
         res = [torch.load(p, weights_only=True) for p in paths]
-        return [(r["state_dict"], r["loss"], r["seconds"]) for r in res]
+        return [(r["state_dict"], r["loss"], r["seconds"], r["snapshots"]) for r in res]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -618,46 +637,46 @@ def evaluate(out_dir: Path, n_eval: int = 64, seed: int = 0, verbose: bool = Tru
     return res
 
 
+FINAL_LINE_RE = re.compile(r"####\s*(-?\d+)\s*$")  # the recipe's format reward: last line `#### N`
+
+
+def evaluate_early_target(out_dir: Path, n_eval: int = 128, seed: int = 0, verbose: bool = True):
+    """Greedy and T=1 accuracy, format and EOS rates of ``target-early/`` on the test prompts
+    (same prompts, seeds and sampling as :func:`evaluate` uses for ``target/``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    edir = out_dir / "target-early"
+    tok = AutoTokenizer.from_pretrained(edir)
+    model = AutoModelForCausalLM.from_pretrained(edir).eval()
+    rows = [json.loads(l) for l in (out_dir / "prompts.jsonl").read_text().splitlines() if l.strip()]
+    test = [r for r in rows if r["split"] == "test"][:n_eval]
+    prompts = [r["prompt"] for r in test]
+    gold = [r["answer"] for r in test]
+    res = {}
+    for key, do_sample in (("target_early_greedy", False), ("target_early_t1", True)):
+        outs = generate(model, tok, prompts, do_sample=do_sample, seed=seed)
+        res[f"{key}_acc"] = sum(parse_answer(o[0]) == g for o, g in zip(outs, gold)) / len(gold)
+        res[f"{key}_format_rate"] = sum(o[1] and FINAL_LINE_RE.search(o[0].strip()) is not None
+                                        for o in outs) / len(outs)
+        res[f"{key}_eos_rate"] = sum(o[1] for o in outs) / len(outs)
+        res[f"{key}_mean_len"] = sum(o[2] for o in outs) / len(outs)
+        if verbose:
+            print(f"=== target-early example ({key}) ===")
+            print(prompts[1] + outs[1][0] + ("<EOS>" if outs[1][1] else "<no EOS>"), "| gold", gold[1])
+    if verbose:
+        for k, v in res.items():
+            print(f"  {k}: {v:.4f}")
+    return res
+
+
 # --------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None, help=f"output dir (default {DEFAULT_OUT})")
-    ap.add_argument("--seed", type=int, default=20240607)
-    ap.add_argument("--target-steps", type=int, default=1800)
-    ap.add_argument("--draft-steps", type=int, default=1600)
-    ap.add_argument("--target-lr", type=float, default=2e-3)
-    ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--vocab-size", type=int, default=768)
-    ap.add_argument("--n-train-prompts", type=int, default=512)
-    ap.add_argument("--n-test-prompts", type=int, default=128)
-    ap.add_argument("--n-eval", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads per training process (fixed for determinism)")
-    ap.add_argument("--sequential", action="store_true",
-                    help="train target then draft in this process instead of two parallel workers")
-    ap.add_argument("--smoke", action="store_true", help="tiny step counts, writes to a temp dir unless --out")
-    ap.add_argument("--check", action="store_true", help="only evaluate existing assets in --out")
-    args = ap.parse_args(argv)
-
-    torch.set_num_threads(args.threads)
-    out_dir = args.out
-    if out_dir is None:
-        out_dir = Path(tempfile.mkdtemp(prefix="tiny-math-smoke-")) if args.smoke else DEFAULT_OUT
-    if args.check:
-        evaluate(out_dir, n_eval=args.n_eval, seed=args.seed)
-        return None
-    if args.smoke:
-        args.target_steps, args.draft_steps = 40, 60
-
+def prepare(args):
+    """Held-out prompts, training corpus, tokenizer, tokenized sequences and model configs (deterministic)."""
     t_start = time.time()
     torch.manual_seed(args.seed)
-    from transformers import Qwen3ForCausalLM
-
-    # ---- data ----------------------------------------------------------------------
     held = ProblemGen(args.seed + 1)
     held_rows, seen = [], set()
     while len(held_rows) < args.n_train_prompts + args.n_test_prompts:
@@ -707,28 +726,123 @@ def main(argv=None):
     tcfg = make_config(tok, hidden=192, layers=4, inter=512, heads=6, kv_heads=2, max_pos=max_pos)
     dcfg = make_config(tok, hidden=96, layers=2, inter=256, heads=4, kv_heads=2, max_pos=max_pos)
     common = dict(batch_size=args.batch_size, pad_id=tok.pad_token_id)
-    jobs = [
-        (tcfg.to_dict(), args.seed, seqs[:n_target],
-         dict(steps=args.target_steps, lr=args.target_lr, seed=args.seed, label="target", **common)),
-        (dcfg.to_dict(), args.seed + 1, seqs[-n_draft:],
-         dict(steps=args.draft_steps, lr=args.draft_lr, seed=args.seed + 1, label="draft", **common)),
-    ]
+    target_job = (tcfg.to_dict(), args.seed, seqs[:n_target],
+                  dict(steps=args.target_steps, lr=args.target_lr, seed=args.seed, label="target", **common))
+    draft_job = (dcfg.to_dict(), args.seed + 1, seqs[-n_draft:],
+                 dict(steps=args.draft_steps, lr=args.draft_lr, seed=args.seed + 1, label="draft", **common))
     print(f"data + tokenizer ready after {time.time() - t_start:.0f}s", flush=True)
+    return held_rows, tok, tcfg, dcfg, target_job, draft_job
+
+
+def save_model(out_dir: Path, name: str, cfg, state_dict, tok) -> Path:
+    from transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM(cfg)
+    model.load_state_dict(state_dict)
+    d = out_dir / name
+    if d.exists():
+        shutil.rmtree(d)
+    set_generation_config(model, tok)
+    model.to(torch.float32).save_pretrained(d, safe_serialization=True)
+    tok.save_pretrained(d)
+    return d
+
+
+def build_early_target_only(args, out_dir: Path):
+    """``--only early-target``: rebuild the data, retrain the target for its first
+    ``--early-target-steps`` steps (the full run's RNG stream and LR schedule, which spans all
+    ``--target-steps``), save ``target-early/``; the other assets are left alone."""
+    t_start = time.time()
+    held_rows, tok, tcfg, _, target_job, _ = prepare(args)
+    prompts_file = out_dir / "prompts.jsonl"
+    expected = "".join(json.dumps(r) + "\n" for r in held_rows)
+    if prompts_file.exists() and prompts_file.read_text() != expected:
+        raise SystemExit(f"{prompts_file} was not built with these settings (--seed etc.); refusing to mix builds")
+    cfg_dict, init_seed, seqs, kwargs = target_job
+    kwargs = dict(kwargs, stop_after=args.early_target_steps)
+    print(f"training target to step {args.early_target_steps} of {args.target_steps}, {args.threads} thread(s)",
+          flush=True)
+    [(sd, loss, secs, _)] = train_both([(cfg_dict, init_seed, seqs, kwargs)], args.threads, parallel=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    d = save_model(out_dir, "target-early", tcfg, sd, tok)
+    target_tok = out_dir / "target" / "tokenizer.json"
+    if target_tok.exists() and target_tok.read_bytes() != (d / "tokenizer.json").read_bytes():
+        raise SystemExit(f"{d}/tokenizer.json differs from {target_tok}: not the same build")
+    if not prompts_file.exists():
+        prompts_file.write_text(expected)
+    res = evaluate_early_target(out_dir, n_eval=args.n_eval, seed=args.seed)
+    res.update(target_early_steps=args.early_target_steps, target_early_train_seconds=secs,
+               target_early_train_loss=loss)
+    print(f"target-early (step {args.early_target_steps}/{args.target_steps}) written in "
+          f"{time.time() - t_start:.0f}s: {d}")
+    stats_file = out_dir / "build_stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
+    stats = {k: v for k, v in stats.items() if not k.startswith("target_early_")}
+    stats_file.write_text(json.dumps({**stats, **res}, indent=2, sort_keys=True) + "\n")
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help=f"output dir (default {DEFAULT_OUT})")
+    ap.add_argument("--seed", type=int, default=20240607)
+    ap.add_argument("--target-steps", type=int, default=1800)
+    ap.add_argument("--draft-steps", type=int, default=1600)
+    ap.add_argument("--target-lr", type=float, default=2e-3)
+    ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--early-target-steps", type=int, default=EARLY_TARGET_STEPS,
+                    help="also save the target after this many of its --target-steps steps as target-early/ "
+                         "(an RL start model with room to improve); 0: don't")
+    ap.add_argument("--only", choices=["all", "early-target"], default="all",
+                    help="early-target: only (re)build target-early/ (trains the target to "
+                         "--early-target-steps; leaves the other files alone)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--vocab-size", type=int, default=768)
+    ap.add_argument("--n-train-prompts", type=int, default=512)
+    ap.add_argument("--n-test-prompts", type=int, default=128)
+    ap.add_argument("--n-eval", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads per training process (fixed for determinism)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="train target then draft in this process instead of two parallel workers")
+    ap.add_argument("--smoke", action="store_true", help="tiny step counts, writes to a temp dir unless --out")
+    ap.add_argument("--check", action="store_true", help="only evaluate existing assets in --out")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    out_dir = args.out
+    if out_dir is None:
+        out_dir = Path(tempfile.mkdtemp(prefix="tiny-math-smoke-")) if args.smoke else DEFAULT_OUT
+    if args.check:
+        evaluate(out_dir, n_eval=args.n_eval, seed=args.seed)
+        if (out_dir / "target-early").exists():
+            evaluate_early_target(out_dir, n_eval=args.n_eval, seed=args.seed)
+        return None
+    if args.smoke:
+        args.target_steps, args.draft_steps = 40, 60
+        args.early_target_steps = min(args.early_target_steps, 20)
+    if not 0 <= args.early_target_steps < args.target_steps:
+        ap.error("--early-target-steps must be in [0, --target-steps)")
+    if args.only == "early-target":
+        if not args.early_target_steps:
+            ap.error("--only early-target needs --early-target-steps > 0")
+        return build_early_target_only(args, out_dir)
+
+    t_start = time.time()
+    held_rows, tok, tcfg, dcfg, target_job, draft_job = prepare(args)
+    if args.early_target_steps:
+        target_job[3]["snapshot_steps"] = (args.early_target_steps,)
     print(f"training target ({args.target_steps} steps) and draft ({args.draft_steps} steps) "
           f"{'sequentially' if args.sequential else 'in parallel'}, {args.threads} thread(s) each", flush=True)
-    (t_sd, t_loss, t_time), (d_sd, d_loss, d_time) = train_both(jobs, args.threads, not args.sequential)
+    (t_sd, t_loss, t_time, t_snaps), (d_sd, d_loss, d_time, _) = train_both(
+        [target_job, draft_job], args.threads, not args.sequential)
 
     # ---- save ----------------------------------------------------------------------
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, cfg, sd in (("target", tcfg, t_sd), ("draft", dcfg, d_sd)):
-        model = Qwen3ForCausalLM(cfg)
-        model.load_state_dict(sd)
-        d = out_dir / name
-        if d.exists():
-            shutil.rmtree(d)
-        set_generation_config(model, tok)
-        model.to(torch.float32).save_pretrained(d, safe_serialization=True)
-        tok.save_pretrained(d)
+    save_model(out_dir, "target", tcfg, t_sd, tok)
+    save_model(out_dir, "draft", dcfg, d_sd, tok)
+    if args.early_target_steps:
+        save_model(out_dir, "target-early", tcfg, t_snaps[args.early_target_steps], tok)
     with open(out_dir / "prompts.jsonl", "w") as f:
         for r in held_rows:
             f.write(json.dumps(r) + "\n")
@@ -736,6 +850,9 @@ def main(argv=None):
     print(f"built in {build_wall:.0f}s; evaluating", flush=True)
 
     res = evaluate(out_dir, n_eval=args.n_eval, seed=args.seed)
+    if args.early_target_steps:
+        res.update(evaluate_early_target(out_dir, n_eval=args.n_eval, seed=args.seed),
+                   target_early_steps=args.early_target_steps)
     res.update(target_final_train_loss=t_loss, draft_final_train_loss=d_loss, target_train_seconds=t_time,
                draft_train_seconds=d_time, build_seconds=build_wall, total_seconds=time.time() - t_start,
                target_steps=args.target_steps, draft_steps=args.draft_steps, batch_size=args.batch_size,
