@@ -140,6 +140,7 @@ class DCut:
         self.plain_overhead = OverheadModel()  # plain steps: one draw per row
         self.explore_every = explore_every  # every n-th step verifies ≥ the smallest ρ > 0 to keep calibrating
         self.steps = 0
+        self.width_cap: int | None = None  # slow start: the widest W tried so far may at most double
         self.idle = 0  # consecutive decisions for ρ = 0
         self.until_probe = 0  # steps left to decode plainly without even proposing
 
@@ -175,7 +176,12 @@ class DCut:
         score = self.calibration(draft.score).masked_fill(~draft.valid, 0.0)
         cum = torch.sort(score, dim=1, descending=True).values.cumsum(1)  # [rows, m]
         counts = draft.valid.sum(1)
-        widths = sorted({min(m, int(round(r * m))) for r in self.ratios})
+        widths = sorted({min(m, round(r * m)) for r in self.ratios})
+        # slow start: an uncalibrated guess is costly at a large batch, so W may grow only by
+        # doubling from the smallest width, and only after the narrower width was chosen
+        smallest = next((w for w in widths if w > 0), 0)
+        cap = max(self.width_cap or smallest, smallest)
+        widths = [w for w in widths if w <= cap]
         cols = torch.tensor([max(w - 1, 0) for w in widths], device=cum.device)
         gains = cum[:, cols].sum(0)  # [len(widths)] Σ_rows expected accepted candidates
         kept = torch.minimum(counts.view(-1, 1), torch.tensor(widths, device=counts.device).view(1, -1)).sum(0)
@@ -198,6 +204,8 @@ class DCut:
             if best is None or expected / ms > best[0]:
                 best = (expected / ms, w, kept[i] if w else 0, expected)
         _, width, n_kept, expected = best
+        if width > 0 and width >= cap:
+            self.width_cap = 2 * cap
         ratio = width / m
         self._track(ratio)
         if width < widest:

@@ -46,6 +46,7 @@ def test_cut_is_ancestor_closed_even_with_ties():
 def trusting(cost, ratios=(0.25, 0.5, 1.0)) -> DCut:
     dcut = DCut(cost, ratios, explore_every=0)
     dcut.calibration.prior_weight = 1e9  # trust the raw scores (no observations yet)
+    dcut.width_cap = 1 << 20  # past the slow start
     return dcut
 
 
@@ -72,6 +73,12 @@ def test_width_follows_the_batch_size_as_it_drains():
     _, small = dcut.decide(draft_with_scores(TREES))
     _, large = dcut.decide(draft_with_scores(TREES * 32))
     assert small.ratio == 1.0 and large.ratio == 0.0
+
+
+def test_slow_start_doubles_the_width():
+    flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)  # the widest tree would win at once
+    dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)  # m = 4 → W ∈ {1, 2, 4}
+    assert [dcut.decide(draft_with_scores(TREES))[1].kept for _ in range(4)] == [2, 4, 8, 8]  # W = 1, 2, 4, 4
 
 
 def test_overhead_is_charged_to_speculation():
