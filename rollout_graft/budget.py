@@ -177,11 +177,10 @@ class DCut:
         cum = torch.sort(score, dim=1, descending=True).values.cumsum(1)  # [rows, m]
         counts = draft.valid.sum(1)
         widths = sorted({min(m, round(r * m)) for r in self.ratios})
-        # slow start: an uncalibrated guess is costly at a large batch, so W may grow only by
-        # doubling from the smallest width, and only after the narrower width was chosen
+        # slow start: an uncalibrated guess is costly at a large batch, so a step verifies at most
+        # `cap` nodes per row; the cap doubles (from the smallest width) each time it binds
         smallest = next((w for w in widths if w > 0), 0)
         cap = max(self.width_cap or smallest, smallest)
-        widths = [w for w in widths if w <= cap]
         cols = torch.tensor([max(w - 1, 0) for w in widths], device=cum.device)
         gains = cum[:, cols].sum(0)  # [len(widths)] Σ_rows expected accepted candidates
         kept = torch.minimum(counts.view(-1, 1), torch.tensor(widths, device=counts.device).view(1, -1)).sum(0)
@@ -204,7 +203,9 @@ class DCut:
             if best is None or expected / ms > best[0]:
                 best = (expected / ms, w, kept[i] if w else 0, expected)
         _, width, n_kept, expected = best
-        if width > 0 and width >= cap:
+        if width >= cap > 0:  # the cap binds: verify at the cap (the widest allowed width) and double it
+            i = max(j for j, w in enumerate(widths) if w <= cap)
+            width, n_kept, expected = widths[i], kept[i], rows + gains[i]
             self.width_cap = 2 * cap
         ratio = width / m
         self._track(ratio)
