@@ -23,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 from report import markdown  # scripts/report.py renders the tables
+from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft import DraftConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams, calibrate
@@ -193,20 +194,25 @@ def main(argv=None) -> dict:
             entry = {"temperature": temperature, "prompts": p, "group": args.group_size, "batch": len(rows),
                      "prior_warmup_s": warm_s, "methods": {},
                      "graft_thresholds": json.loads(Path(tau_file).read_text()) if tau_file else None}
+            bar = tqdm(total=len(args.methods) * args.repeats, desc=f"T={temperature} batch={len(rows)}", unit="run",
+                       leave=False)
             for name in args.methods:
                 runs = []
                 for rep in range(args.repeats):
+                    bar.set_postfix_str(name)
                     params = replace(base, seed=args.seed + rep)
                     if name == "hf":
                         runs.append(run_hf(model, tokenizer, prompts, args.group_size, params))
                     else:
                         cfg = variant(name, args.budget, prior_file, args.draft_model, tau_file)
                         runs.append(run_engine(model, tokenizer, cfg, rows, params))
+                    bar.update()
                 entry["methods"][name] = median_of(runs)
                 m = entry["methods"][name]
-                print(f"T={temperature} batch={len(rows)} {name:>18}: {m['tokens_per_s']:8.1f} tok/s  "
-                      f"MAT {m['mat']:.2f}  verify/step {m['verify_tokens_per_step']:.0f}  "
-                      f"propose {100 * m.get('propose_share', 0.0):.0f}%", flush=True)
+                bar.write(f"T={temperature} batch={len(rows)} {name:>18}: {m['tokens_per_s']:8.1f} tok/s  "
+                          f"MAT {m['mat']:.2f}  verify/step {m['verify_tokens_per_step']:.0f}  "
+                          f"propose {100 * m.get('propose_share', 0.0):.0f}%")
+            bar.close()
             ar = entry["methods"].get("ar")
             for m in entry["methods"].values():
                 m["ratio_vs_ar"] = m["tokens_per_s"] / ar["tokens_per_s"] if ar else None
