@@ -196,19 +196,21 @@ def main(argv=None) -> dict:
                      "graft_thresholds": json.loads(Path(tau_file).read_text()) if tau_file else None}
             bar = tqdm(total=len(args.methods) * args.repeats, desc=f"T={temperature} batch={len(rows)}", unit="run",
                        leave=False)
-            for name in args.methods:
-                runs = []
-                for rep in range(args.repeats):
+            # repeats are interleaved (ar, m1, m2, …, ar, m1, …) so a slow spell of the shared machine or
+            # the allocator state left by one method does not fall on one method's runs only
+            runs: dict[str, list[dict]] = {name: [] for name in args.methods}
+            for rep in range(args.repeats):
+                params = replace(base, seed=args.seed + rep)
+                for name in args.methods:
                     bar.set_postfix_str(name)
-                    params = replace(base, seed=args.seed + rep)
                     if name == "hf":
-                        runs.append(run_hf(model, tokenizer, prompts, args.group_size, params))
+                        runs[name].append(run_hf(model, tokenizer, prompts, args.group_size, params))
                     else:
                         cfg = variant(name, args.budget, prior_file, args.draft_model, tau_file)
-                        runs.append(run_engine(model, tokenizer, cfg, rows, params))
+                        runs[name].append(run_engine(model, tokenizer, cfg, rows, params))
                     bar.update()
-                entry["methods"][name] = median_of(runs)
-                m = entry["methods"][name]
+            for name in args.methods:
+                entry["methods"][name] = m = median_of(runs[name])
                 bar.write(f"T={temperature} batch={len(rows)} {name:>18}: {m['tokens_per_s']:8.1f} tok/s  "
                           f"MAT {m['mat']:.2f}  verify/step {m['verify_tokens_per_step']:.0f}  "
                           f"propose {100 * m.get('propose_share', 0.0):.0f}%")
