@@ -1,20 +1,15 @@
 """scripts/make_tiny_models.py: an early-target snapshot is the real step-N state of the full run."""
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 
 def load_builder():
-    path = Path(__file__).parents[1] / "scripts" / "make_tiny_models.py"
-    spec = importlib.util.spec_from_file_location("make_tiny_models", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/make_tiny_models.py")
 
 
 def tiny_run(builder, **kwargs):

@@ -1,23 +1,15 @@
 """scripts/prepare_models.py: cache layout, sha256 pinning, idempotence (the real download is opt-in: -m slow)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prepare_models.py"
+from conftest import load_script
 
 
 @pytest.fixture
 def prep(tmp_path, monkeypatch):
     monkeypatch.setenv("ROLLOUT_GRAFT_CACHE", str(tmp_path))
-    spec = importlib.util.spec_from_file_location("prepare_models", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/prepare_models.py")
 
 
 def test_a_tampered_gguf_is_refused(prep, tmp_path):

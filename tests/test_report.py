@@ -1,21 +1,16 @@
 """scripts/report.py on a small synthetic benchmark JSON."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 pytest.importorskip("matplotlib")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "report.py"
 
 
 def load_report():
-    spec = importlib.util.spec_from_file_location("report", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/report.py")
 
 
 def method(tps, ar_tps, mat, hist=None, rho=None):

@@ -8,6 +8,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest
 import torch
+from conftest import load_script
 from trl import GRPOConfig, ModelConfig, TrlParser
 from trl_helpers import CHARS, char_tokenizer, length_reward, prompt_dataset, tiny_policy
 
@@ -232,13 +233,7 @@ def test_rollout_func_is_rejected(tmp_path):
 
 # ---------------------------------------------------------------------------- recipe
 def load_recipe():
-    import importlib.util
-
-    path = Path(__file__).parents[1] / "recipes" / "grpo_qwen3.py"
-    spec = importlib.util.spec_from_file_location("grpo_qwen3_recipe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("recipes/grpo_qwen3.py")
 
 
 @pytest.mark.parametrize("backend", ["graft", "hf"])

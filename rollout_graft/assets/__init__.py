@@ -41,6 +41,13 @@ __all__ = [
 ]
 
 
+def _read_jsonl(path: Path, **match: str | None) -> list[dict]:
+    """Rows of a JSON-lines file (file order) whose fields equal every non-None `match` value."""
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if all(v is None or r[k] == v for k, v in match.items())]
+
+
 def load_tiny_prompts(split: str | None = None) -> list[dict]:
     """Rows of ``prompts.jsonl`` as dicts ``{"prompt", "answer", "split"}``.
 
@@ -49,14 +56,7 @@ def load_tiny_prompts(split: str | None = None) -> list[dict]:
     """
     if split not in (None, "train", "test"):
         raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
-    rows = []
-    with open(TINY_PROMPTS, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                if split is None or row["split"] == split:
-                    rows.append(row)
-    return rows
+    return _read_jsonl(TINY_PROMPTS, split=split)
 
 
 def load_real_prompts(split: str | None = None, kind: str | None = None) -> list[dict]:
@@ -72,11 +72,4 @@ def load_real_prompts(split: str | None = None, kind: str | None = None) -> list
         raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
     if kind not in (None, "math", "code"):
         raise ValueError(f"kind must be 'math', 'code' or None, got {kind!r}")
-    rows = []
-    with open(REAL_PROMPTS, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                if (split is None or row["split"] == split) and (kind is None or row["kind"] == kind):
-                    rows.append(row)
-    return rows
+    return _read_jsonl(REAL_PROMPTS, split=split, kind=kind)
