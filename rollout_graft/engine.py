@@ -113,7 +113,10 @@ class RolloutEngine:
         return RetrievalProposer(self.config.retrieval, self.runner.vocab_size, self.runner.device)
 
     def _clock(self) -> float:
-        """Wall time for the D-cut overhead model (waits for the device so GPU work is counted)."""
+        """Wall time for the D-cut overhead model (waits for the device so GPU work is counted);
+        0 without D-cut, so plain and fixed-budget runs pay no device sync for it."""
+        if self.dcut is None:
+            return 0.0
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
         return time.perf_counter()

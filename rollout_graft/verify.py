@@ -50,14 +50,14 @@ def accept(tree: TreeBatch, logits: torch.Tensor, params: SamplingParams, genera
     cur = torch.zeros(b, dtype=torch.long, device=dev)
     alive = torch.ones(b, dtype=torch.bool, device=dev)
     path, draws = [cur], []
-    for _ in range(tree.max_depth + 1):
+    for level in range(tree.max_depth + 1):
         x = sample(logits[rows, cur], params, generator)  # [b] x ~ p(· | path to cur)
         draws.append(x)
+        if level == tree.max_depth:  # the deepest level: nothing below to match
+            break
         # a valid child of cur carrying x (the first one if a proposer duplicated it)
         match = candidate & (tree.parents == cur.view(-1, 1)) & (tree.tokens == x.view(-1, 1))
         step = alive & match.any(1)
-        if len(path) > tree.max_depth:
-            break
         cur = torch.where(step, match.float().argmax(1), cur)
         path.append(torch.where(step, cur, -1))
         alive = step
