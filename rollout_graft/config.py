@@ -87,6 +87,16 @@ class RetrievalConfig:
         context_order: 1 = successors keyed by the token alone (`[V, k]`); 2 = also keyed by
             (previous token, token) in a hashed table, used when it holds the exact context.
         context_rows: rows of the second-order table per group (None: min(4·V, 65536)).
+        suffix_depth: length of the draft chain copied from text already written (0: off): the
+            continuation after the longest match of the row's last tokens in its group's rows
+            (prompt and siblings' completions; only its own row without `share_in_group`),
+            merged into the retrieval tree in front of it (`history.TokenHistory`).
+        suffix_match: most trailing tokens compared when matching (the longest match wins).
+        suffix_min_match: fewest matching tokens that count as a match.
+        suffix_rows: rows whose text one row searches, itself included (bounds the work for large
+            groups; the group's first rows, i.e. the leaders of `EngineConfig.group_lead`, first).
+        suffix_confidence: score factor per chain node (its estimated acceptance), for D-cut and
+            graft's pruning.
     """
 
     top_k: int = 8
@@ -98,8 +108,21 @@ class RetrievalConfig:
     merge_decay: float = 0.5
     context_order: Literal[1, 2] = 1
     context_rows: int | None = None
+    suffix_depth: int = 0
+    suffix_match: int = 4
+    suffix_min_match: int = 1
+    suffix_rows: int = 16
+    suffix_confidence: float = 0.6
 
     def __post_init__(self) -> None:
+        if self.suffix_depth < 0:
+            raise ValueError(f"suffix_depth must be >= 0 chain nodes (0 = off), got {self.suffix_depth}")
+        if self.suffix_rows < 1:
+            raise ValueError(f"suffix_rows must be >= 1 (the row itself), got {self.suffix_rows}")
+        if not 1 <= self.suffix_min_match <= self.suffix_match:
+            raise ValueError(f"need 1 <= suffix_min_match <= suffix_match, got {self.suffix_min_match}, {self.suffix_match}")
+        if not 0.0 < self.suffix_confidence <= 1.0:
+            raise ValueError(f"suffix_confidence must be in (0, 1], got {self.suffix_confidence}")
         if self.top_k < 1:
             raise ValueError(f"retrieval top_k must be >= 1, got {self.top_k}")
         if self.context_order not in (1, 2):
@@ -190,6 +213,10 @@ class EngineConfig:
         dcut_ratios: the ρ values D-cut chooses from (ρ = 0, plain decoding, is always added).
         cost_profile_refresh: re-profile the cost model instead of reading the on-disk cache.
         compact_slack: compact the KV cache when garbage slots exceed this fraction.
+        group_lead: rows per group that generate first; the group's other rows start when they are
+            done and can draft from the leaders' whole completions (`retrieval.suffix_depth`).
+            0 = every row at once. Trades more target forwards (latency) for fewer verified
+            tokens per completion token; method "retrieval" only.
     """
 
     method: Method = "ar"
@@ -201,6 +228,7 @@ class EngineConfig:
     dcut_ratios: tuple[float, ...] = DEFAULT_DCUT_RATIOS
     cost_profile_refresh: bool = False
     compact_slack: float = 0.5
+    group_lead: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -213,6 +241,11 @@ class EngineConfig:
             raise ValueError(f"budget must be >= 0 candidate nodes per sequence, got {self.budget}")
         if self.max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+        if self.group_lead < 0:
+            raise ValueError(f"group_lead must be >= 0 rows per group (0 = all rows at once), got {self.group_lead}")
+        if self.group_lead and self.method != "retrieval":
+            raise ValueError(f"group_lead needs method='retrieval' (got {self.method!r}): a drafter's cache "
+                             "cannot resume rows; set group_lead=0")
         if not (0.0 < self.compact_slack <= 4.0):
             raise ValueError(f"compact_slack must be in (0, 4], got {self.compact_slack}")
         if self.retrieval is None:

@@ -177,29 +177,43 @@ class RolloutEngine:
         row_group = [distinct.setdefault(tuple(p), len(distinct)) for p in rows]
         prompts = [list(p) for p in distinct]
         group = torch.tensor(row_group, dtype=torch.long, device=device)
-        with stats.timed("prefill"):
-            prompt_logits = self.runner.prefill([p[:-1] for p in prompts], group)
-            if prompt_logits is not None:
-                check_finite(prompt_logits)
-            self.proposer.start(prompts, group, prompt_logits, params)
-        state = _Rows(
-            index=list(range(len(rows))),
-            last_token=torch.tensor([p[-1] for p in rows], dtype=torch.long, device=device),
-            prev_token=torch.tensor([p[-2] if len(p) > 1 else -1 for p in rows], dtype=torch.long, device=device),
-            length=torch.tensor([len(p) for p in rows], dtype=torch.long, device=device),
-            group=group,
-            generated=torch.zeros(len(rows), dtype=torch.long, device=device),
-        )
         completions: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         reasons = ["length"] * len(rows)
         try:
-            while state.index:
-                self._step(state, params, stats, stop_ids, completions, logprobs, reasons)
+            for i, wave in enumerate(self._waves(row_group)):
+                with stats.timed("prefill"):
+                    prompt_logits = self.runner.prefill([p[:-1] for p in prompts], group[wave])
+                    if i == 0:  # the proposer sees every row once; later waves resume it
+                        if prompt_logits is not None:
+                            check_finite(prompt_logits)
+                        self.proposer.start(prompts, group, prompt_logits, params)
+                    self.proposer.activate(torch.tensor(wave, dtype=torch.long, device=device))
+                state = _Rows(
+                    index=list(wave),
+                    last_token=torch.tensor([rows[r][-1] for r in wave], dtype=torch.long, device=device),
+                    prev_token=torch.tensor([rows[r][-2] if len(rows[r]) > 1 else -1 for r in wave], dtype=torch.long,
+                                            device=device),
+                    length=torch.tensor([len(rows[r]) for r in wave], dtype=torch.long, device=device),
+                    group=group[wave],
+                    generated=torch.zeros(len(wave), dtype=torch.long, device=device),
+                )
+                while state.index:
+                    self._step(state, params, stats, stop_ids, completions, logprobs, reasons)
         finally:
             self.runner.release()
         stats.emitted_tokens = sum(len(c) for c in completions)
         return RolloutOutput(completions, logprobs, reasons, stats)
+
+    def _waves(self, row_group: list[int]) -> list[list[int]]:
+        """Rows in the order they run: all at once, or each group's first `group_lead` rows first."""
+        lead = self.config.group_lead
+        if lead <= 0:
+            return [list(range(len(row_group)))]
+        seen: dict[int, int] = {}
+        rank = [seen.__setitem__(g, seen.get(g, -1) + 1) or seen[g] for g in row_group]
+        waves = [[r for r, k in enumerate(rank) if k < lead], [r for r, k in enumerate(rank) if k >= lead]]
+        return [w for w in waves if w]
 
     def _step(self, state: _Rows, params: SamplingParams, stats: RolloutStats, stop_ids: set[int],
               completions: list[list[int]], logprobs: list[list[float]], reasons: list[str]) -> None:
@@ -285,6 +299,8 @@ class RolloutEngine:
             stats.count_emitted(len(out) - before)
             if not done and len(out) < params.max_new_tokens:
                 keep.append(r)
+        # what the rows committed, capped at max_new_tokens (tokens past a stop end the row anyway)
+        self.proposer.advance(acc.emitted, torch.minimum(acc.n_emitted, params.max_new_tokens - state.generated))
         rows = torch.arange(len(state.index), device=acc.n_emitted.device)
         before_last = acc.emitted[rows, (acc.n_emitted - 2).clamp(min=0)]
         state.prev_token = torch.where(acc.n_emitted > 1, before_last, state.last_token)

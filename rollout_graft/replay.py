@@ -272,6 +272,8 @@ def _learn_prompts(proposer: RetrievalProposer, rec: Recording, dev: torch.devic
 
 def _as_config(config: EngineConfig | RetrievalConfig | None) -> EngineConfig:
     if isinstance(config, EngineConfig):
+        if config.group_lead:
+            raise ValueError("replay steps every row at once: set group_lead=0 (staggered waves are not replayed)")
         if config.method != "retrieval" or config.budget_policy != "fixed":
             raise ValueError(f"replay covers method='retrieval' with budget_policy='fixed', got method={config.method!r}, "
                              f"budget_policy={config.budget_policy!r}: D-cut needs step times, graft a drafter")
@@ -348,6 +350,7 @@ def replay(recording: Recording | str | Path, config: EngineConfig | RetrievalCo
 
         rows = torch.arange(n_rows, device=dev)
         emit = cont[active].gather(1, g.view(-1, 1) + slot[:, : cfg.max_depth + 1])  # [rows, D+1] next recorded tokens
+        proposer.advance(emit, emitted)
         prev = torch.where(accepted > 0, emit[rows, (accepted - 1).clamp(min=0)], last)
         last = emit[rows, accepted]
         length, done[active] = length + accepted + 1, g + emitted

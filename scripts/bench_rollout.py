@@ -60,6 +60,15 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
         "retrieval-noshare": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, share_in_group=False)),
         "retrieval-noprior": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, use_prior=False)),
         "retrieval-order2": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, context_order=2)),
+        # suffix chains copied from the group's text; "lead": each group's first row runs first
+        "retrieval+suffix": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, suffix_depth=8)),
+        "retrieval+suffix-noshare": EngineConfig(method="retrieval", budget=budget,
+                                                 retrieval=replace(r, suffix_depth=8, share_in_group=False)),
+        "retrieval+lead": EngineConfig(method="retrieval", budget=budget, group_lead=1, retrieval=replace(r, suffix_depth=8)),
+        "retrieval+lead-noshare": EngineConfig(method="retrieval", budget=budget, group_lead=1,
+                                               retrieval=replace(r, suffix_depth=8, share_in_group=False)),
+        "retrieval+lead+dcut": EngineConfig(method="retrieval", budget=budget, group_lead=1, budget_policy="dcut",
+                                            retrieval=replace(r, suffix_depth=8)),
         "retrieval-bare": EngineConfig(method="retrieval", budget=budget,
                                        retrieval=replace(r, share_in_group=False, use_prior=False)),
     }

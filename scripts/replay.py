@@ -42,6 +42,8 @@ def variants(base: RetrievalConfig) -> dict[str, RetrievalConfig]:
         "retrieval-noprior": replace(base, use_prior=False),
         "retrieval-bare": replace(base, share_in_group=False, use_prior=False),
         "retrieval-order2": replace(base, context_order=2),
+        "retrieval+suffix": replace(base, suffix_depth=8),
+        "retrieval+suffix-noshare": replace(base, suffix_depth=8, share_in_group=False),
         "retrieval-overwrite": replace(base, merge_decay=0.0),
         "breadth-first": replace(base, template=replace(base.template, kind="breadth_first")),
         "best-first-d4": replace(base, template=TemplateConfig(depth=4, width=base.template.width)),

@@ -42,9 +42,10 @@ def test_greedy_tree_equals_ar_and_hf_generate(arch_model, kind):
 def test_greedy_retrieval_equals_ar(arch_model):
     greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
     ar = RolloutEngine(arch_model).generate(PROMPTS, greedy)
-    for share, policy in ((True, "fixed"), (False, "fixed"), (True, "dcut")):
-        cfg = EngineConfig(method="retrieval", budget=16, retrieval=RetrievalConfig(share_in_group=share),
-                           budget_policy=policy, dcut_ratios=(0.5, 1.0))
+    for share, policy, suffix, lead in ((True, "fixed", 0, 0), (False, "fixed", 0, 0), (True, "dcut", 0, 0),
+                                        (True, "fixed", 6, 0), (True, "fixed", 6, 1), (False, "dcut", 4, 1)):
+        cfg = EngineConfig(method="retrieval", budget=16, retrieval=RetrievalConfig(share_in_group=share, suffix_depth=suffix),
+                           budget_policy=policy, dcut_ratios=(0.5, 1.0), group_lead=lead)
         spec = RolloutEngine(arch_model, cfg).generate(PROMPTS, greedy)
         assert spec.completion_ids == ar.completion_ids and spec.finish_reasons == ar.finish_reasons
         assert spec.stats.mean_accepted_tokens > 1.0 or policy == "dcut"
@@ -109,6 +110,8 @@ def _engines(model):
     yield "retrieval", RolloutEngine(model, EngineConfig(method="retrieval", budget=30))
     yield "retrieval+dcut", RolloutEngine(model, EngineConfig(method="retrieval", budget=30, budget_policy="dcut",
                                                               dcut_ratios=(0.5, 1.0)))
+    yield "retrieval+suffix+lead", RolloutEngine(model, EngineConfig(method="retrieval", budget=30, group_lead=2,
+                                                                     retrieval=RetrievalConfig(suffix_depth=4)))
     yield "ar", RolloutEngine(model)
 
 
@@ -141,7 +144,9 @@ def test_logprobs_equal_full_recompute(arch_model, temperature):
     params = SamplingParams(temperature=temperature, top_k=20, max_new_tokens=16, seed=11)
     proposer = RandomTreeProposer(vocab=model.config.vocab_size, width=3, depth=3, seed=1)
     engines = (RolloutEngine(model), RolloutEngine(model, EngineConfig(budget=12), proposer=proposer),
-               RolloutEngine(model, EngineConfig(method="retrieval", budget=12)))
+               RolloutEngine(model, EngineConfig(method="retrieval", budget=12)),
+               RolloutEngine(model, EngineConfig(method="retrieval", budget=12, group_lead=1,
+                                                 retrieval=RetrievalConfig(suffix_depth=6))))
     for engine in engines:
         assert_logprobs_match_recompute(model, PROMPTS, engine.generate(PROMPTS, params), temperature)
 
@@ -158,12 +163,15 @@ def assert_logprobs_match_recompute(model, prompts, out, temperature):
         assert all(math.isfinite(x) for x in lp)
 
 
-@pytest.mark.parametrize("method", ["random-tree", "retrieval", "ar"])
+@pytest.mark.parametrize("method", ["random-tree", "retrieval", "retrieval+suffix+lead", "ar"])
 def test_seeded_runs_repeat_and_siblings_differ(qwen3_model, method):
     prompts = [[5, 6, 7]] * 8
     params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=123)
     if method == "random-tree":
         make = lambda: RolloutEngine(qwen3_model, EngineConfig(budget=12), proposer=RandomTreeProposer(64, seed=4))  # noqa: E731
+    elif method == "retrieval+suffix+lead":
+        cfg = EngineConfig(method="retrieval", budget=12, group_lead=2, retrieval=RetrievalConfig(suffix_depth=6))
+        make = lambda: RolloutEngine(qwen3_model, cfg)  # noqa: E731
     else:
         make = lambda: RolloutEngine(qwen3_model, EngineConfig(method=method, budget=12))  # noqa: E731
     a, b = make().generate(prompts, params), make().generate(prompts, params)

@@ -48,6 +48,15 @@ class Proposer(ABC):
     def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
         """Learn from a verify forward. logits: [rows, n, V] target logits of every tree node."""
 
+    def activate(self, rows: torch.Tensor) -> None:
+        """Rows `rows` [k] (indices into `start`'s rows) form the active batch from now on: called after
+        `start` with every row, or per wave of a staggered rollout (`EngineConfig.group_lead`, which
+        only proposers that can resume rows support; the default assumes a single wave)."""
+
+    def advance(self, emitted: torch.Tensor, n_emitted: torch.Tensor) -> None:
+        """The active rows committed emitted[i, :n_emitted[i]] this step (every step, also when
+        D-cut skipped `propose`). emitted: [rows, T]; n_emitted: [rows]."""
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Only `rows` [k] of the current batch stay active (others finished)."""
 

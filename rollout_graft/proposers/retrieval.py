@@ -11,9 +11,11 @@ import torch
 
 from ..adjacency import AdjacencyIndex
 from ..config import RetrievalConfig, SamplingParams
+from ..history import TokenHistory
+from ..merge import merge_trees
 from ..sampling import top_k_probs
 from ..templates import make_template
-from ..tree import Draft, TreeBatch
+from ..tree import RETRIEVAL, Draft, TreeBatch
 from ..verify import Acceptance
 from .base import Proposer, StepContext
 
@@ -34,7 +36,9 @@ class RetrievalProposer(Proposer):
         else:
             self.prior = self._empty(1)
         self.index: AdjacencyIndex | None = None
-        self.row_table: torch.Tensor | None = None  # [rows] which table of `index` each row uses
+        self.row_table: torch.Tensor | None = None  # [rows] which table of `index` each active row uses
+        self.rows: torch.Tensor | None = None  # [rows] rollout row (as passed to `start`) of each active row
+        self.history: TokenHistory | None = None  # text of every row, when suffix chains are on
         self.temperature = 1.0
 
     def _empty(self, groups: int) -> AdjacencyIndex:
@@ -56,8 +60,16 @@ class RetrievalProposer(Proposer):
     def start(self, prompts, row_prompt, prompt_logits, params: SamplingParams) -> None:
         rows = row_prompt.shape[0]
         self.temperature = params.temperature if params.temperature > 0 else 1.0
-        self.row_table = row_prompt.clone() if self.cfg.share_in_group else torch.arange(rows, device=self.device)
+        row_prompt = row_prompt.to(self.device)
+        self._tables = row_prompt.clone() if self.cfg.share_in_group else torch.arange(rows, device=self.device)
+        self.activate(torch.arange(rows, device=self.device))
         tables = len(prompts) if self.cfg.share_in_group else rows
+        if self.cfg.suffix_depth > 0:
+            width = max(len(p) for p in prompts) + params.max_new_tokens + self.cfg.suffix_depth + 1
+            self.history = TokenHistory(prompts, row_prompt, width, self.cfg.share_in_group, self.device,
+                                        self.cfg.suffix_rows)
+        else:
+            self.history = None
         base = self.prior if self.cfg.use_prior else self._empty(1)
         self.index = base.expand(tables)
         if prompt_logits is not None:  # the prompts' own transitions, free from the prefill
@@ -85,15 +97,45 @@ class RetrievalProposer(Proposer):
         if self.cfg.update_prior:
             self.prior.update_topk(torch.zeros_like(toks), toks, top_i, top_p, decay, prev)
 
+    def activate(self, rows: torch.Tensor) -> None:
+        """Make rollout rows `rows` [k] (indices into `start`'s rows) the active batch, e.g. the next
+        wave of a staggered rollout; indices, tables and history persist."""
+        self.rows = rows.to(self.device)
+        self.row_table = self._tables.index_select(0, self.rows)
+
     def select_rows(self, rows: torch.Tensor) -> None:
-        self.row_table = self.row_table.index_select(0, rows.to(self.device))
+        rows = rows.to(self.device)
+        self.row_table = self.row_table.index_select(0, rows)
+        self.rows = self.rows.index_select(0, rows)
+
+    def advance(self, emitted: torch.Tensor, n_emitted: torch.Tensor) -> None:
+        if self.history is not None:
+            self.history.append(self.rows, emitted, n_emitted)
 
     # ------------------------------------------------------------------ step
     def propose(self, ctx: StepContext) -> Draft:
-        template = make_template(self.cfg.template, ctx.budget)
+        chain, budget = None, ctx.budget
+        if self.history is not None and budget > 0:
+            chain = self._suffix_chain(min(self.cfg.suffix_depth, budget))
+            budget -= chain.tokens.shape[1]
+        template = make_template(self.cfg.template, budget)
         draft = self.index.lookup(self.row_table, ctx.last_token, template, ctx.prev_token)
+        if chain is not None:  # the chain first: its nodes survive, retrieval paths it repeats merge into it
+            draft = merge_trees(chain, draft)
         draft.valid &= draft.depth < ctx.remaining.view(-1, 1)  # deeper nodes could never be emitted
         return draft.compacted()
+
+    def _suffix_chain(self, depth: int) -> Draft:
+        """A chain of `depth` nodes per row: what followed the row's longest suffix match in the text
+        it may read (`TokenHistory.match`); invalid where nothing matched."""
+        cfg = self.cfg
+        tokens, valid, _ = self.history.match(self.rows, cfg.suffix_match, depth, cfg.suffix_min_match)
+        rows = tokens.shape[0]
+        steps = torch.arange(depth, device=self.device).view(1, -1)
+        score = torch.full((1, depth), cfg.suffix_confidence, device=self.device).pow(steps + 1)
+        return Draft(tokens, (steps - 1).expand(rows, -1), (steps + 1).expand(rows, -1), valid,
+                     score.expand(rows, -1).masked_fill(~valid, 0.0),
+                     torch.full((rows, depth), RETRIEVAL, dtype=torch.int8, device=self.device))
 
     def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
         top_p, top_i = top_k_probs(logits[tree.valid], self.index.k, self.temperature)  # [N, k] every verified node
