@@ -148,12 +148,14 @@ def test_graft_config_parses_next_to_grpo_config(tmp_path):
     parser = TrlParser((GRPOConfig, ModelConfig, GraftConfig))
     grpo, _, graft = parser.parse_args_into_dataclasses(
         ["--output_dir", str(tmp_path), "--bf16", "false", "--num_generations", "4", "--per_device_train_batch_size", "8",
-         "--method", "ar", "--budget", "16", "--share_in_group", "false", "--rollout_seed", "3"]
+         "--method", "retrieval", "--budget", "16", "--share_in_group", "false", "--rollout_seed", "3",
+         "--suffix_depth", "6", "--group_lead", "1"]
     )
     assert grpo.num_generations == 4 and grpo.seed == 42
-    assert (graft.method, graft.budget, graft.share_in_group, graft.rollout_seed) == ("ar", 16, False, 3)
+    assert (graft.method, graft.budget, graft.share_in_group, graft.rollout_seed) == ("retrieval", 16, False, 3)
     engine = graft.engine_config()
-    assert engine.method == "ar" and engine.budget == 16 and engine.retrieval.share_in_group is False
+    assert engine.method == "retrieval" and engine.budget == 16 and engine.retrieval.share_in_group is False
+    assert engine.retrieval.suffix_depth == 6 and engine.group_lead == 1
 
 
 def test_unset_fields_keep_engine_defaults():

@@ -38,6 +38,11 @@ class GraftConfig:
             tree) or "dcut" (batch-wide verification width chosen by the profiled cost model); None = engine default.
         max_depth: deepest candidate node; None = engine default.
         share_in_group: the G samples of one prompt share one retrieval index; None = engine default.
+        suffix_depth: draft chains copied from the group's text (prompt and siblings' completions),
+            up to this many nodes; 0 = off; None = engine default.
+        group_lead: rows per group that generate first so that the others can draft from their
+            completions (method "retrieval"; more target forwards, fewer verified tokens); None =
+            engine default (0, all rows at once).
         prior_path: saved adjacency prior (`.safetensors`) to start from, e.g. the
             `graft_prior.safetensors` of an earlier run; None starts empty.
         save_prior: write the adjacency prior learnt so far into every saved checkpoint/model dir.
@@ -60,6 +65,12 @@ class GraftConfig:
     share_in_group: bool | None = field(
         default=None, metadata={"help": "Samples of one prompt share one retrieval index (engine default if unset)."}
     )
+    suffix_depth: int | None = field(
+        default=None, metadata={"help": "Draft chains copied from the group's text, up to this many nodes (0 = off)."}
+    )
+    group_lead: int | None = field(
+        default=None, metadata={"help": "Rows per group that generate first; the others draft from their completions (0 = off)."}
+    )
     prior_path: str | None = field(default=None, metadata={"help": "Saved adjacency prior (.safetensors) to start from."})
     save_prior: bool = field(default=True, metadata={"help": f"Save the adjacency prior as {PRIOR_FILE} with each checkpoint."})
     rollout_seed: int | None = field(default=None, metadata={"help": "Base seed of the rollout sampler (GRPOConfig.seed if unset)."})
@@ -76,9 +87,9 @@ class GraftConfig:
     def engine_config(self) -> EngineConfig:
         """The `EngineConfig` these settings describe (unset fields keep the engine's defaults)."""
         engine = _set_fields(EngineConfig, method=self.method, budget=self.budget, budget_policy=self.budget_policy,
-                             max_depth=self.max_depth)
+                             max_depth=self.max_depth, group_lead=self.group_lead)
         engine["retrieval"] = RetrievalConfig(**_set_fields(RetrievalConfig, share_in_group=self.share_in_group,
-                                                             prior_path=self.prior_path))
+                                                             prior_path=self.prior_path, suffix_depth=self.suffix_depth))
         if self.draft_model_name_or_path is not None:
             engine["draft"] = DraftConfig(**_set_fields(DraftConfig, draft_model=self.draft_model_name_or_path,
                                                         thresholds_path=self.draft_thresholds_path))
