@@ -167,20 +167,37 @@ class DCut:
         """Time a step spent outside the verify forward (measured by the engine)."""
         (self.overhead if speculative else self.plain_overhead).observe(rows, ms)
 
-    def decide(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
+    def _widths(self, budget: int) -> list[int]:
+        return sorted({round(r * budget) for r in self.ratios})
+
+    def _cap(self, widths: list[int]) -> int:
+        smallest = next((w for w in widths if w > 0), 0)
+        return max(self.width_cap or smallest, smallest)
+
+    def proposal_budget(self, budget: int) -> int:
+        """Nodes per row worth proposing this step: no width above the slow-start cap can be chosen,
+        so a probe after a back-off (cap still small) builds a small tree, not a full-budget one."""
+        widths = self._widths(budget)
+        cap = self._cap(widths)
+        return min(budget, max((w for w in widths if w <= cap), default=0))
+
+    def decide(self, draft: Draft, budget: int | None = None) -> tuple[Draft, BudgetDecision]:
+        """Cut `draft` to this step's width. budget: the per-row budget the ratios refer to (default:
+        the draft's width); a draft narrower than the budget caps the widths at its width."""
         rows, m = draft.tokens.shape
         if m == 0:
             self._track(0.0)
             return draft, BudgetDecision(0.0, 0, 0, float(rows))
+        budget = budget or m
         # each row's calibrated scores, best first: expected accepted tokens of its top-W = prefix sum
         score = self.calibration(draft.score).masked_fill(~draft.valid, 0.0)
         cum = torch.sort(score, dim=1, descending=True).values.cumsum(1)  # [rows, m]
         counts = draft.valid.sum(1)
-        widths = sorted({min(m, round(r * m)) for r in self.ratios})
+        all_widths = self._widths(budget)
         # slow start: an uncalibrated guess is costly at a large batch, so a step verifies at most
         # `cap` nodes per row; the cap doubles (from the smallest width) each time it binds
-        smallest = next((w for w in widths if w > 0), 0)
-        cap = max(self.width_cap or smallest, smallest)
+        cap = self._cap(all_widths)
+        widths = sorted({min(m, w) for w in all_widths})
         cols = torch.tensor([max(w - 1, 0) for w in widths], device=cum.device)
         gains = cum[:, cols].sum(0)  # [len(widths)] Σ_rows expected accepted candidates
         kept = torch.minimum(counts.view(-1, 1), torch.tensor(widths, device=counts.device).view(1, -1)).sum(0)
@@ -207,7 +224,7 @@ class DCut:
             i = max(j for j, w in enumerate(widths) if w <= cap)
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
             self.width_cap = 2 * cap
-        ratio = width / m
+        ratio = width / budget
         self._track(ratio)
         if width < widest:
             draft = keep_top_per_row(draft, width).compacted()

@@ -222,7 +222,8 @@ class RolloutEngine:
             length=state.length,
             group=state.group,
             remaining=params.max_new_tokens - state.generated,
-            budget=self.config.budget,
+            # with D-cut, no more than the widest width it may choose this step (small while backing off)
+            budget=self.config.budget if self.dcut is None else self.dcut.proposal_budget(self.config.budget),
             prev_token=state.prev_token,
         )
         start = self._clock()
@@ -267,7 +268,7 @@ class RolloutEngine:
         draft = self.proposer.propose(ctx)
         if self.dcut is None:
             return draft, None
-        return self.dcut.decide(draft)
+        return self.dcut.decide(draft, self.config.budget)
 
     def _advance(self, state: _Rows, tree: TreeBatch, acc: Acceptance, decision: BudgetDecision | None, params: SamplingParams,
                  stats: RolloutStats, stop_ids: set[int], completions: list[list[int]], logprobs: list[list[float]],

@@ -81,6 +81,16 @@ def test_slow_start_doubles_the_width():
     assert [dcut.decide(draft_with_scores(TREES))[1].kept for _ in range(4)] == [2, 4, 8, 8]  # W = 1, 2, 4, 4
 
 
+def test_proposal_budget_follows_the_slow_start_cap():
+    flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)
+    dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)  # budget 8 → W ∈ {0, 2, 4, 8}
+    assert dcut.proposal_budget(8) == 2  # nothing wider than the cap (the smallest width) can be chosen
+    assert dcut.decide(draft_with_scores(TREES), 8)[1].kept == 4  # a 4-node draft: W = 2 per row, the cap binds
+    assert dcut.proposal_budget(8) == 4  # the cap doubled
+    dcut.width_cap = 1 << 20
+    assert dcut.proposal_budget(8) == 8  # never above the budget
+
+
 def test_overhead_is_charged_to_speculation():
     model = OverheadModel()
     for rows, ms in [(1, 3.0), (4, 6.0), (16, 18.0)]:
