@@ -83,6 +83,8 @@ class ScriptArguments:
         dataset_path: JSON-lines file with `prompt` and `answer` (and optionally `split`) per row;
             default: the embedded tiny arithmetic prompts.
         dataset_split: rows of this `split` value are trained on (all rows if the file has no `split`).
+        num_train_prompts: train on the first N `dataset_split` rows only (revisited every epoch);
+            None: all of them.
         eval_split: rows of this `split` value are evaluated on (GRPOConfig.eval_strategy/eval_steps).
         num_eval_prompts: evaluate on the first N `eval_split` rows; 0 disables evaluation.
         conversational: wrap each prompt as a user chat message (the chat template is then applied).
@@ -94,6 +96,9 @@ class ScriptArguments:
     backend: str = field(default="graft", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
     dataset_path: str = field(default=str(TINY_PROMPTS), metadata={"help": "JSON-lines prompts with `prompt`, `answer`."})
     dataset_split: str = field(default="train", metadata={"help": "Train on rows whose `split` equals this."})
+    num_train_prompts: int | None = field(
+        default=None, metadata={"help": "Train on the first N prompts of the split, revisited every epoch (unset: all)."}
+    )
     eval_split: str = field(default="test", metadata={"help": "Evaluate on rows whose `split` equals this."})
     num_eval_prompts: int = field(default=48, metadata={"help": "Held-out prompts to evaluate on (0: no evaluation)."})
     conversational: bool = field(default=False, metadata={"help": "Send prompts as chat messages."})
@@ -168,7 +173,7 @@ def build_trainer(script_args, training_args, model_args, graft_args) -> GRPOTra
         model=model_args.model_name_or_path or str(TINY_TARGET),
         reward_funcs=[correctness_reward, format_reward],
         args=training_args,
-        train_dataset=load_prompts(script_args, script_args.dataset_split),
+        train_dataset=load_prompts(script_args, script_args.dataset_split, script_args.num_train_prompts),
         eval_dataset=load_prompts(script_args, script_args.eval_split, script_args.num_eval_prompts)
         if script_args.num_eval_prompts else None,
     )

@@ -209,8 +209,8 @@ def main(argv=None) -> dict:
                      "graft_thresholds": json.loads(Path(tau_file).read_text()) if tau_file else None}
             bar = tqdm(total=len(args.methods) * args.repeats, desc=f"T={temperature} batch={len(rows)}", unit="run",
                        leave=False)
-            # repeats are interleaved (ar, m1, m2, …, ar, m1, …) so a slow spell of the shared machine or
-            # the allocator state left by one method does not fall on one method's runs only
+            # repeats are interleaved (ar, m1, m2, …, then m1, m2, …, ar, …) so a slow spell of the shared
+            # machine or the allocator state left by one method does not fall on one method's runs only
             runs: dict[str, list[dict]] = {name: [] for name in args.methods}
             engines: dict[str, RolloutEngine] = {}
             if args.reuse_engine:  # build and warm every engine once (untimed), before the timed repeats
@@ -221,7 +221,10 @@ def main(argv=None) -> dict:
                         run_engine(model, tokenizer, cfg, rows, replace(base, seed=args.seed + 10_000), engines[name])
             for rep in range(args.repeats):
                 params = replace(base, seed=args.seed + rep)
-                for name in args.methods:
+                # the order rotates each repeat, so no method always runs right after the same (e.g. a
+                # memory-heavy) one: with repeats a multiple of the methods, each runs at each position
+                shift = rep % len(args.methods)
+                for name in args.methods[shift:] + args.methods[:shift]:
                     bar.set_postfix_str(name)
                     if name == "hf":
                         runs[name].append(run_hf(model, tokenizer, prompts, args.group_size, params))
