@@ -270,3 +270,14 @@ def test_correctness_and_format_rewards():
     completions = ["3 + 4 = 7\n#### 7", "#### 8", "the answer is 7", [{"role": "assistant", "content": "x\n#### -2"}]]
     assert recipe.correctness_reward(completions, answer=["7", "7", "7", "-2"]) == [1.0, 0.0, 0.0, 1.0]
     assert recipe.format_reward(completions) == [1.0, 1.0, 0.0, 1.0]
+
+
+def test_demo_trains_on_a_small_revisited_prompt_set_only_by_default(tmp_path):
+    recipe = load_recipe()
+    demo = recipe.ScriptArguments()  # the embedded prompts: the demo's 16
+    assert recipe.train_prompt_limit(demo) == recipe.DEMO_TRAIN_PROMPTS == 16
+    assert len(recipe.load_prompts(demo, demo.dataset_split, recipe.train_prompt_limit(demo))) == 16
+    assert recipe.train_prompt_limit(recipe.ScriptArguments(num_train_prompts=0)) is None  # 0: every prompt
+    assert recipe.train_prompt_limit(recipe.ScriptArguments(num_train_prompts=5)) == 5
+    other = recipe.ScriptArguments(dataset_path=str(tmp_path / "mine.jsonl"))
+    assert recipe.train_prompt_limit(other) is None  # a user's dataset is never cut silently
