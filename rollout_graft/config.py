@@ -93,6 +93,10 @@ class RetrievalConfig:
             merged into the retrieval tree in front of it (`history.TokenHistory`).
         suffix_match: most trailing tokens compared when matching (the longest match wins).
         suffix_min_match: fewest matching tokens that count as a match.
+        recall: earlier completions remembered per prompt across rollouts (`generate` calls) and
+            read by the suffix chains of a row with the same prompt (GRPO epochs revisit prompts);
+            0 = off. Needs `suffix_depth` > 0.
+        recall_prompts: prompts remembered at most (the least recently seen are forgotten).
         suffix_rows: rows whose text one row searches, itself included (bounds the work for large
             groups; the group's first rows, i.e. the leaders of `EngineConfig.group_lead`, first).
         suffix_confidence: score factor per chain node (its estimated acceptance), for D-cut and
@@ -112,11 +116,18 @@ class RetrievalConfig:
     suffix_match: int = 4
     suffix_min_match: int = 1
     suffix_rows: int = 16
+    recall: int = 0
+    recall_prompts: int = 4096
     suffix_confidence: float = 0.6
 
     def __post_init__(self) -> None:
         if self.suffix_depth < 0:
             raise ValueError(f"suffix_depth must be >= 0 chain nodes (0 = off), got {self.suffix_depth}")
+        if self.recall < 0 or self.recall_prompts < 1:
+            raise ValueError(f"recall must be >= 0 completions per prompt and recall_prompts >= 1, got {self.recall}, "
+                             f"{self.recall_prompts}")
+        if self.recall and not self.suffix_depth:
+            raise ValueError("recall feeds the suffix chains: set suffix_depth > 0 (e.g. 8) or recall=0")
         if self.suffix_rows < 1:
             raise ValueError(f"suffix_rows must be >= 1 (the row itself), got {self.suffix_rows}")
         if not 1 <= self.suffix_min_match <= self.suffix_match:

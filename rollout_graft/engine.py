@@ -211,7 +211,10 @@ class RolloutEngine:
         if lead <= 0:
             return [list(range(len(row_group)))]
         seen: dict[int, int] = {}
-        rank = [seen.__setitem__(g, seen.get(g, -1) + 1) or seen[g] for g in row_group]
+        rank = []  # position of each row within its group
+        for g in row_group:
+            rank.append(seen.get(g, 0))
+            seen[g] = rank[-1] + 1
         waves = [[r for r, k in enumerate(rank) if k < lead], [r for r, k in enumerate(rank) if k >= lead]]
         return [w for w in waves if w]
 
@@ -288,6 +291,7 @@ class RolloutEngine:
                                        "candidates": decision.candidates, "expected": decision.expected_emitted,
                                        "actual": sum(n_emit)})
         keep: list[int] = []
+        appended: list[int] = []  # tokens each row's completion took this step (stop and max_new_tokens applied)
         for r, row in enumerate(state.index):
             out, room = completions[row], params.max_new_tokens - len(completions[row])
             before, done = len(out), False
@@ -298,10 +302,10 @@ class RolloutEngine:
                     reasons[row], done = "stop", True
                     break
             stats.count_emitted(len(out) - before)
+            appended.append(len(out) - before)
             if not done and len(out) < params.max_new_tokens:
                 keep.append(r)
-        # what the rows committed, capped at max_new_tokens (tokens past a stop end the row anyway)
-        self.proposer.advance(acc.emitted, torch.minimum(acc.n_emitted, params.max_new_tokens - state.generated))
+        self.proposer.advance(acc.emitted, torch.tensor(appended, dtype=torch.long, device=acc.emitted.device))
         rows = torch.arange(len(state.index), device=acc.n_emitted.device)
         before_last = acc.emitted[rows, (acc.n_emitted - 2).clamp(min=0)]
         state.prev_token = torch.where(acc.n_emitted > 1, before_last, state.last_token)

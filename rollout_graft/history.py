@@ -8,7 +8,9 @@ group's rows when sharing (siblings, the prompt included) or only its own text o
 (prompt lookup). No Python loop per row or per node: one batched comparison per step.
 
 A sibling's text can only help where that sibling is *ahead*; in a lock-step batch siblings are
-at about the same place, so the engine can start a group's leaders first (`EngineConfig.group_lead`).
+at about the same place, so the engine can start a group's leaders first (`EngineConfig.group_lead`),
+and a prompt seen again (GRPO epochs) can read its earlier completions (`RetrievalConfig.recall`):
+read-only rows after the rollout's own.
 """
 
 from __future__ import annotations
@@ -29,26 +31,43 @@ class TokenHistory:
     """
 
     def __init__(self, prompts: list[list[int]], row_prompt: torch.Tensor, width: int, share: bool,
-                 device: torch.device | str, max_rows: int = 16):
+                 device: torch.device | str, max_rows: int = 16, recalled: dict[int, list[list[int]]] | None = None):
         dev = torch.device(device)
-        rows = row_prompt.numel()
-        self.buf = torch.full((rows, width), PAD, dtype=torch.long, device=dev)  # [rows, width]
-        lens = [len(prompts[g]) for g in row_prompt.tolist()]
-        for r, g in enumerate(row_prompt.tolist()):
-            self.buf[r, : lens[r]] = torch.tensor(prompts[g][:width], dtype=torch.long, device=dev)
-        self.length = torch.tensor(lens, dtype=torch.long, device=dev).clamp(max=width)  # [rows]
         groups = row_prompt.tolist()
+        rows = len(groups)
+        self.rows = rows
+        self.prompt_len = [len(prompts[g]) for g in groups]
+        # rows first, then read-only rows: earlier completions of a group's prompt (`recalled[g]`)
+        texts = [prompts[g] for g in groups]
+        memory: dict[int, list[int]] = {}
+        for g, completions in (recalled or {}).items():
+            for c in completions:
+                memory.setdefault(g, []).append(len(texts))
+                texts.append(prompts[g] + c)
+        self.buf = torch.full((len(texts), width), PAD, dtype=torch.long, device=dev)  # [rows + recalled, width]
+        for r, t in enumerate(texts):
+            self.buf[r, : min(len(t), width)] = torch.tensor(t[:width], dtype=torch.long, device=dev)
+        self.length = torch.tensor([len(t) for t in texts], dtype=torch.long, device=dev).clamp(max=width)
         by_group: dict[int, list[int]] = {}
         for r, g in enumerate(groups):
             by_group.setdefault(g, []).append(r)
-        # each row reads itself first, then (sharing) its group's first other rows, up to max_rows in all
-        readable = [[r] + ([m for m in by_group[g][:max_rows] if m != r][: max_rows - 1] if share else []) for r, g in enumerate(groups)]
+        # each row reads itself, then its prompt's recalled completions, then (sharing) its group's
+        # first other rows, up to max_rows in all
+        readable = []
+        for r, g in enumerate(groups):
+            others = [m for m in by_group[g][:max_rows] if m != r] if share else []
+            readable.append(([r] + memory.get(g, []) + others)[:max_rows])
         size = max(len(x) for x in readable)
         self.readable = torch.tensor([x + [-1] * (size - len(x)) for x in readable], dtype=torch.long, device=dev)  # [rows, ≤max_rows]
 
     @property
     def width(self) -> int:
         return self.buf.shape[1]
+
+    def completions(self) -> list[list[int]]:
+        """What each rollout row has committed after its prompt (recalled rows excluded)."""
+        lens = self.length[: self.rows].tolist()
+        return [self.buf[r, p:n].tolist() for r, (p, n) in enumerate(zip(self.prompt_len, lens))]
 
     def append(self, rows: torch.Tensor, tokens: torch.Tensor, n: torch.Tensor) -> None:
         """Row rows[i] committed tokens[i, :n[i]]. rows, n: [A]; tokens: [A, T]."""

@@ -64,6 +64,10 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
         "retrieval+suffix": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, suffix_depth=8)),
         "retrieval+suffix-noshare": EngineConfig(method="retrieval", budget=budget,
                                                  retrieval=replace(r, suffix_depth=8, share_in_group=False)),
+        # + completions of the same prompts from earlier rollouts (GRPO epochs; run with --reuse-engine)
+        "retrieval+recall": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, suffix_depth=8, recall=8)),
+        "retrieval+recall+dcut": EngineConfig(method="retrieval", budget=budget, budget_policy="dcut",
+                                              retrieval=replace(r, suffix_depth=8, recall=8)),
         "retrieval+lead": EngineConfig(method="retrieval", budget=budget, group_lead=1, retrieval=replace(r, suffix_depth=8)),
         "retrieval+lead-noshare": EngineConfig(method="retrieval", budget=budget, group_lead=1,
                                                retrieval=replace(r, suffix_depth=8, share_in_group=False)),

@@ -102,3 +102,42 @@ def test_group_lead_runs_leaders_first_and_followers_copy_them(qwen3_model):
     lockstep = RolloutEngine(qwen3_model, replace(cfg, group_lead=0)).generate(prompts, greedy)
     assert lockstep.completion_ids == ar.completion_ids
     assert out.stats.mean_accepted_tokens > lockstep.stats.mean_accepted_tokens + 1.0
+
+
+def test_recalled_completions_are_read_only_rows_read_first():
+    prompts = [[9], [8]]
+    h = TokenHistory(prompts, torch.tensor([0, 0, 1]), 12, True, "cpu", max_rows=3, recalled={0: [[1, 2, 3], [4, 5]]})
+    assert h.buf[3].tolist()[:4] == [9, 1, 2, 3] and h.buf[4].tolist()[:3] == [9, 4, 5]
+    # row 0 reads itself, the two recalled completions of prompt 0, then (no room left) not row 1
+    assert h.readable.tolist() == [[0, 3, 4], [1, 3, 4], [2, -1, -1]]
+    chain, valid, _ = h.match(torch.tensor([0]), max_match=2, depth=3)
+    assert chain.tolist() == [[1, 2, 3]] and valid.all()  # continues like the recalled completion
+    h.append(torch.tensor([0, 1]), torch.tensor([[1, 2], [7, 0]]), torch.tensor([2, 1]))
+    assert h.completions() == [[1, 2], [7], []]
+
+
+def test_recall_remembers_completions_across_rollouts(qwen3_model):
+    """Greedy, same prompts twice: the second rollout copies the remembered completions."""
+    prompts = [[5, 6, 7]] * 2 + [[8, 9]] * 2
+    greedy = SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True)
+    ar = RolloutEngine(qwen3_model).generate(prompts, greedy)
+    recall = RetrievalConfig(suffix_depth=8, recall=2, use_prior=False)
+    engine = RolloutEngine(qwen3_model, EngineConfig(method="retrieval", budget=12, retrieval=recall))
+    first, second = engine.generate(prompts, greedy), engine.generate(prompts, greedy)
+    assert first.completion_ids == second.completion_ids == ar.completion_ids
+    # every row now copies a remembered completion: chains of 8 + 1 bonus, 20 tokens in 3 steps
+    assert second.stats.accept_hist[8] >= 8 and second.stats.mean_accepted_tokens > 6.0
+    assert engine.proposer.memory[(8, 9)] == [ar.completion_ids[3], ar.completion_ids[2]]  # the 2 latest, newest first
+
+    small = RolloutEngine(qwen3_model, EngineConfig(method="retrieval", budget=12,
+                                                    retrieval=replace(recall, recall_prompts=1)))
+    small.generate(prompts, greedy)
+    small.generate(prompts, greedy)
+    assert list(small.proposer.memory) == [(8, 9)]  # recall_prompts=1: the least recently seen prompt was forgotten
+
+
+def test_recall_needs_suffix_chains():
+    import pytest
+
+    with pytest.raises(ValueError, match="suffix_depth"):
+        RetrievalConfig(recall=4)

@@ -1,6 +1,7 @@
 """Losslessness of tree verification: greedy identity, sampled distribution, logprobs, seeds."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -112,6 +113,8 @@ def _engines(model):
                                                               dcut_ratios=(0.5, 1.0)))
     yield "retrieval+suffix+lead", RolloutEngine(model, EngineConfig(method="retrieval", budget=30, group_lead=2,
                                                                      retrieval=RetrievalConfig(suffix_depth=4)))
+    yield "retrieval+recall", RolloutEngine(model, EngineConfig(method="retrieval", budget=30,
+                                                                retrieval=RetrievalConfig(suffix_depth=4, recall=8)))
     yield "ar", RolloutEngine(model)
 
 
@@ -121,6 +124,8 @@ def test_tree_sampling_matches_target_distribution(params):
     prompt, n = [3, 4, 5, 3, 4, 6, 5, 3], 4000  # repeats give retrieval something to draft from
     probs = exact_two_token_probs(model, prompt, params)
     for name, engine in _engines(model):
+        if name == "retrieval+recall":  # a first rollout of the prompt fills the memory the measured one reads
+            engine.generate([prompt] * 16, replace(params, seed=99))
         out = engine.generate([prompt] * n, params)
         if name not in ("ar", "retrieval+dcut"):
             assert out.stats.mean_accepted_tokens > 1.1, name  # the trees were actually used

@@ -43,6 +43,8 @@ class GraftConfig:
         group_lead: rows per group that generate first so that the others can draft from their
             completions (method "retrieval"; more target forwards, fewer verified tokens); None =
             engine default (0, all rows at once).
+        recall: completions remembered per prompt across rollouts and copied by the suffix chains
+            when the prompt comes back (GRPO epochs); needs `suffix_depth` > 0; None = engine default (0).
         prior_path: saved adjacency prior (`.safetensors`) to start from, e.g. the
             `graft_prior.safetensors` of an earlier run; None starts empty.
         save_prior: write the adjacency prior learnt so far into every saved checkpoint/model dir.
@@ -71,6 +73,9 @@ class GraftConfig:
     group_lead: int | None = field(
         default=None, metadata={"help": "Rows per group that generate first; the others draft from their completions (0 = off)."}
     )
+    recall: int | None = field(
+        default=None, metadata={"help": "Completions remembered per prompt across rollouts, for suffix chains (0 = off)."}
+    )
     prior_path: str | None = field(default=None, metadata={"help": "Saved adjacency prior (.safetensors) to start from."})
     save_prior: bool = field(default=True, metadata={"help": f"Save the adjacency prior as {PRIOR_FILE} with each checkpoint."})
     rollout_seed: int | None = field(default=None, metadata={"help": "Base seed of the rollout sampler (GRPOConfig.seed if unset)."})
@@ -89,7 +94,8 @@ class GraftConfig:
         engine = _set_fields(EngineConfig, method=self.method, budget=self.budget, budget_policy=self.budget_policy,
                              max_depth=self.max_depth, group_lead=self.group_lead)
         engine["retrieval"] = RetrievalConfig(**_set_fields(RetrievalConfig, share_in_group=self.share_in_group,
-                                                             prior_path=self.prior_path, suffix_depth=self.suffix_depth))
+                                                             prior_path=self.prior_path, suffix_depth=self.suffix_depth,
+                                                             recall=self.recall))
         if self.draft_model_name_or_path is not None:
             engine["draft"] = DraftConfig(**_set_fields(DraftConfig, draft_model=self.draft_model_name_or_path,
                                                         thresholds_path=self.draft_thresholds_path))

@@ -7,6 +7,8 @@ learns from every rollout (so it persists across GRPO steps) and can be saved/lo
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from ..adjacency import AdjacencyIndex
@@ -39,6 +41,8 @@ class RetrievalProposer(Proposer):
         self.row_table: torch.Tensor | None = None  # [rows] which table of `index` each active row uses
         self.rows: torch.Tensor | None = None  # [rows] rollout row (as passed to `start`) of each active row
         self.history: TokenHistory | None = None  # text of every row, when suffix chains are on
+        self._history_prompts: list[tuple[int, ...]] = []  # prompt of each row of `history`
+        self.memory: OrderedDict[tuple[int, ...], list[list[int]]] = OrderedDict()  # prompt → recent completions
         self.temperature = 1.0
 
     def _empty(self, groups: int) -> AdjacencyIndex:
@@ -65,9 +69,13 @@ class RetrievalProposer(Proposer):
         self.activate(torch.arange(rows, device=self.device))
         tables = len(prompts) if self.cfg.share_in_group else rows
         if self.cfg.suffix_depth > 0:
-            width = max(len(p) for p in prompts) + params.max_new_tokens + self.cfg.suffix_depth + 1
+            self._remember()
+            recalled = {g: self.memory[tuple(p)] for g, p in enumerate(prompts) if tuple(p) in self.memory}
+            longest = max([len(p) for p in prompts] + [len(p) + len(c) for g, p in enumerate(prompts) for c in recalled.get(g, [])])
+            width = max(longest, max(len(p) for p in prompts) + params.max_new_tokens) + self.cfg.suffix_depth + 1
             self.history = TokenHistory(prompts, row_prompt, width, self.cfg.share_in_group, self.device,
-                                        self.cfg.suffix_rows)
+                                        self.cfg.suffix_rows, recalled)
+            self._history_prompts = [tuple(prompts[g]) for g in row_prompt.tolist()]
         else:
             self.history = None
         base = self.prior if self.cfg.use_prior else self._empty(1)
@@ -96,6 +104,18 @@ class RetrievalProposer(Proposer):
                 self.index.update_topk(torch.full_like(toks[sel], row), toks[sel], top_i[sel], top_p[sel], decay, prev[sel])
         if self.cfg.update_prior:
             self.prior.update_topk(torch.zeros_like(toks), toks, top_i, top_p, decay, prev)
+
+    def _remember(self) -> None:
+        """Keep the last rollout's completions per prompt (`cfg.recall` most recent, LRU over prompts)."""
+        if not self.cfg.recall or self.history is None:
+            return
+        for prompt, completion in zip(self._history_prompts, self.history.completions()):
+            if completion:
+                kept = self.memory.pop(prompt, [])
+                self.memory[prompt] = ([completion] + kept)[: self.cfg.recall]
+        while len(self.memory) > self.cfg.recall_prompts:
+            self.memory.popitem(last=False)
+        self.history = None
 
     def activate(self, rows: torch.Tensor) -> None:
         """Make rollout rows `rows` [k] (indices into `start`'s rows) the active batch, e.g. the next
