@@ -164,6 +164,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--num-prompts", type=int, nargs="+", default=[8], help="P values (batch = P × G)")
     ap.add_argument("--group-size", type=int, default=8, help="G samples per prompt")
     ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="every row generates --max-new-tokens (longer, steadier timings; the text past EOS is the model's)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     ap.add_argument("--methods", nargs="+", default=["hf", "ar", "retrieval", "retrieval-noshare",
                                                       "retrieval-noprior", "retrieval-bare"],
@@ -195,7 +197,8 @@ def main(argv=None) -> dict:
     prior_file = tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False).name
     warm_prompts = load_prompts(Path(args.prompts), tokenizer, "train", args.warmup_prompts)
     for temperature in args.temperatures:
-        base = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        base = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                              ignore_eos=args.ignore_eos)
         start = time.perf_counter()
         warm_prior(model, warm_prompts, prior_file, rounds=args.warmup_rounds, group=args.group_size, params=base,
                    tokenizer=tokenizer, budget=args.warmup_budget)

@@ -66,6 +66,8 @@ def load_script(relpath: str):
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / relpath
+    if str(path.parent) not in sys.path:  # as when run: a script imports its siblings (bench → report)
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
