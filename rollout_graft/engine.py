@@ -112,6 +112,14 @@ class RolloutEngine:
             return GraftProposer.build(self.config, self.runner, draft_model, self.tokenizer)
         return RetrievalProposer(self.config.retrieval, self.runner.vocab_size, self.runner.device)
 
+    def reload_draft_model(self, draft_model: str | Path | PreTrainedModel) -> None:
+        """Method "graft": replace the drafter's weights (directory or model) before the next rollout,
+        so a drafter that drifted from the policy can be refreshed; ValueError for other methods or
+        a drafter whose vocabulary differs from the target's."""
+        if not hasattr(self.proposer, "reload_drafter"):
+            raise ValueError(f"method {self.config.method!r} has no draft model to reload: use method='graft'")
+        self.proposer.reload_drafter(draft_model, self.runner, self.tokenizer)
+
     def _clock(self) -> float:
         """Wall time for the D-cut overhead model (waits for the device so GPU work is counted);
         0 without D-cut, so plain and fixed-budget runs pay no device sync for it."""

@@ -198,15 +198,38 @@ def test_drafter_with_another_tokenizer_is_rejected(tmp_path):
 
 
 def test_graft_method_with_a_drafter_trains(tmp_path):
-    """method 'graft' (drafter trees + retrieval) behind TRL: its logprobs match TRL's recompute too."""
+    """method 'graft' (drafter trees + retrieval) behind TRL: its logprobs match TRL's recompute too;
+    with draft_reload_steps=1 the drafter is re-read from its directory before the second step."""
     tok = char_tokenizer()
-    graft = GraftConfig(method="graft", draft_model_name_or_path=save_drafter(tmp_path / "draft", tok))
-    trainer = GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path / "out", max_steps=1),
+    graft = GraftConfig(method="graft", draft_model_name_or_path=save_drafter(tmp_path / "draft", tok), draft_reload_steps=1)
+    trainer = GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path / "out", max_steps=2),
                                graft_config=graft, train_dataset=prompt_dataset(), processing_class=tok)
     trainer.train()
-    (h,) = [h for h in trainer.state.log_history if "loss" in h]
-    assert h["rollout/mean_accepted_tokens"] >= 1.0
-    assert h["sampling/sampling_logp_difference/max"] < 1e-4
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(history) == 2 and trainer._drafter_reloads == 1
+    for h in history:
+        assert h["rollout/mean_accepted_tokens"] >= 1.0
+        assert h["sampling/sampling_logp_difference/max"] < 1e-4
+
+
+def test_draft_reload_needs_a_drafter():
+    with pytest.raises(ValueError, match="draft_reload_steps"):
+        GraftConfig(method="retrieval", draft_reload_steps=10)
+
+
+def test_engine_reloads_a_drafter_and_refuses_another_vocabulary(tmp_path):
+    tok = char_tokenizer()
+    policy = tiny_policy(len(tok))
+    engine = RolloutEngine(policy, EngineConfig(method="graft"), tokenizer=tok, draft_model=save_drafter(tmp_path / "a", tok))
+    prompts = [tok("Q:1+2=")["input_ids"]] * 2
+    greedy = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+    before = engine.generate(prompts, greedy).completion_ids
+    engine.reload_draft_model(save_drafter(tmp_path / "b", tok, seed=5))
+    assert engine.generate(prompts, greedy).completion_ids == before  # another drafter, the same output
+    with pytest.raises(ValueError, match="maps .* tokens differently"):
+        engine.reload_draft_model(save_drafter(tmp_path / "c", char_tokenizer(CHARS[::-1])))
+    with pytest.raises(ValueError, match="no draft model"):
+        RolloutEngine(policy, EngineConfig(method="retrieval")).reload_draft_model(tmp_path / "a")
 
 
 def test_num_generations_must_divide_the_batch(tmp_path):

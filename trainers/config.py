@@ -33,6 +33,9 @@ class GraftConfig:
             (used by drafter-based methods only).
         draft_thresholds_path: pruning thresholds τ calibrated for this drafter (JSON written by
             the engine's `calibrate`); None = the engine's default thresholds.
+        draft_reload_steps: re-read the drafter's weights from `draft_model_name_or_path` every N
+            optimizer steps (the drafter does not train with the policy; put refreshed weights there,
+            e.g. distilled from recent policy checkpoints); None = never.
         budget: candidate nodes per sequence and step; None = engine default.
         budget_policy: how the verification budget is allocated: "fixed" (every row verifies its
             tree) or "dcut" (batch-wide verification width chosen by the profiled cost model); None = engine default.
@@ -58,6 +61,9 @@ class GraftConfig:
     )
     draft_thresholds_path: str | None = field(
         default=None, metadata={"help": "Calibrated pruning thresholds (JSON from the engine's calibrate) for method 'graft'."}
+    )
+    draft_reload_steps: int | None = field(
+        default=None, metadata={"help": "Re-read the drafter's weights from draft_model_name_or_path every N steps (unset: never)."}
     )
     budget: int | None = field(default=None, metadata={"help": "Candidate nodes per sequence and step (engine default if unset)."})
     budget_policy: str | None = field(
@@ -85,6 +91,9 @@ class GraftConfig:
         uses_drafter = self.method in DRAFTER_METHODS
         if uses_drafter and self.draft_model_name_or_path is None:
             raise ValueError(f"method={self.method!r} drafts with a small model: set draft_model_name_or_path")
+        if self.draft_reload_steps is not None and (self.draft_reload_steps < 1 or not uses_drafter):
+            raise ValueError(f"draft_reload_steps={self.draft_reload_steps} needs a drafter method {DRAFTER_METHODS} "
+                             "and a positive number of steps; unset it otherwise")
         if not uses_drafter and (self.draft_model_name_or_path or self.draft_thresholds_path) is not None:
             raise ValueError(f"method={self.method!r} does not use a draft model: set method to one of "
                              f"{DRAFTER_METHODS} or unset draft_model_name_or_path / draft_thresholds_path")

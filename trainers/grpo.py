@@ -57,6 +57,7 @@ class GraftGRPOTrainer(GRPOTrainer):
             self._check_drafter(self.graft_config.draft_model_name_or_path)
         self.rollout_engine: RolloutEngine | None = None  # built at the first rollout, inside the ZeRO-3 gather
         self._rollouts = 0
+        self._drafter_step, self._drafter_reloads = 0, 0  # global step of the drafter's last (re)load; reloads so far
         # TRL applies importance-sampling correction where `use_vllm` is set; the engine stands in for vLLM.
         # Not "colocate"/"server": no vLLM object exists (TRL's tool loop then reads the model's context size).
         self.use_vllm, self.vllm_mode = True, "graft"
@@ -115,7 +116,15 @@ class GraftGRPOTrainer(GRPOTrainer):
     def _engine_for(self, model: PreTrainedModel) -> RolloutEngine:
         if self.rollout_engine is None:
             self.rollout_engine = RolloutEngine(model, config=self.graft_config.engine_config(), tokenizer=self._tokenizer)
+            self._drafter_step = self.state.global_step
         assert self.rollout_engine.model is model, "the unwrapped policy module changed between rollouts"
+        every = self.graft_config.draft_reload_steps
+        if every and self.state.global_step - self._drafter_step >= every:
+            # the drafter does not train with the policy: re-read it from its directory, where an
+            # outside job (e.g. distillation from recent policy checkpoints) may have put new weights
+            self.rollout_engine.reload_draft_model(self.graft_config.draft_model_name_or_path)
+            self._drafter_step = self.state.global_step
+            self._drafter_reloads += 1
         return self.rollout_engine
 
     def _sampling_params(self) -> SamplingParams:

@@ -81,6 +81,14 @@ class GraftProposer(Proposer):
         retrieval = RetrievalProposer(config.retrieval, target.vocab_size, target.device) if cfg.graft else None
         return GraftProposer(cfg, DrafterProposer(cfg, runner, config.max_depth), retrieval)
 
+    def reload_drafter(self, source, target: ModelRunner, tokenizer=None) -> None:
+        """Swap in new drafter weights between rollouts (a directory or a loaded model with the
+        target's vocabulary), e.g. a drafter re-distilled from the current policy; pruning
+        thresholds, adjacency indices and the prior are kept."""
+        model, draft_tokenizer = load_draft_model(source, target.device, target.dtype)
+        check_same_vocabulary(target.vocab_size, model.get_output_embeddings().weight.shape[0], tokenizer, draft_tokenizer)
+        self.drafter.runner = ModelRunner(model, compact_slack=self.drafter.runner.compact_slack)
+
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompts, row_prompt, prompt_logits, params: SamplingParams) -> None:
         self.seconds = {"draft": 0.0, "graft": 0.0}
