@@ -4,7 +4,8 @@ Every candidate node carries a score: the estimated probability that verificatio
 accepts it (prefix product of confidences, calibrated online against observed acceptance).
 Scores never increase along a path, so keeping a row's highest-scoring nodes keeps its tree
 ancestor-closed. Each step D-cut picks the verified width W = ρ·m (m: the draft's width) that
-maximises expected emitted tokens / predicted step time over the whole batch:
+maximises expected emitted tokens / predicted step time over the whole batch (m: the per-row
+budget; a draft narrower than m caps W at its width):
 
     E[emitted | W] = Σ_rows (1 + Σ_{row's top-W nodes} score)      (bonus/recovered token + accepted)
     time(W)        = cost(rows, 1 + W) + overhead(rows, W > 0)     (profiled forward + measured rest)
@@ -120,8 +121,8 @@ class OverheadModel:
 
 
 class DCut:
-    """Chooses the verified width W = ρ·m per step (m: the draft's width, ≈ the per-sequence
-    budget) from `ratios`, with a `CostModel` for the forward and an `OverheadModel` for the rest.
+    """Chooses the verified width W = ρ·m per step (m: the per-sequence budget, W capped at the
+    draft's width) from `ratios`, with a `CostModel` for the forward and an `OverheadModel` for the rest.
 
     The verify forward is a padded [rows, 1 + W] batch: its cost is set by its widest row. A global
     top-K (the D-cut paper's selection, made for token-packed engines) would pay for its widest row
@@ -220,7 +221,9 @@ class DCut:
             if best is None or expected / ms > best[0]:
                 best = (expected / ms, w, kept[i] if w else 0, expected)
         _, width, n_kept, expected = best
-        if width >= cap > 0:  # the cap binds: verify at the cap (the widest allowed width) and double it
+        if cap > 0 and (width >= cap or 0 < width == widths[-1]):
+            # the cap binds (or the draft, no wider than the cap, offered nothing wider): verify at the
+            # widest allowed width and double the cap
             i = max(j for j, w in enumerate(widths) if w <= cap)
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
             self.width_cap = 2 * cap

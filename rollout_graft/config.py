@@ -252,6 +252,9 @@ class EngineConfig:
             raise ValueError(f"budget must be >= 0 candidate nodes per sequence, got {self.budget}")
         if self.max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+        if self.retrieval is not None and self.retrieval.suffix_depth > self.max_depth:
+            raise ValueError(f"retrieval.suffix_depth={self.retrieval.suffix_depth} exceeds max_depth={self.max_depth}: "
+                             "deeper chain nodes could never be accepted; lower suffix_depth or raise max_depth")
         if self.group_lead < 0:
             raise ValueError(f"group_lead must be >= 0 rows per group (0 = all rows at once), got {self.group_lead}")
         if self.group_lead and self.method != "retrieval":

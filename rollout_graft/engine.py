@@ -188,8 +188,12 @@ class RolloutEngine:
         completions: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         reasons = ["length"] * len(rows)
+        waves = self._waves(row_group)
+        if len(waves) > 1 and type(self.proposer).activate is Proposer.activate:
+            raise ValueError(f"group_lead needs a proposer that can resume rows (Proposer.activate); "
+                             f"{type(self.proposer).__name__} cannot: set group_lead=0")
         try:
-            for i, wave in enumerate(self._waves(row_group)):
+            for i, wave in enumerate(waves):
                 with stats.timed("prefill"):
                     prompt_logits = self.runner.prefill([p[:-1] for p in prompts], group[wave])
                     if i == 0:  # the proposer sees every row once; later waves resume it

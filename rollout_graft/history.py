@@ -24,7 +24,9 @@ class TokenHistory:
     """Per-row token buffers [rows, width] and the readable rows of each row.
 
     prompts: the distinct prompts; row_prompt: [rows] prompt of each row; width: buffer length
-    (≥ longest prompt + max_new_tokens + max_depth + 1: writes past it are dropped);
+    (≥ longest text it must hold: prompt + max_new_tokens, or a recalled text; writes past it are
+    dropped); recalled: earlier completions per group, read-only rows read right after the row
+    itself (before siblings);
     share: a row reads its group's rows (else only itself); max_rows: rows one row reads at most
     (itself and the group's first others — a staggered rollout's leaders — which bounds the
     per-step work, [rows, max_rows, width] comparisons per suffix token, for very large groups).

@@ -141,3 +141,17 @@ def test_recall_needs_suffix_chains():
 
     with pytest.raises(ValueError, match="suffix_depth"):
         RetrievalConfig(recall=4)
+
+
+def test_bad_suffix_and_lead_settings_are_refused(qwen3_model):
+    import pytest
+
+    with pytest.raises(ValueError, match="exceeds max_depth"):
+        EngineConfig(method="retrieval", max_depth=4, retrieval=RetrievalConfig(suffix_depth=8))
+    with pytest.raises(ValueError, match="group_lead needs method='retrieval'"):
+        EngineConfig(method="ar", group_lead=1)
+    from rollout_graft.proposers import NoProposer
+
+    engine = RolloutEngine(qwen3_model, EngineConfig(method="retrieval", group_lead=1), proposer=NoProposer())
+    with pytest.raises(ValueError, match="resume rows"):
+        engine.generate([[5, 6]] * 2, SamplingParams(max_new_tokens=4))

@@ -1,7 +1,8 @@
 """The one interface every draft source implements (STYLE.md principle 4).
 
-The engine never branches on the kind of proposer: it calls `start` once per rollout,
-`propose` / `observe` once per step, and `select_rows` when finished rows leave the batch.
+The engine never branches on the kind of proposer: it calls `start` once per rollout, `activate`
+once per wave of rows, `propose` / `observe` / `advance` once per step, and `select_rows` when
+finished rows leave the batch.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import torch
 from ..adjacency import AdjacencyIndex
 from ..config import RetrievalConfig, SamplingParams
 from ..history import TokenHistory
-from ..merge import merge_trees
+from ..merge import keep_best, merge_trees
 from ..sampling import top_k_probs
 from ..templates import make_template
 from ..tree import RETRIEVAL, Draft, TreeBatch
@@ -134,14 +134,13 @@ class RetrievalProposer(Proposer):
 
     # ------------------------------------------------------------------ step
     def propose(self, ctx: StepContext) -> Draft:
-        chain, budget = None, ctx.budget
-        if self.history is not None and budget > 0:
-            chain = self._suffix_chain(min(self.cfg.suffix_depth, budget))
-            budget -= chain.tokens.shape[1]
-        template = make_template(self.cfg.template, budget)
+        template = make_template(self.cfg.template, ctx.budget)
         draft = self.index.lookup(self.row_table, ctx.last_token, template, ctx.prev_token)
-        if chain is not None:  # the chain first: its nodes survive, retrieval paths it repeats merge into it
-            draft = merge_trees(chain, draft)
+        if self.history is not None and ctx.budget > 0:
+            # the chain first (retrieval paths it repeats merge into it), then each row's `budget` best
+            # nodes: a row whose suffix matched nothing keeps its whole retrieval tree
+            chain = self._suffix_chain(min(self.cfg.suffix_depth, ctx.budget))
+            draft = keep_best(merge_trees(chain, draft), torch.full_like(ctx.last_token, ctx.budget))
         draft.valid &= draft.depth < ctx.remaining.view(-1, 1)  # deeper nodes could never be emitted
         return draft.compacted()
 
