@@ -221,9 +221,7 @@ class DCut:
             if best is None or expected / ms > best[0]:
                 best = (expected / ms, w, kept[i] if w else 0, expected)
         _, width, n_kept, expected = best
-        if cap > 0 and (width >= cap or 0 < width == widths[-1]):
-            # the cap binds (or the draft, no wider than the cap, offered nothing wider): verify at the
-            # widest allowed width and double the cap
+        if width >= cap > 0:  # the cap binds: verify at the cap (the widest allowed width) and double it
             i = max(j for j, w in enumerate(widths) if w <= cap)
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
             self.width_cap = 2 * cap
