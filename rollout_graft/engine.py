@@ -317,7 +317,7 @@ class RolloutEngine:
             appended.append(len(out) - before)
             if not done and len(out) < params.max_new_tokens:
                 keep.append(r)
-        self.proposer.advance(acc.emitted, torch.tensor(appended, dtype=torch.long, device=acc.emitted.device))
+        self.proposer.advance(acc.emitted, appended)
         rows = torch.arange(len(state.index), device=acc.n_emitted.device)
         before_last = acc.emitted[rows, (acc.n_emitted - 2).clamp(min=0)]
         state.prev_token = torch.where(acc.n_emitted > 1, before_last, state.last_token)

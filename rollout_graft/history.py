@@ -36,9 +36,7 @@ class TokenHistory:
                  device: torch.device | str, max_rows: int = 16, recalled: dict[int, list[list[int]]] | None = None):
         dev = torch.device(device)
         groups = row_prompt.tolist()
-        rows = len(groups)
-        self.rows = rows
-        self.prompt_len = [len(prompts[g]) for g in groups]
+        self.row_prompts = [tuple(prompts[g]) for g in groups]  # prompt of each rollout row
         # rows first, then read-only rows: earlier completions of a group's prompt (`recalled[g]`)
         texts = [prompts[g] for g in groups]
         memory: dict[int, list[int]] = {}
@@ -46,9 +44,12 @@ class TokenHistory:
             for c in completions:
                 memory.setdefault(g, []).append(len(texts))
                 texts.append(prompts[g] + c)
-        self.buf = torch.full((len(texts), width), PAD, dtype=torch.long, device=dev)  # [rows + recalled, width]
+        # one spare column past `width`: `append` sends the slots it must not write there (no masked
+        # indexing, so no host sync on a GPU); nothing reads it
+        buf = torch.full((len(texts), width + 1), PAD, dtype=torch.long)
         for r, t in enumerate(texts):
-            self.buf[r, : min(len(t), width)] = torch.tensor(t[:width], dtype=torch.long, device=dev)
+            buf[r, : min(len(t), width)] = torch.tensor(t[:width], dtype=torch.long)
+        self.buf = buf.to(dev)  # [rows + recalled, width + 1], built on the host, copied once
         self.length = torch.tensor([len(t) for t in texts], dtype=torch.long, device=dev).clamp(max=width)
         by_group: dict[int, list[int]] = {}
         for r, g in enumerate(groups):
@@ -64,20 +65,20 @@ class TokenHistory:
 
     @property
     def width(self) -> int:
-        return self.buf.shape[1]
+        return self.buf.shape[1] - 1
 
-    def completions(self) -> list[list[int]]:
-        """What each rollout row has committed after its prompt (recalled rows excluded)."""
-        lens = self.length[: self.rows].tolist()
-        return [self.buf[r, p:n].tolist() for r, (p, n) in enumerate(zip(self.prompt_len, lens))]
+    def completions(self) -> list[tuple[tuple[int, ...], list[int]]]:
+        """(prompt, what the row committed after it) for every rollout row (recalled rows excluded)."""
+        rows = len(self.row_prompts)
+        texts, lens = self.buf[:rows].tolist(), self.length[:rows].tolist()  # one transfer each
+        return [(p, t[len(p):n]) for p, t, n in zip(self.row_prompts, texts, lens)]
 
     def append(self, rows: torch.Tensor, tokens: torch.Tensor, n: torch.Tensor) -> None:
         """Row rows[i] committed tokens[i, :n[i]]. rows, n: [A]; tokens: [A, T]."""
-        t = tokens.shape[1]
-        slot = self.length[rows].view(-1, 1) + torch.arange(t, device=tokens.device).view(1, -1)  # [A, T]
-        ok = (torch.arange(t, device=tokens.device).view(1, -1) < n.view(-1, 1)) & (slot < self.width)
-        r = rows.view(-1, 1).expand_as(slot)
-        self.buf[r[ok], slot[ok]] = tokens[ok]
+        t = torch.arange(tokens.shape[1], device=tokens.device).view(1, -1)
+        slot = self.length[rows].view(-1, 1) + t  # [A, T]
+        slot = torch.where((t < n.view(-1, 1)) & (slot < self.width), slot, self.width)  # else: the spare column
+        self.buf[rows.view(-1, 1).expand_as(slot), slot] = tokens
         self.length[rows] = (self.length[rows] + n).clamp(max=self.width)
 
     def match(self, rows: torch.Tensor, max_match: int, depth: int, min_match: int = 1

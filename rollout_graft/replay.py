@@ -350,7 +350,7 @@ def replay(recording: Recording | str | Path, config: EngineConfig | RetrievalCo
 
         rows = torch.arange(n_rows, device=dev)
         emit = cont[active].gather(1, g.view(-1, 1) + slot[:, : cfg.max_depth + 1])  # [rows, D+1] next recorded tokens
-        proposer.advance(emit, emitted)
+        proposer.advance(emit, emitted.tolist())
         prev = torch.where(accepted > 0, emit[rows, (accepted - 1).clamp(min=0)], last)
         last = emit[rows, accepted]
         length, done[active] = length + accepted + 1, g + emitted

@@ -20,9 +20,9 @@ def _history(texts, groups, share=True, width=16, max_rows=16):
 
 def test_append_writes_n_tokens_and_stops_at_width():
     h = _history([[1, 2], [3]], [0, 0], width=4)
-    assert h.buf.tolist() == [[9, 1, 2, -1], [9, 3, -1, -1]]
+    assert h.buf[:, : h.width].tolist() == [[9, 1, 2, -1], [9, 3, -1, -1]]
     h.append(torch.tensor([0, 1]), torch.tensor([[5, 6, 7], [8, 8, 8]]), torch.tensor([3, 1]))
-    assert h.buf.tolist() == [[9, 1, 2, 5], [9, 3, 8, -1]]  # row 0 hit the width: 6, 7 dropped
+    assert h.buf[:, : h.width].tolist() == [[9, 1, 2, 5], [9, 3, 8, -1]]  # row 0 hit the width: 6, 7 dropped
     assert h.length.tolist() == [4, 3]
 
 
@@ -113,7 +113,7 @@ def test_recalled_completions_are_read_only_rows_read_first():
     chain, valid, _ = h.match(torch.tensor([0]), max_match=2, depth=3)
     assert chain.tolist() == [[1, 2, 3]] and valid.all()  # continues like the recalled completion
     h.append(torch.tensor([0, 1]), torch.tensor([[1, 2], [7, 0]]), torch.tensor([2, 1]))
-    assert h.completions() == [[1, 2], [7], []]
+    assert h.completions() == [((9,), [1, 2]), ((9,), [7]), ((8,), [])]
 
 
 def test_recall_remembers_completions_across_rollouts(qwen3_model):

@@ -54,9 +54,10 @@ class Proposer(ABC):
         `start` with every row, or per wave of a staggered rollout (`EngineConfig.group_lead`, which
         only proposers that can resume rows support; the default assumes a single wave)."""
 
-    def advance(self, emitted: torch.Tensor, n_emitted: torch.Tensor) -> None:
+    def advance(self, emitted: torch.Tensor, n_emitted: list[int]) -> None:
         """The active rows committed emitted[i, :n_emitted[i]] this step (every step, also when
-        D-cut skipped `propose`). emitted: [rows, T]; n_emitted: [rows]."""
+        D-cut skipped `propose`). emitted: [rows, T]; n_emitted: host ints (a proposer that keeps no
+        text costs the engine nothing here)."""
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Only `rows` [k] of the current batch stay active (others finished)."""

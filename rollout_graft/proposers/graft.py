@@ -104,7 +104,7 @@ class GraftProposer(Proposer):
             walk = [accepted_along(t, acceptance.emitted, acceptance.n_emitted) for t in self._stage_trees]
             self.calibration_log.append((self._best.cpu(), torch.stack(walk, 1).cpu()))
 
-    def advance(self, emitted: torch.Tensor, n_emitted: torch.Tensor) -> None:
+    def advance(self, emitted: torch.Tensor, n_emitted: list[int]) -> None:
         if self.retrieval is not None:
             self.retrieval.advance(emitted, n_emitted)
 

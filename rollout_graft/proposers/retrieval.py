@@ -38,10 +38,9 @@ class RetrievalProposer(Proposer):
         else:
             self.prior = self._empty(1)
         self.index: AdjacencyIndex | None = None
-        self.row_table: torch.Tensor | None = None  # [rows] which table of `index` each active row uses
+        self.tables: torch.Tensor | None = None  # [rollout rows] which table of `index` each row uses
         self.rows: torch.Tensor | None = None  # [rows] rollout row (as passed to `start`) of each active row
         self.history: TokenHistory | None = None  # text of every row, when suffix chains are on
-        self._history_prompts: list[tuple[int, ...]] = []  # prompt of each row of `history`
         self.memory: OrderedDict[tuple[int, ...], list[list[int]]] = OrderedDict()  # prompt → recent completions
         self.temperature = 1.0
 
@@ -65,17 +64,16 @@ class RetrievalProposer(Proposer):
         rows = row_prompt.shape[0]
         self.temperature = params.temperature if params.temperature > 0 else 1.0
         row_prompt = row_prompt.to(self.device)
-        self._tables = row_prompt.clone() if self.cfg.share_in_group else torch.arange(rows, device=self.device)
+        self.tables = row_prompt.clone() if self.cfg.share_in_group else torch.arange(rows, device=self.device)
         self.activate(torch.arange(rows, device=self.device))
         tables = len(prompts) if self.cfg.share_in_group else rows
         if self.cfg.suffix_depth > 0:
             self._remember()
             recalled = {g: self.memory[tuple(p)] for g, p in enumerate(prompts) if tuple(p) in self.memory}
-            longest = max([len(p) for p in prompts] + [len(p) + len(c) for g, p in enumerate(prompts) for c in recalled.get(g, [])])
-            width = max(longest, max(len(p) for p in prompts) + params.max_new_tokens) + self.cfg.suffix_depth + 1
+            width = max([len(p) + params.max_new_tokens for p in prompts]
+                        + [len(prompts[g]) + len(c) for g, cs in recalled.items() for c in cs])
             self.history = TokenHistory(prompts, row_prompt, width, self.cfg.share_in_group, self.device,
                                         self.cfg.suffix_rows, recalled)
-            self._history_prompts = [tuple(prompts[g]) for g in row_prompt.tolist()]
         else:
             self.history = None
         base = self.prior if self.cfg.use_prior else self._empty(1)
@@ -109,28 +107,29 @@ class RetrievalProposer(Proposer):
         """Keep the last rollout's completions per prompt (`cfg.recall` most recent, LRU over prompts)."""
         if not self.cfg.recall or self.history is None:
             return
-        for prompt, completion in zip(self._history_prompts, self.history.completions()):
+        for prompt, completion in self.history.completions():
             if completion:
                 kept = self.memory.pop(prompt, [])
                 self.memory[prompt] = ([completion] + kept)[: self.cfg.recall]
         while len(self.memory) > self.cfg.recall_prompts:
             self.memory.popitem(last=False)
-        self.history = None
 
     def activate(self, rows: torch.Tensor) -> None:
         """Make rollout rows `rows` [k] (indices into `start`'s rows) the active batch, e.g. the next
         wave of a staggered rollout; indices, tables and history persist."""
         self.rows = rows.to(self.device)
-        self.row_table = self._tables.index_select(0, self.rows)
+
+    @property
+    def row_table(self) -> torch.Tensor:
+        """[rows] the table of `index` each active row uses."""
+        return self.tables.index_select(0, self.rows)
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        rows = rows.to(self.device)
-        self.row_table = self.row_table.index_select(0, rows)
-        self.rows = self.rows.index_select(0, rows)
+        self.rows = self.rows.index_select(0, rows.to(self.device))
 
-    def advance(self, emitted: torch.Tensor, n_emitted: torch.Tensor) -> None:
+    def advance(self, emitted: torch.Tensor, n_emitted: list[int]) -> None:
         if self.history is not None:
-            self.history.append(self.rows, emitted, n_emitted)
+            self.history.append(self.rows, emitted, torch.tensor(n_emitted, dtype=torch.long, device=emitted.device))
 
     # ------------------------------------------------------------------ step
     def propose(self, ctx: StepContext) -> Draft:
