@@ -40,7 +40,7 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import IntervalStrategy
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
-from rollout_graft.assets import TINY_ANSWER_PATTERN, TINY_PROMPTS, TINY_TARGET
+from rollout_graft.assets import TINY_ANSWER_PATTERN, TINY_PROMPTS, TINY_TARGET, read_jsonl
 from trainers import GraftConfig, GraftGRPOTrainer
 
 BACKENDS = ("graft", "hf")
@@ -135,9 +135,7 @@ def format_reward(completions, **kwargs) -> list[float]:
 
 # ---------------------------------------------------------------------------- data
 def load_prompts(args: ScriptArguments, split: str, limit: int | None = None) -> Dataset:
-    with open(args.dataset_path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    rows = [r for r in rows if r.get("split", split) == split][:limit]
+    rows = read_jsonl(args.dataset_path, split=split)[:limit]
     if not rows:
         raise ValueError(f"{args.dataset_path} has no rows with split={split!r}")
     prompts = [[{"role": "user", "content": r["prompt"]}] if args.conversational else r["prompt"] for r in rows]

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft import DraftConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams, calibrate
-from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET
+from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET, read_jsonl
 from rollout_graft.warmup import warm_prior
 
 GRAFT_VARIANTS = ("dense-draft", "prune-only", "fixed-split", "graft", "graft+dcut")
@@ -79,8 +79,7 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
 
 
 def load_prompts(path: Path, tokenizer, split: str, n: int, offset: int = 0) -> list[list[int]]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("split", split) == split][offset : offset + n]
+    rows = read_jsonl(path, split=split)[offset : offset + n]
     if len(rows) < n:
         raise SystemExit(f"{path} has only {len(rows)} {split!r} prompts after offset {offset}; need {n}")
     if isinstance(rows[0]["prompt"], list):  # chat messages
@@ -219,13 +218,13 @@ def main(argv=None) -> dict:
             # repeats are interleaved (ar, m1, m2, …, then m1, m2, …, ar, …) so a slow spell of the shared
             # machine or the allocator state left by one method does not fall on one method's runs only
             runs: dict[str, list[dict]] = {name: [] for name in args.methods}
+            cfgs = {name: variant(name, args.budget, prior_file, args.draft_model, tau_file)
+                    for name in args.methods if name != "hf"}
             engines: dict[str, RolloutEngine] = {}
             if args.reuse_engine:  # build and warm every engine once (untimed), before the timed repeats
-                for name in args.methods:
-                    if name != "hf":
-                        cfg = variant(name, args.budget, prior_file, args.draft_model, tau_file)
-                        engines[name] = RolloutEngine(model, cfg, tokenizer=tokenizer)
-                        run_engine(model, tokenizer, cfg, rows, replace(base, seed=args.seed + 10_000), engines[name])
+                for name, cfg in cfgs.items():
+                    engines[name] = RolloutEngine(model, cfg, tokenizer=tokenizer)
+                    run_engine(model, tokenizer, cfg, rows, replace(base, seed=args.seed + 10_000), engines[name])
             for rep in range(args.repeats):
                 params = replace(base, seed=args.seed + rep)
                 # the order rotates each repeat, so no method always runs right after the same (e.g. a
@@ -236,8 +235,7 @@ def main(argv=None) -> dict:
                     if name == "hf":
                         runs[name].append(run_hf(model, tokenizer, prompts, args.group_size, params))
                     else:
-                        cfg = variant(name, args.budget, prior_file, args.draft_model, tau_file)
-                        runs[name].append(run_engine(model, tokenizer, cfg, rows, params, engines.get(name)))
+                        runs[name].append(run_engine(model, tokenizer, cfgs[name], rows, params, engines.get(name)))
                     bar.update()
             for name in args.methods:
                 entry["methods"][name] = m = median_of(runs[name])

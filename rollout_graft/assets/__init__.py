@@ -38,14 +38,16 @@ __all__ = [
     "TINY_TARGET",
     "load_real_prompts",
     "load_tiny_prompts",
+    "read_jsonl",
 ]
 
 
-def _read_jsonl(path: Path, **match: str | None) -> list[dict]:
-    """Rows of a JSON-lines file (file order) whose fields equal every non-None `match` value."""
+def read_jsonl(path: str | Path, **match: str | None) -> list[dict]:
+    """Rows of a JSON-lines prompt file (file order) whose fields equal every non-None `match`
+    value; a row without the field matches (a file without `split` is all one split)."""
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [r for r in rows if all(v is None or r[k] == v for k, v in match.items())]
+    return [r for r in rows if all(v is None or r.get(k, v) == v for k, v in match.items())]
 
 
 def load_tiny_prompts(split: str | None = None) -> list[dict]:
@@ -56,7 +58,7 @@ def load_tiny_prompts(split: str | None = None) -> list[dict]:
     """
     if split not in (None, "train", "test"):
         raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
-    return _read_jsonl(TINY_PROMPTS, split=split)
+    return read_jsonl(TINY_PROMPTS, split=split)
 
 
 def load_real_prompts(split: str | None = None, kind: str | None = None) -> list[dict]:
@@ -72,4 +74,4 @@ def load_real_prompts(split: str | None = None, kind: str | None = None) -> list
         raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
     if kind not in (None, "math", "code"):
         raise ValueError(f"kind must be 'math', 'code' or None, got {kind!r}")
-    return _read_jsonl(REAL_PROMPTS, split=split, kind=kind)
+    return read_jsonl(REAL_PROMPTS, split=split, kind=kind)
