@@ -5,6 +5,7 @@
         --max-new-tokens 256 --out rec.safetensors
     python scripts/replay.py run rec.safetensors --variants retrieval retrieval-noshare \\
         retrieval-noprior breadth-first --json replay.json
+    python scripts/replay.py bound rec.safetensors    # what copying from siblings' text could give
 
 `run` needs no model: trees come from the real RetrievalProposer, acceptance from the recorded
 tokens, index updates from the recorded distributions of on-path positions only (the engine also
@@ -30,7 +31,7 @@ from bench_rollout import load_prompts  # scripts/ is on sys.path when this runs
 from rollout_graft import EngineConfig, RetrievalConfig, SamplingParams
 from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET
 from rollout_graft.proposers import RetrievalProposer
-from rollout_graft.replay import Recording, record, replay
+from rollout_graft.replay import Recording, record, replay, suffix_chain_bound
 from rollout_graft.templates import TemplateConfig
 
 
@@ -140,8 +141,20 @@ def main(argv=None):
     p.add_argument("--warm", nargs="*", default=[], help="recordings replayed first to warm the prior (on-path rule)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, help="write the results here (bench_rollout layout)")
+    b = sub.add_parser("bound", help="tokens/step of a lone suffix-chain drafter copying from own / sibling text")
+    b.add_argument("recording")
+    b.add_argument("--depth", type=int, default=8)
     args = ap.parse_args(argv)
+    if args.cmd == "bound":
+        return cmd_bound(args)
     return cmd_record(args) if args.cmd == "record" else cmd_run(args)
+
+
+def cmd_bound(args) -> dict:
+    res = {src: suffix_chain_bound(args.recording, src, depth=args.depth) for src in ("own", "siblings", "whole")}
+    print(f"suffix chain (depth {args.depth}), tokens per step: own text {res['own']:.2f}, + siblings up to the same "
+          f"position {res['siblings']:.2f}, + siblings' whole completions {res['whole']:.2f}")
+    return res
 
 
 if __name__ == "__main__":

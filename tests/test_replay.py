@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft import EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
 from rollout_graft.assets import TINY_TARGET, load_tiny_prompts
-from rollout_graft.replay import OnPathRetrievalProposer, Recording, record, replay
+from rollout_graft.replay import OnPathRetrievalProposer, Recording, record, replay, suffix_chain_bound
 from rollout_graft.templates import TemplateConfig
 
 GROUP = 2
@@ -150,3 +150,15 @@ def test_replay_refuses_what_it_cannot_replay(greedy_rec):
         replay(rec, EngineConfig(method="retrieval", budget_policy="dcut"))
     with pytest.raises(ValueError, match="record with top_k >= 16"):
         replay(rec, replace(RetrievalConfig(), top_k=16))
+
+
+def test_suffix_chain_bound_sees_what_siblings_wrote(greedy_rec):
+    rec, path = greedy_rec
+    # greedy siblings write the same completion: copied whole, every step accepts the chain (8 + 1
+    # tokens, fewer at the end); in lock step a sibling is never ahead, so it adds nothing to own text
+    own, lockstep, whole = (suffix_chain_bound(path, s, depth=8) for s in ("own", "siblings", "whole"))
+    assert lockstep == own < whole
+    lens = [len(c) for c in rec.completions]
+    assert whole == sum(lens) / sum(-(-n // 9) for n in lens)  # ceil(n / 9) steps per row
+    with pytest.raises(ValueError, match="source"):
+        suffix_chain_bound(rec, "cousins")
