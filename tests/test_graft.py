@@ -209,6 +209,32 @@ def test_graft_trees_within_budget_superset_and_well_formed(qwen3_model, monkeyp
     assert grafted > 0  # retrieval actually filled freed slots
 
 
+def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch):
+    """D-cut may decode plainly without proposing (back-off): the drafter then feeds every skipped
+    token on its next proposal. With the target as its own drafter, greedy, every proposing step
+    must accept its whole chain again — a drafter whose cache fell out of step would not."""
+    from rollout_graft.budget import DCut
+    from rollout_graft.cost import CostModel
+
+    pattern = iter(([True] * 3 + [False] * 2) * 100)  # 3 plain steps, then 2 proposing steps, …
+    monkeypatch.setattr(DCut, "skip_proposal", lambda self: next(pattern))
+    greedy = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+    prompts = [[5, 6, 7]] * 2 + [[9, 10]] * 2
+    ar = RolloutEngine(qwen3_model).generate(prompts, greedy)
+    engine = graft_engine(qwen3_model, qwen3_model, DraftConfig(prune=False, graft=False, top_k=1, beam=1, depth=6),
+                          budget=8,
+                          budget_policy="dcut", dcut_ratios=(1.0,))
+    engine.dcut = DCut(CostModel([1, 64], [1, 64], [[1e6, 1e6]] * 2), (1.0,), explore_every=0)  # verifying is free
+    engine.dcut.width_cap = 8  # no slow start: every proposing step verifies the whole tree
+    out = engine.generate(prompts, greedy)
+    assert out.completion_ids == ar.completion_ids
+    spec = [t for t in out.stats.budget_trace if t["ratio"] > 0]
+    plain = [t for t in out.stats.budget_trace if t["candidates"] == 0]  # skipped: nothing proposed
+    assert len(spec) >= 4 and len(plain) >= len(spec)
+    # each proposing step emits the drafter's 6-token chain + the bonus token (the last may be cut short)
+    assert all(t["actual"] == 7 * t["rows"] for t in spec[:-1]), [t["actual"] for t in spec]
+
+
 def test_group_index_learns_during_graft(qwen3_model):
     engine = graft_engine(qwen3_model, small_draft())
     before = int((engine.proposer.retrieval.prior.ids >= 0).sum())

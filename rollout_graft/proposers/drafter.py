@@ -1,8 +1,9 @@
 """Drafter trees from a small LM with the target's tokenizer (DESIGN.md §2 step 1), EAGLE-2-style.
 
 The draft model runs in its own `ModelRunner` (the same class as the target's), whose KV cache
-holds every committed token except a short per-row *pending* list: the tokens emitted by the last
-step (at the start, the last prompt token). A step:
+holds every committed token except a short per-row *pending* list: the tokens emitted since the
+last `propose` (at the start, the last prompt token; after steps D-cut decoded plainly, every token
+they emitted). A step:
 
 1. feeds the pending tokens as one causal block (their KV stays) — the logits at the last one,
    the root, give the root's children: level 0 = top-k of the drafter's distribution;
@@ -29,8 +30,7 @@ from ..config import DraftConfig, SamplingParams
 from ..merge import keep_best
 from ..runner import ModelRunner
 from ..sampling import warp_logits
-from ..tree import DRAFT, Draft, TreeBatch
-from ..verify import Acceptance
+from ..tree import DRAFT, Draft
 from .base import Proposer, StepContext
 
 StopRule = Callable[[int, torch.Tensor], torch.Tensor]
@@ -87,7 +87,7 @@ class DrafterProposer(Proposer):
         max_depth: the engine's deepest acceptable node.
     """
 
-    can_skip = False  # the drafter's KV cache follows every step through propose()
+    can_skip = True  # steps without propose() leave their tokens pending; the next propose() feeds them
 
     def __init__(self, cfg: DraftConfig, runner: ModelRunner, max_depth: int):
         self.cfg = cfg
@@ -96,6 +96,8 @@ class DrafterProposer(Proposer):
         self.params = SamplingParams()
         self.pending: torch.Tensor | None = None  # [rows, P] tokens not yet in the draft cache (-1 = none)
         self.pending_len: torch.Tensor | None = None  # [rows] int64 ≥ 1; the last pending token is the root
+        self.pending_host: list[int] = []  # pending_len on the host
+        self.fed = False  # the pending block went into the cache (propose ran since the last advance)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompts, row_prompt, prompt_logits, params: SamplingParams) -> None:
@@ -104,17 +106,34 @@ class DrafterProposer(Proposer):
         dev = self.runner.device
         self.pending = torch.tensor([[prompts[g][-1]] for g in row_prompt.tolist()], dtype=torch.long, device=dev)
         self.pending_len = torch.ones(len(row_prompt), dtype=torch.long, device=dev)
+        self.pending_host = [1] * len(row_prompt)
+        self.fed = False
 
-    def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
-        # the emitted tokens (accepted candidates + bonus/recovered) are the next pending block
-        self.pending_len = acceptance.n_emitted.to(self.runner.device)
-        self.pending = acceptance.emitted[:, : int(self.pending_len.max())].to(self.runner.device)
+    def advance(self, emitted: torch.Tensor, n_emitted: list[int]) -> None:
+        """The emitted tokens (accepted candidates + bonus/recovered) join the pending block. After a
+        step D-cut decoded plainly (no `propose`, so nothing was fed) the block keeps growing, and the
+        next `propose` catches the draft cache up in one forward."""
+        dev = self.runner.device
+        n = torch.tensor(n_emitted, dtype=torch.long, device=dev)
+        if self.fed:  # the old block is in the cache: the new one is this step's tokens
+            self.pending, self.pending_len, self.pending_host = emitted[:, : max(n_emitted)].to(dev), n, list(n_emitted)
+            self.fed = False
+            return
+        total = [a + b for a, b in zip(self.pending_host, n_emitted)]
+        width = max(total)
+        block = torch.full((len(total), width + 1), -1, dtype=torch.long, device=dev)  # + a spare column
+        block[:, : self.pending.shape[1]] = self.pending
+        j = torch.arange(emitted.shape[1], device=dev).view(1, -1)
+        at = torch.where(j < n.view(-1, 1), self.pending_len.view(-1, 1) + j, width)  # not emitted: the spare column
+        block.scatter_(1, at, emitted.to(dev))
+        self.pending, self.pending_len, self.pending_host = block[:, :width], self.pending_len + n, total
 
     def select_rows(self, rows: torch.Tensor) -> None:
         rows = rows.to(self.runner.device)
         self.runner.select_rows(rows)
         self.pending = self.pending.index_select(0, rows)
         self.pending_len = self.pending_len.index_select(0, rows)
+        self.pending_host = [self.pending_host[i] for i in rows.tolist()]
 
     def propose(self, ctx: StepContext) -> Draft:
         nodes = self.expand(ctx).nodes
@@ -138,6 +157,7 @@ class DrafterProposer(Proposer):
         mask = (causal & real.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=dev)  # padding sees itself
         logits = self.runner.verify(self.pending.clamp(min=0), positions, mask)  # [rows, P, V]
         self.runner.commit(real)
+        self.fed = True
         return logits[torch.arange(rows, device=dev), self.pending_len - 1]
 
     def expand(self, ctx: StepContext, stop: StopRule | None = None) -> Expansion:

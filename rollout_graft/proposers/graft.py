@@ -53,7 +53,7 @@ class GraftProposer(Proposer):
         retrieval: the group-shared `RetrievalProposer` (None when `cfg.graft` is False).
     """
 
-    can_skip = False  # the drafter's KV cache follows every step through propose()
+    can_skip = True  # D-cut may skip propose(): the drafter feeds the skipped steps' tokens on the next one
 
     def __init__(self, cfg: DraftConfig, drafter: DrafterProposer, retrieval: RetrievalProposer | None):
         self.cfg = cfg
@@ -105,6 +105,7 @@ class GraftProposer(Proposer):
             self.calibration_log.append((self._best.cpu(), torch.stack(walk, 1).cpu()))
 
     def advance(self, emitted: torch.Tensor, n_emitted: list[int]) -> None:
+        self.drafter.advance(emitted, n_emitted)
         if self.retrieval is not None:
             self.retrieval.advance(emitted, n_emitted)
 
