@@ -86,6 +86,7 @@ class RolloutEngine:
             )
         self.proposer = proposer or self._build_proposer(draft_model)
         self.dcut: DCut | None = None  # built on first use: profiling takes a few seconds
+        self.speculative_share = 0.0  # D-cut: share of the last rollout's steps that verified a tree
         self.eos_ids = _eos_ids(model)
         self.generator = torch.Generator(device=self.runner.device)
 
@@ -215,12 +216,16 @@ class RolloutEngine:
         finally:
             self.runner.release()
         stats.emitted_tokens = sum(len(c) for c in completions)
+        if stats.budget_trace:
+            self.speculative_share = sum(t["ratio"] > 0 for t in stats.budget_trace) / len(stats.budget_trace)
         return RolloutOutput(completions, logprobs, reasons, stats)
 
     def _waves(self, row_group: list[int]) -> list[list[int]]:
-        """Rows in the order they run: all at once, or each group's first `group_lead` rows first."""
+        """Rows in the order they run: all at once, or each group's first `group_lead` rows first
+        (with D-cut, only once the previous rollout speculated in at least half of its steps: the
+        waves add target forwards that only speculation can repay)."""
         lead = self.config.group_lead
-        if lead <= 0:
+        if lead <= 0 or (self.config.budget_policy == "dcut" and self.speculative_share < 0.5):
             return [list(range(len(row_group)))]
         seen: dict[int, int] = {}
         rank = []  # position of each row within its group

@@ -1,10 +1,12 @@
 """D-cut: per-row top-W selection, ancestor closure, width choice from hand-made cost tables and overhead."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import random_model
 
-from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
+from rollout_graft import EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
 from rollout_graft.budget import DCut, OverheadModel, ScoreCalibration, keep_top_per_row
 from rollout_graft.cost import CostModel
 from rollout_graft.tree import Draft
@@ -126,3 +128,22 @@ def test_dcut_is_lossless_and_logs_decisions(tmp_path, monkeypatch):
     assert len(out.stats.budget_trace) == out.stats.target_forwards
     assert out.stats.budget_ratio is not None
     assert list(tmp_path.glob("cost/*.json"))  # the profile is cached on disk
+
+
+def test_dcut_runs_lead_waves_only_after_a_rollout_that_speculated(qwen3_model):
+    """group_lead adds target forwards that only speculation repays: with D-cut, a rollout runs in
+    waves only when the previous one verified trees in at least half of its steps."""
+    cfg = EngineConfig(method="retrieval", budget=8, group_lead=1, budget_policy="dcut",
+                       retrieval=RetrievalConfig(suffix_depth=4))
+    engine = RolloutEngine(qwen3_model, cfg)
+    groups = [0, 0, 0, 1, 1, 1]
+    assert len(engine._waves(groups)) == 1  # nothing measured yet: one lock-step wave
+    out = engine.generate([[5, 6, 7]] * 3 + [[8, 9]] * 3, SamplingParams(temperature=1.0, max_new_tokens=12, seed=0))
+    share = sum(t["ratio"] > 0 for t in out.stats.budget_trace) / len(out.stats.budget_trace)
+    assert engine.speculative_share == pytest.approx(share)
+    engine.speculative_share = 0.6
+    assert engine._waves(groups) == [[0, 3], [1, 2, 4, 5]]
+    engine.speculative_share = 0.4
+    assert len(engine._waves(groups)) == 1
+    fixed = RolloutEngine(qwen3_model, replace(cfg, budget_policy="fixed"))
+    assert len(fixed._waves(groups)) == 2  # a fixed budget always staggers

@@ -47,9 +47,15 @@ def test_greedy_retrieval_equals_ar(arch_model):
                                         (True, "fixed", 6, 0), (True, "fixed", 6, 1), (False, "dcut", 4, 1)):
         cfg = EngineConfig(method="retrieval", budget=16, retrieval=RetrievalConfig(share_in_group=share, suffix_depth=suffix),
                            budget_policy=policy, dcut_ratios=(0.5, 1.0), group_lead=lead)
-        spec = RolloutEngine(arch_model, cfg).generate(PROMPTS, greedy)
+        engine = RolloutEngine(arch_model, cfg)
+        spec = engine.generate(PROMPTS, greedy)
         assert spec.completion_ids == ar.completion_ids and spec.finish_reasons == ar.finish_reasons
         assert spec.stats.mean_accepted_tokens > 1.0 or policy == "dcut"
+        if policy == "dcut" and lead:  # D-cut runs waves once a rollout speculated in most steps
+            engine.speculative_share = 1.0
+            assert len(engine._waves([0, 0, 1, 1])) == 2
+            spec = engine.generate(PROMPTS, greedy)
+            assert spec.completion_ids == ar.completion_ids and spec.finish_reasons == ar.finish_reasons
 
 
 def test_greedy_stops_at_eos_like_hf():
