@@ -212,6 +212,29 @@ def test_graft_method_with_a_drafter_trains(tmp_path):
         assert h["sampling/sampling_logp_difference/max"] < 1e-4
 
 
+def test_a_drafter_refresh_that_cannot_read_keeps_the_old_drafter(tmp_path, caplog):
+    """An outside job may still be writing the drafter's directory when the trainer re-reads it:
+    the refresh is skipped with a warning (and retried at the next rollout), training goes on."""
+    from transformers import TrainerCallback
+
+    tok = char_tokenizer()
+    draft_dir = tmp_path / "draft"
+    graft = GraftConfig(method="graft", draft_model_name_or_path=save_drafter(draft_dir, tok), draft_reload_steps=1)
+
+    class HalfWrite(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            (draft_dir / "model.safetensors").write_bytes(b"\x00" * 10)  # a truncated weights file
+
+    trainer = GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path / "out", max_steps=2),
+                               graft_config=graft, train_dataset=prompt_dataset(), processing_class=tok,
+                               callbacks=[HalfWrite()])
+    with caplog.at_level("WARNING", logger="trainers.grpo"):
+        trainer.train()
+    assert len([h for h in trainer.state.log_history if "loss" in h]) == 2
+    assert trainer._drafter_reloads == 0 and trainer._drafter_reload_failures == 1
+    assert "drafter refresh failed" in caplog.text and "could not read the draft model" in caplog.text
+
+
 def test_draft_reload_needs_a_drafter():
     with pytest.raises(ValueError, match="draft_reload_steps"):
         GraftConfig(method="retrieval", draft_reload_steps=10)
@@ -228,6 +251,10 @@ def test_engine_reloads_a_drafter_and_refuses_another_vocabulary(tmp_path):
     assert engine.generate(prompts, greedy).completion_ids == before  # another drafter, the same output
     with pytest.raises(ValueError, match="maps .* tokens differently"):
         engine.reload_draft_model(save_drafter(tmp_path / "c", char_tokenizer(CHARS[::-1])))
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"\x00" * 10)  # caught mid-write
+    with pytest.raises(OSError, match="could not read the draft model .* current drafter is kept"):
+        engine.reload_draft_model(tmp_path / "b")
+    assert engine.generate(prompts, greedy).completion_ids == before  # the old drafter still drafts
     with pytest.raises(ValueError, match="no draft model"):
         RolloutEngine(policy, EngineConfig(method="retrieval")).reload_draft_model(tmp_path / "a")
 

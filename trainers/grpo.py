@@ -14,6 +14,7 @@ TRL hands every rank its own slice of the generation batch, each prompt repeated
 identical prompt rows by itself, so each rank simply generates the rows it holds.
 """
 
+import logging
 import time
 from contextlib import contextmanager
 
@@ -28,6 +29,8 @@ from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.stats import RolloutStats
 
 from .config import PRIOR_FILE, GraftConfig
+
+logger = logging.getLogger(__name__)
 
 _SEED_STRIDE = 1_000_003  # a prime: (base, rank, rollout) → distinct sampler seeds
 
@@ -58,6 +61,7 @@ class GraftGRPOTrainer(GRPOTrainer):
         self.rollout_engine: RolloutEngine | None = None  # built at the first rollout, inside the ZeRO-3 gather
         self._rollouts = 0
         self._drafter_step, self._drafter_reloads = 0, 0  # global step of the drafter's last (re)load; reloads so far
+        self._drafter_reload_failures = 0  # refreshes that could not read the directory (the old drafter kept drafting)
         # TRL applies importance-sampling correction where `use_vllm` is set; the engine stands in for vLLM.
         # Not "colocate"/"server": no vLLM object exists (TRL's tool loop then reads the model's context size).
         self.use_vllm, self.vllm_mode = True, "graft"
@@ -122,9 +126,14 @@ class GraftGRPOTrainer(GRPOTrainer):
         if every and self.state.global_step - self._drafter_step >= every:
             # the drafter does not train with the policy: re-read it from its directory, where an
             # outside job (e.g. distillation from recent policy checkpoints) may have put new weights
-            self.rollout_engine.reload_draft_model(self.graft_config.draft_model_name_or_path)
-            self._drafter_step = self.state.global_step
-            self._drafter_reloads += 1
+            try:
+                self.rollout_engine.reload_draft_model(self.graft_config.draft_model_name_or_path)
+            except OSError as exc:  # e.g. caught mid-write: keep drafting with the old one, retry next rollout
+                logger.warning("drafter refresh failed, retrying at the next rollout: %s", exc)
+                self._drafter_reload_failures += 1
+            else:
+                self._drafter_step = self.state.global_step
+                self._drafter_reloads += 1
         return self.rollout_engine
 
     def _sampling_params(self) -> SamplingParams:

@@ -53,6 +53,13 @@ def load_draft_model(draft: str | Path | PreTrainedModel, device: torch.device, 
     from transformers import AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).to(device).eval()
+    if model.device.type == "cpu":
+        # the weights may still be memory-mapped from the checkpoint: a job that rewrites the
+        # directory in place (a drafter refresh, `GraftConfig.draft_reload_steps`) would then crash
+        # this process with SIGBUS. Own copies cost the drafter's size once.
+        with torch.no_grad():
+            for tensor in (*model.parameters(), *model.buffers()):
+                tensor.data = tensor.data.clone()
     try:
         tokenizer = AutoTokenizer.from_pretrained(draft)
     except (OSError, ValueError):  # a model directory without tokenizer files

@@ -84,8 +84,14 @@ class GraftProposer(Proposer):
     def reload_drafter(self, source, target: ModelRunner, tokenizer=None) -> None:
         """Swap in new drafter weights between rollouts (a directory or a loaded model with the
         target's vocabulary), e.g. a drafter re-distilled from the current policy; pruning
-        thresholds, adjacency indices and the prior are kept."""
-        model, draft_tokenizer = load_draft_model(source, target.device, target.dtype)
+        thresholds, adjacency indices and the prior are kept. OSError when the weights cannot be
+        read (e.g. a directory another job is still writing), ValueError for another vocabulary;
+        either way the current drafter stays in place."""
+        try:
+            model, draft_tokenizer = load_draft_model(source, target.device, target.dtype)
+        except Exception as exc:  # missing, partial or corrupt files: the old drafter keeps drafting
+            raise OSError(f"could not read the draft model from {source} ({type(exc).__name__}: {exc}); "
+                          "the current drafter is kept") from exc
         check_same_vocabulary(target.vocab_size, model.get_output_embeddings().weight.shape[0], tokenizer, draft_tokenizer)
         self.drafter.runner = ModelRunner(model, compact_slack=self.drafter.runner.compact_slack)
 
