@@ -235,6 +235,24 @@ def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch):
     assert all(t["actual"] == 7 * t["rows"] for t in spec[:-1]), [t["actual"] for t in spec]
 
 
+def test_graft_with_suffix_chains_is_exact_and_matches_once_per_step(qwen3_model, monkeypatch):
+    """Suffix chains in the grafted retrieval: greedy output unchanged, and the suffix match runs
+    once per step although graft builds retrieval trees of several sizes."""
+    from rollout_graft.config import RetrievalConfig
+    from rollout_graft.history import TokenHistory
+
+    calls = []
+    match = TokenHistory.match
+    monkeypatch.setattr(TokenHistory, "match", lambda self, *a, **k: calls.append(1) or match(self, *a, **k))
+    greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    ar = RolloutEngine(qwen3_model).generate(PROMPTS, greedy)
+    engine = graft_engine(qwen3_model, small_draft(), DraftConfig(thresholds=(0.5, 0.3, 0.05)), budget=30,
+                          retrieval=RetrievalConfig(suffix_depth=6))
+    out = engine.generate(PROMPTS, greedy)
+    assert out.completion_ids == ar.completion_ids
+    assert len(calls) == out.stats.target_forwards
+
+
 def test_group_index_learns_during_graft(qwen3_model):
     engine = graft_engine(qwen3_model, small_draft())
     before = int((engine.proposer.retrieval.prior.ids >= 0).sum())

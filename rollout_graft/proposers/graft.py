@@ -66,6 +66,7 @@ class GraftProposer(Proposer):
         self.seconds: dict[str, float] = {}  # "draft", "graft": proposer time per phase, this rollout
         self._best: torch.Tensor | None = None  # calibration: [rows, C] confidences of this step
         self._stage_trees: list[Draft] = []  # calibration: the tree each stage would have verified
+        self._chain: Draft | None = None  # this step's suffix chain (retrieval with suffix_depth > 0)
 
     @staticmethod
     def build(config: EngineConfig, target: ModelRunner, draft_model=None, tokenizer=None) -> "GraftProposer":
@@ -138,6 +139,9 @@ class GraftProposer(Proposer):
         nodes = expansion.nodes.to(ctx.last_token.device)
         self.seconds["draft"] += time.perf_counter() - t0
         t1 = time.perf_counter()
+        # the step's suffix chain, matched once for every retrieval tree size and stage below
+        history = self.retrieval is not None and self.retrieval.history is not None
+        self._chain = self.retrieval.suffix_chain() if history else None
         if calibrating:  # warm-up: verify the union of every stage's tree (see pruning.calibrate)
             self._best, self._stage_trees = expansion.best, self._stage_trees_of(ctx, nodes)
             draft = self._stage_trees[0]
@@ -186,7 +190,7 @@ class GraftProposer(Proposer):
         sizes = [n for n in torch.unique(slots).tolist() if n > 0]
         if not sizes:
             return Draft.empty(slots.shape[0], slots.device)
-        trees = [self.retrieval.propose(replace(ctx, budget=n)) for n in sizes]
+        trees = [self.retrieval.propose(replace(ctx, budget=n), self._chain) for n in sizes]
         width = max(t.tokens.shape[1] for t in trees)
         out = _select_rows(trees[0], slots == sizes[0], width)
         for n, tree in zip(sizes[1:], trees[1:]):

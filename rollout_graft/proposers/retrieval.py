@@ -132,21 +132,25 @@ class RetrievalProposer(Proposer):
             self.history.append(self.rows, emitted, torch.tensor(n_emitted, dtype=torch.long, device=emitted.device))
 
     # ------------------------------------------------------------------ step
-    def propose(self, ctx: StepContext) -> Draft:
+    def propose(self, ctx: StepContext, chain: Draft | None = None) -> Draft:
+        """chain: this step's `suffix_chain()` when the caller already has it (graft asks for trees
+        of several sizes per step; the match is the same for all of them)."""
         template = make_template(self.cfg.template, ctx.budget)
         draft = self.index.lookup(self.row_table, ctx.last_token, template, ctx.prev_token)
         if self.history is not None and ctx.budget > 0:
             # the chain first (retrieval paths it repeats merge into it), then each row's `budget` best
             # nodes: a row whose suffix matched nothing keeps its whole retrieval tree
-            chain = self._suffix_chain(min(self.cfg.suffix_depth, ctx.budget))
+            chain = chain if chain is not None else self.suffix_chain()
+            depth = min(self.cfg.suffix_depth, ctx.budget)  # a chain's first nodes are a chain
+            chain = Draft(*(getattr(chain, f)[:, :depth] for f in Draft.__slots__))
             draft = keep_best(merge_trees(chain, draft), torch.full_like(ctx.last_token, ctx.budget))
         draft.valid &= draft.depth < ctx.remaining.view(-1, 1)  # deeper nodes could never be emitted
         return draft.compacted()
 
-    def _suffix_chain(self, depth: int) -> Draft:
-        """A chain of `depth` nodes per row: what followed the row's longest suffix match in the text
-        it may read (`TokenHistory.match`); invalid where nothing matched."""
-        cfg = self.cfg
+    def suffix_chain(self) -> Draft:
+        """A chain of `suffix_depth` nodes per row: what followed the row's longest suffix match in
+        the text it may read (`TokenHistory.match`); invalid where nothing matched."""
+        cfg, depth = self.cfg, self.cfg.suffix_depth
         tokens, valid, _ = self.history.match(self.rows, cfg.suffix_match, depth, cfg.suffix_min_match)
         rows = tokens.shape[0]
         steps = torch.arange(depth, device=self.device).view(1, -1)
