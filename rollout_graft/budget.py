@@ -120,6 +120,10 @@ class OverheadModel:
         return max(a + b * rows, 0.0)
 
 
+PROBE_SHARE = 0.02
+"""While backing off, probes may cost about this share of the plain decoding time (`DCut._longest_backoff`)."""
+
+
 class DCut:
     """Chooses the verified width W = ρ·m per step (m: the per-sequence budget, W capped at the
     draft's width) from `ratios`, with a `CostModel` for the forward and an `OverheadModel` for the rest.
@@ -144,21 +148,35 @@ class DCut:
         self.width_cap: int | None = None  # slow start: the widest W tried so far may at most double
         self.idle = 0  # consecutive decisions for ρ = 0
         self.until_probe = 0  # steps left to decode plainly without even proposing
+        self.backoff_rows = 0  # batch size when the back-off began
 
-    def skip_proposal(self) -> bool:
+    def skip_proposal(self, rows: int | None = None) -> bool:
         """Back off while speculation does not pay: after n consecutive ρ = 0 decisions, the next
-        min(2^n, 64) − 1 steps decode plainly without building a tree at all (then probe again)."""
+        min(2^n, longest) − 1 steps decode plainly without building a tree at all, then probe again
+        (`longest`: see `_longest_backoff`). A batch that halved since the back-off began probes at
+        once: fewer rows may make speculation pay."""
+        if self.until_probe > 0 and rows is not None and 2 * rows <= self.backoff_rows:
+            self.until_probe = 0
         if self.until_probe > 0:
             self.until_probe -= 1
             return True
         return False
 
-    def _track(self, ratio: float) -> None:
+    def _track(self, ratio: float, rows: int = 0, probe_ms: float = 0.0, plain_ms: float = 0.0) -> None:
         if ratio > 0:
             self.idle = 0
             return
         self.idle += 1
-        self.until_probe = min(2 ** self.idle, 64) - 1
+        self.backoff_rows = rows
+        self.until_probe = min(2 ** self.idle, self._longest_backoff(probe_ms, plain_ms)) - 1
+
+    def _longest_backoff(self, probe_ms: float, plain_ms: float) -> int:
+        """Steps between probes at most: 64, or more when one probe (a tree and a wider forward)
+        costs more than PROBE_SHARE of the plain steps it would interrupt — a drafter that is slow
+        next to the target is not re-tried every 64 steps (at most 1024)."""
+        if plain_ms <= 0 or probe_ms <= 0:
+            return 64
+        return int(min(1024, max(64, probe_ms / (PROBE_SHARE * plain_ms))))
 
     def observe(self, draft: Draft, accepted: torch.Tensor) -> None:
         """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
@@ -187,7 +205,7 @@ class DCut:
         the draft's width); a draft narrower than the budget caps the widths at its width."""
         rows, m = draft.tokens.shape
         if m == 0:
-            self._track(0.0)
+            self._track(0.0, rows)
             return draft, BudgetDecision(0.0, 0, 0, float(rows))
         budget = budget or m
         # each row's calibrated scores, best first: expected accepted tokens of its top-W = prefix sum
@@ -226,7 +244,10 @@ class DCut:
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
             self.width_cap = 2 * cap
         ratio = width / budget
-        self._track(ratio)
+        plain = self.cost.predict(rows, 1.0) + plain_ms
+        smallest = next((w for w in widths if w > 0), 0)  # what a probe verifies
+        probe = self.cost.predict(rows, 1.0 + min(smallest, widest)) + spec_ms - plain
+        self._track(ratio, rows, probe, plain)
         if width < widest:
             draft = keep_top_per_row(draft, width).compacted()
         return draft, BudgetDecision(ratio, n_kept, candidates, expected)

@@ -247,7 +247,7 @@ class RolloutEngine:
             prev_token=state.prev_token,
         )
         start = self._clock()
-        skipped = self.dcut is not None and self.proposer.can_skip and self.dcut.skip_proposal()
+        skipped = self.dcut is not None and self.proposer.can_skip and self.dcut.skip_proposal(len(state.index))
         with stats.timed("propose"):
             draft, decision = self._propose(ctx, skipped)
             tree = TreeBatch.from_draft(state.last_token, draft)

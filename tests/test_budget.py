@@ -106,6 +106,28 @@ def test_overhead_is_charged_to_speculation():
     assert decision.ratio == 0.0
 
 
+def test_backoff_grows_with_the_probe_cost_and_ends_when_the_batch_halves():
+    steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # a plain step: 1 ms; speculation never pays
+
+    def backoffs(overhead_ms: float, decisions: int = 12) -> tuple[DCut, list[int]]:
+        dcut, trace = trusting(steep), []
+        dcut.observe_overhead(2, overhead_ms)  # the tree costs this much per speculative step
+        for _ in range(decisions):
+            assert dcut.decide(draft_with_scores(TREES))[1].ratio == 0.0
+            trace.append(dcut.until_probe)
+        return dcut, trace
+
+    # after n plain decisions: min(2^n, longest) − 1 steps without proposing. A probe (W = 1: a 2 ms
+    # forward + the tree) costs 1 ms + the tree more than a plain step
+    assert backoffs(0.0)[1] == [1, 3, 7, 15, 31, 63, 63, 63, 63, 63, 63, 63]  # 1 ms / 64 ms: every 64 steps
+    # a 6 ms probe would cost 9 % of 64 plain steps: back off until it is 2 % (300 steps)
+    assert backoffs(5.0)[1] == [1, 3, 7, 15, 31, 63, 127, 255, 299, 299, 299, 299]
+    assert backoffs(1e6)[1][-1] == 1023  # never longer than 1024 steps
+    dcut, _ = backoffs(5.0, decisions=5)  # 2 rows, backing off 31 steps
+    assert dcut.skip_proposal(2) and dcut.until_probe == 30
+    assert not dcut.skip_proposal(1)  # half the rows: probe now
+
+
 def test_calibration_learns_acceptance_rates():
     cal = ScoreCalibration(prior_weight=1.0)
     score = torch.full((1, 100), 0.1)

@@ -101,46 +101,29 @@ class DrafterProposer(Proposer):
         self.runner = runner
         self.max_depth = max_depth
         self.params = SamplingParams()
-        self.pending: torch.Tensor | None = None  # [rows, P] tokens not yet in the draft cache (-1 = none)
-        self.pending_len: torch.Tensor | None = None  # [rows] int64 ≥ 1; the last pending token is the root
-        self.pending_host: list[int] = []  # pending_len on the host
-        self.fed = False  # the pending block went into the cache (propose ran since the last advance)
+        # tokens not yet in the draft cache, as the steps emitted them: ([rows, T] tokens, host counts)
+        # per step since the last propose; the last pending token of a row is its root
+        self.pending: list[tuple[torch.Tensor, list[int]]] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompts, row_prompt, prompt_logits, params: SamplingParams) -> None:
         self.params = params
         self.runner.prefill([p[:-1] for p in prompts], row_prompt)
         dev = self.runner.device
-        self.pending = torch.tensor([[prompts[g][-1]] for g in row_prompt.tolist()], dtype=torch.long, device=dev)
-        self.pending_len = torch.ones(len(row_prompt), dtype=torch.long, device=dev)
-        self.pending_host = [1] * len(row_prompt)
-        self.fed = False
+        last = torch.tensor([[prompts[g][-1]] for g in row_prompt.tolist()], dtype=torch.long, device=dev)
+        self.pending = [(last, [1] * len(row_prompt))]
 
     def advance(self, emitted: torch.Tensor, n_emitted: list[int]) -> None:
-        """The emitted tokens (accepted candidates + bonus/recovered) join the pending block. After a
-        step D-cut decoded plainly (no `propose`, so nothing was fed) the block keeps growing, and the
-        next `propose` catches the draft cache up in one forward."""
-        dev = self.runner.device
-        n = torch.tensor(n_emitted, dtype=torch.long, device=dev)
-        if self.fed:  # the old block is in the cache: the new one is this step's tokens
-            self.pending, self.pending_len, self.pending_host = emitted[:, : max(n_emitted)].to(dev), n, list(n_emitted)
-            self.fed = False
-            return
-        total = [a + b for a, b in zip(self.pending_host, n_emitted)]
-        width = max(total)
-        block = torch.full((len(total), width + 1), -1, dtype=torch.long, device=dev)  # + a spare column
-        block[:, : self.pending.shape[1]] = self.pending
-        j = torch.arange(emitted.shape[1], device=dev).view(1, -1)
-        at = torch.where(j < n.view(-1, 1), self.pending_len.view(-1, 1) + j, width)  # not emitted: the spare column
-        block.scatter_(1, at, emitted.to(dev))
-        self.pending, self.pending_len, self.pending_host = block[:, :width], self.pending_len + n, total
+        """The emitted tokens (accepted candidates + bonus/recovered) become pending. Steps D-cut
+        decoded plainly (no `propose`) only add to the list: the next `propose` feeds them all in
+        one forward."""
+        self.pending.append((emitted, list(n_emitted)))
 
     def select_rows(self, rows: torch.Tensor) -> None:
         rows = rows.to(self.runner.device)
         self.runner.select_rows(rows)
-        self.pending = self.pending.index_select(0, rows)
-        self.pending_len = self.pending_len.index_select(0, rows)
-        self.pending_host = [self.pending_host[i] for i in rows.tolist()]
+        keep = rows.tolist()
+        self.pending = [(t.index_select(0, rows.to(t.device)), [n[i] for i in keep]) for t, n in self.pending]
 
     def propose(self, ctx: StepContext) -> Draft:
         nodes = self.expand(ctx).nodes
@@ -155,17 +138,35 @@ class DrafterProposer(Proposer):
 
     def _feed_pending(self, ctx: StepContext) -> torch.Tensor:
         """Cache the pending tokens (a causal block per row); returns the root logits [rows, V]."""
-        rows, width = self.pending.shape
+        block, n = self._pending_block()
+        rows, width = block.shape
         dev = self.runner.device
         j = torch.arange(width, device=dev)
-        real = j.view(1, -1) < self.pending_len.view(-1, 1)  # [rows, P]
-        positions = (ctx.length.to(dev) - self.pending_len).view(-1, 1) + j  # the root sits at length - 1
+        real = j.view(1, -1) < n.view(-1, 1)  # [rows, P]
+        positions = (ctx.length.to(dev) - n).view(-1, 1) + j  # the root sits at length - 1
         causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
         mask = (causal & real.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=dev)  # padding sees itself
-        logits = self.runner.verify(self.pending.clamp(min=0), positions, mask)  # [rows, P, V]
+        logits = self.runner.verify(block.clamp(min=0), positions, mask)  # [rows, P, V]
         self.runner.commit(real)
-        self.fed = True
-        return logits[torch.arange(rows, device=dev), self.pending_len - 1]
+        self.pending = []
+        return logits[torch.arange(rows, device=dev), n - 1]
+
+    def _pending_block(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pending tokens as one left-aligned block [rows, P] (-1 = none) and counts [rows]."""
+        dev = self.runner.device
+        if len(self.pending) == 1:  # every step proposed: just the last step's tokens
+            tokens, n = self.pending[0]
+            return tokens[:, : max(n)].to(dev), torch.tensor(n, dtype=torch.long, device=dev)
+        totals = [sum(c) for c in zip(*(n for _, n in self.pending))]
+        width = max(totals)
+        block = torch.full((len(totals), width + 1), -1, dtype=torch.long, device=dev)  # + a spare column
+        offset = torch.zeros(len(totals), 1, dtype=torch.long, device=dev)
+        for tokens, n in self.pending:
+            count = torch.tensor(n, dtype=torch.long, device=dev).view(-1, 1)
+            j = torch.arange(tokens.shape[1], device=dev).view(1, -1)
+            block.scatter_(1, torch.where(j < count, offset + j, width), tokens.to(dev))  # else: the spare column
+            offset += count
+        return block[:, :width], offset.view(-1)
 
     def expand(self, ctx: StepContext, stop: StopRule | None = None) -> Expansion:
         """Grow every row's tree level by level; `stop` may end a row's tree at a checkpoint."""
