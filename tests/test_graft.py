@@ -139,8 +139,10 @@ def test_accepted_along_counts_the_walk_prefix_in_a_tree():
 def test_drafter_stops_at_checkpoints(qwen3_model):
     """τ = 1 stops every tree at level 0 (≤ top_k draft nodes); τ = 0 never stops."""
     params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=0)
-    for tau, stage, max_depth in (((1.0, 1.0, 1.0), 0, 1), ((0.0, 0.0, 0.0), 3, 7)):
-        engine = graft_engine(qwen3_model, qwen3_model, DraftConfig(thresholds=tau, graft=False))
+    # budget 4: no node deeper than 4 can be kept, so the drafter expands no deeper (not 7 levels)
+    for tau, stage, max_depth, budget in (((1.0, 1.0, 1.0), 0, 1, 60), ((0.0, 0.0, 0.0), 3, 7, 60),
+                                          ((0.0, 0.0, 0.0), 3, 4, 4)):
+        engine = graft_engine(qwen3_model, qwen3_model, DraftConfig(thresholds=tau, graft=False), budget=budget)
         seen = []
         expand = engine.proposer.drafter.expand
         engine.proposer.drafter.expand = lambda ctx, stop=None: seen.append(expand(ctx, stop)) or seen[-1]

@@ -173,7 +173,8 @@ class DrafterProposer(Proposer):
         cfg, dev = self.cfg, self.runner.device
         rows = ctx.last_token.shape[0]
         limit = (ctx.remaining.to(dev) - 1).clamp(0, self.max_depth)  # [rows] deepest useful node depth
-        levels = min(cfg.depth, int(limit.max()))
+        # a row keeps at most `budget` nodes, ancestor-closed: no kept node lies deeper than that
+        levels = min(cfg.depth, int(limit.max()), ctx.budget)
         stage = torch.full((rows,), len(cfg.checkpoints), dtype=torch.long, device=dev)
         best = torch.zeros(rows, len(cfg.checkpoints), device=dev)
         active = torch.ones(rows, dtype=torch.bool, device=dev)
