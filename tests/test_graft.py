@@ -211,12 +211,17 @@ def test_graft_trees_within_budget_superset_and_well_formed(qwen3_model, monkeyp
     assert grafted > 0  # retrieval actually filled freed slots
 
 
-def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch):
+@pytest.mark.parametrize("chunk", [64, 2])
+def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, chunk):
     """D-cut may decode plainly without proposing (back-off): the drafter then feeds every skipped
-    token on its next proposal. With the target as its own drafter, greedy, every proposing step
-    must accept its whole chain again — a drafter whose cache fell out of step would not."""
+    token on its next proposal (in chunks of FEED_CHUNK tokens). With the target as its own drafter,
+    greedy, every proposing step must accept its whole chain again — a drafter whose cache fell out
+    of step would not."""
+    import rollout_graft.proposers.drafter as drafter_module
     from rollout_graft.budget import DCut
     from rollout_graft.cost import CostModel
+
+    monkeypatch.setattr(drafter_module, "FEED_CHUNK", chunk)
 
     pattern = iter(([True] * 3 + [False] * 2) * 100)  # 3 plain steps, then 2 proposing steps, …
     monkeypatch.setattr(DCut, "skip_proposal", lambda self, rows=None: next(pattern))

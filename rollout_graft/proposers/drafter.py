@@ -33,6 +33,10 @@ from ..sampling import warp_logits
 from ..tree import DRAFT, Draft
 from .base import Proposer, StepContext
 
+FEED_CHUNK = 64
+"""Pending tokens fed per drafter forward: after a long D-cut back-off the catch-up block is fed in
+chunks, so its attention mask stays [rows, 64, 64 + cache] whatever the back-off's length."""
+
 StopRule = Callable[[int, torch.Tensor], torch.Tensor]
 """(checkpoint index, best cumulative confidence [rows]) → [rows] bool: stop this row's tree here."""
 
@@ -137,36 +141,37 @@ class DrafterProposer(Proposer):
         return warp_logits(logits, self.params).softmax(-1)
 
     def _feed_pending(self, ctx: StepContext) -> torch.Tensor:
-        """Cache the pending tokens (a causal block per row); returns the root logits [rows, V]."""
+        """Cache the pending tokens (a causal block per row, in chunks of FEED_CHUNK after a long
+        back-off); returns the root logits [rows, V]."""
         block, n = self._pending_block()
         rows, width = block.shape
         dev = self.runner.device
         j = torch.arange(width, device=dev)
-        real = j.view(1, -1) < n.view(-1, 1)  # [rows, P]
-        positions = (ctx.length.to(dev) - n).view(-1, 1) + j  # the root sits at length - 1
-        causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
-        mask = (causal & real.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=dev)  # padding sees itself
-        logits = self.runner.verify(block.clamp(min=0), positions, mask)  # [rows, P, V]
-        self.runner.commit(real)
+        real = j.view(1, -1) >= width - n.view(-1, 1)  # [rows, P] right-aligned: every root in the last column
+        positions = ((ctx.length.to(dev) - width).view(-1, 1) + j).clamp(min=0)  # the root sits at length - 1
+        for start in range(0, width, FEED_CHUNK):  # a chunk attends to the chunks before it through the cache
+            cols = slice(start, min(width, start + FEED_CHUNK))
+            w = cols.stop - cols.start
+            causal = torch.ones(w, w, dtype=torch.bool, device=dev).tril()
+            mask = (causal & real[:, cols].unsqueeze(1)) | torch.eye(w, dtype=torch.bool, device=dev)  # padding sees itself
+            logits = self.runner.verify(block[:, cols].clamp(min=0), positions[:, cols], mask)  # [rows, w, V]
+            self.runner.commit(real[:, cols])
         self.pending = []
-        return logits[torch.arange(rows, device=dev), n - 1]
+        return logits[:, -1]
 
     def _pending_block(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pending tokens as one left-aligned block [rows, P] (-1 = none) and counts [rows]."""
+        """The pending tokens as one right-aligned block [rows, P] (-1 = none) and counts [rows]."""
         dev = self.runner.device
-        if len(self.pending) == 1:  # every step proposed: just the last step's tokens
-            tokens, n = self.pending[0]
-            return tokens[:, : max(n)].to(dev), torch.tensor(n, dtype=torch.long, device=dev)
         totals = [sum(c) for c in zip(*(n for _, n in self.pending))]
         width = max(totals)
         block = torch.full((len(totals), width + 1), -1, dtype=torch.long, device=dev)  # + a spare column
-        offset = torch.zeros(len(totals), 1, dtype=torch.long, device=dev)
+        offset = width - torch.tensor(totals, dtype=torch.long, device=dev).view(-1, 1)  # each row's first column
         for tokens, n in self.pending:
             count = torch.tensor(n, dtype=torch.long, device=dev).view(-1, 1)
             j = torch.arange(tokens.shape[1], device=dev).view(1, -1)
             block.scatter_(1, torch.where(j < count, offset + j, width), tokens.to(dev))  # else: the spare column
-            offset += count
-        return block[:, :width], offset.view(-1)
+            offset = offset + count
+        return block[:, :width], torch.tensor(totals, dtype=torch.long, device=dev)
 
     def expand(self, ctx: StepContext, stop: StopRule | None = None) -> Expansion:
         """Grow every row's tree level by level; `stop` may end a row's tree at a checkpoint."""
