@@ -269,10 +269,11 @@ class RolloutEngine:
             if decision is not None and draft.tokens.shape[1]:
                 self.dcut.observe(draft, kept[:, 1:])
         if self.dcut is not None:
-            # what a step spends beyond the profiled forward: a speculative step pays its tree (when a
-            # plain step could skip it), the tree walk and learning; a plain step its one draw
+            # what a step spends beyond the profiled forward: a step that built a tree pays for it (when
+            # a plain step could skip it; also when D-cut then verified none of it — a probe), the walk
+            # and learning; a plain step its one draw
             rows, done = len(state.index), self._clock()
-            if draft.tokens.shape[1]:
+            if not skipped and (draft.tokens.shape[1] or self.proposer.can_skip):
                 tree_s = proposed - start if self.proposer.can_skip else 0.0
                 self.dcut.observe_overhead(rows, 1000.0 * (tree_s + done - verified), speculative=True)
             else:

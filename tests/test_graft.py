@@ -211,17 +211,27 @@ def test_graft_trees_within_budget_superset_and_well_formed(qwen3_model, monkeyp
     assert grafted > 0  # retrieval actually filled freed slots
 
 
-@pytest.mark.parametrize("chunk", [64, 2])
-def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, chunk):
-    """D-cut may decode plainly without proposing (back-off): the drafter then feeds every skipped
-    token on its next proposal (in chunks of FEED_CHUNK tokens). With the target as its own drafter,
-    greedy, every proposing step must accept its whole chain again — a drafter whose cache fell out
-    of step would not."""
+@pytest.mark.parametrize("window", [64, 2])
+def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, window):
+    """D-cut may decode plainly without proposing (back-off): the drafter then feeds the skipped
+    tokens on its next proposal, at most FEED_WINDOW of them. With the target as its own drafter,
+    greedy, and the whole skipped span fed (window 64), every proposing step accepts its whole
+    chain — a drafter whose cache fell out of step would not. With a window shorter than the span
+    (2) its cache has gaps: drafts may be worse, the output is the same."""
     import rollout_graft.proposers.drafter as drafter_module
     from rollout_graft.budget import DCut
     from rollout_graft.cost import CostModel
 
-    monkeypatch.setattr(drafter_module, "FEED_CHUNK", chunk)
+    monkeypatch.setattr(drafter_module, "FEED_WINDOW", window)
+    fed = []  # width of every block a proposal fed
+    block = drafter_module.DrafterProposer._pending_block
+
+    def spy(self):
+        out = block(self)
+        fed.append(out[0].shape[1])
+        return out
+
+    monkeypatch.setattr(drafter_module.DrafterProposer, "_pending_block", spy)
 
     pattern = iter(([True] * 3 + [False] * 2) * 100)  # 3 plain steps, then 2 proposing steps, …
     monkeypatch.setattr(DCut, "skip_proposal", lambda self, rows=None: next(pattern))
@@ -229,8 +239,7 @@ def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, c
     prompts = [[5, 6, 7]] * 2 + [[9, 10]] * 2
     ar = RolloutEngine(qwen3_model).generate(prompts, greedy)
     engine = graft_engine(qwen3_model, qwen3_model, DraftConfig(prune=False, graft=False, top_k=1, beam=1, depth=6),
-                          budget=8,
-                          budget_policy="dcut", dcut_ratios=(1.0,))
+                          budget=8, budget_policy="dcut", dcut_ratios=(1.0,))
     engine.dcut = DCut(CostModel([1, 64], [1, 64], [[1e6, 1e6]] * 2), (1.0,), explore_every=0)  # verifying is free
     engine.dcut.width_cap = 8  # no slow start: every proposing step verifies the whole tree
     out = engine.generate(prompts, greedy)
@@ -238,8 +247,9 @@ def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, c
     spec = [t for t in out.stats.budget_trace if t["ratio"] > 0]
     plain = [t for t in out.stats.budget_trace if t["candidates"] == 0]  # skipped: nothing proposed
     assert len(spec) >= 4 and len(plain) >= len(spec)
-    # each proposing step emits the drafter's 6-token chain + the bonus token (the last may be cut short)
-    assert all(t["actual"] == 7 * t["rows"] for t in spec[:-1]), [t["actual"] for t in spec]
+    assert max(fed) == min(window, 7 + 3)  # after 3 plain steps: the last proposal's 7 tokens + 3
+    if window == 64:  # each proposing step emits the drafter's 6-token chain + the bonus token (the last may be cut short)
+        assert all(t["actual"] == 7 * t["rows"] for t in spec[:-1]), [t["actual"] for t in spec]
 
 
 def test_graft_with_suffix_chains_is_exact_and_matches_once_per_step(qwen3_model, monkeypatch):

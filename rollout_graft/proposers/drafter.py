@@ -3,7 +3,7 @@
 The draft model runs in its own `ModelRunner` (the same class as the target's), whose KV cache
 holds every committed token except a short per-row *pending* list: the tokens emitted since the
 last `propose` (at the start, the last prompt token; after steps D-cut decoded plainly, every token
-they emitted). A step:
+they emitted — of which a proposal feeds the last FEED_WINDOW). A step:
 
 1. feeds the pending tokens as one causal block (their KV stays) — the logits at the last one,
    the root, give the root's children: level 0 = top-k of the drafter's distribution;
@@ -33,9 +33,12 @@ from ..sampling import warp_logits
 from ..tree import DRAFT, Draft
 from .base import Proposer, StepContext
 
-FEED_CHUNK = 64
-"""Pending tokens fed per drafter forward: after a long D-cut back-off the catch-up block is fed in
-chunks, so its attention mask stays [rows, 64, 64 + cache] whatever the back-off's length."""
+FEED_WINDOW = 64
+"""Pending tokens a proposal feeds at most. After a D-cut back-off of more steps than this, the
+drafter's cache skips the older ones: its next drafts see the prompt, the text up to the back-off
+and the last FEED_WINDOW tokens (drafts may be a little worse; the output law does not change,
+the target verifies every token). Catching up a long back-off in full would cost a share of the
+skipped steps that no back-off length could shrink."""
 
 StopRule = Callable[[int, torch.Tensor], torch.Tensor]
 """(checkpoint index, best cumulative confidence [rows]) → [rows] bool: stop this row's tree here."""
@@ -141,26 +144,24 @@ class DrafterProposer(Proposer):
         return warp_logits(logits, self.params).softmax(-1)
 
     def _feed_pending(self, ctx: StepContext) -> torch.Tensor:
-        """Cache the pending tokens (a causal block per row, in chunks of FEED_CHUNK after a long
-        back-off); returns the root logits [rows, V]."""
+        """Cache the pending tokens (a causal block per row; after a long D-cut back-off only the
+        last FEED_WINDOW of them); returns the root logits [rows, V]."""
         block, n = self._pending_block()
         rows, width = block.shape
         dev = self.runner.device
         j = torch.arange(width, device=dev)
         real = j.view(1, -1) >= width - n.view(-1, 1)  # [rows, P] right-aligned: every root in the last column
         positions = ((ctx.length.to(dev) - width).view(-1, 1) + j).clamp(min=0)  # the root sits at length - 1
-        for start in range(0, width, FEED_CHUNK):  # a chunk attends to the chunks before it through the cache
-            cols = slice(start, min(width, start + FEED_CHUNK))
-            w = cols.stop - cols.start
-            causal = torch.ones(w, w, dtype=torch.bool, device=dev).tril()
-            mask = (causal & real[:, cols].unsqueeze(1)) | torch.eye(w, dtype=torch.bool, device=dev)  # padding sees itself
-            logits = self.runner.verify(block[:, cols].clamp(min=0), positions[:, cols], mask)  # [rows, w, V]
-            self.runner.commit(real[:, cols])
+        causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+        mask = (causal & real.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=dev)  # padding sees itself
+        logits = self.runner.verify(block.clamp(min=0), positions, mask)  # [rows, P, V]
+        self.runner.commit(real)
         self.pending = []
         return logits[:, -1]
 
     def _pending_block(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pending tokens as one right-aligned block [rows, P] (-1 = none) and counts [rows]."""
+        """The last ≤ FEED_WINDOW pending tokens of each row as one right-aligned block [rows, P]
+        (-1 = none) and their counts [rows]."""
         dev = self.runner.device
         totals = [sum(c) for c in zip(*(n for _, n in self.pending))]
         width = max(totals)
@@ -171,7 +172,8 @@ class DrafterProposer(Proposer):
             j = torch.arange(tokens.shape[1], device=dev).view(1, -1)
             block.scatter_(1, torch.where(j < count, offset + j, width), tokens.to(dev))  # else: the spare column
             offset = offset + count
-        return block[:, :width], torch.tensor(totals, dtype=torch.long, device=dev)
+        keep = min(width, FEED_WINDOW)
+        return block[:, width - keep : width], torch.tensor(totals, dtype=torch.long, device=dev).clamp(max=keep)
 
     def expand(self, ctx: StepContext, stop: StopRule | None = None) -> Expansion:
         """Grow every row's tree level by level; `stop` may end a row's tree at a checkpoint."""
