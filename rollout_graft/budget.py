@@ -124,6 +124,12 @@ PROBE_SHARE = 0.02
 """While backing off, probes may cost about this share of the plain decoding time (`DCut._longest_backoff`)."""
 
 
+SWITCH_MARGIN = 1.1
+"""After a plain step, D-cut returns to speculation only when it predicts ≥ 10 % more tokens per
+second: near break-even, flip-flopping pays the switch (a drafter's catch-up, a probe's tree) for
+nothing."""
+
+
 class DCut:
     """Chooses the verified width W = ρ·m per step (m: the per-sequence budget, W capped at the
     draft's width) from `ratios`, with a `CostModel` for the forward and an `OverheadModel` for the rest.
@@ -236,8 +242,11 @@ class DCut:
             else:
                 expected = rows + gains[i]
                 ms = self.cost.predict(rows, 1.0 + min(w, widest)) + spec_ms
-            if best is None or expected / ms > best[0]:
-                best = (expected / ms, w, kept[i] if w else 0, expected)
+            rate = expected / ms
+            if w > 0 and self.idle > 0 and not explore:  # leaving plain decoding must pay by a margin
+                rate /= SWITCH_MARGIN
+            if best is None or rate > best[0]:
+                best = (rate, w, kept[i] if w else 0, expected)
         _, width, n_kept, expected = best
         if width >= cap > 0:  # the cap binds: verify at the cap (the widest allowed width) and double it
             i = max(j for j, w in enumerate(widths) if w <= cap)

@@ -68,6 +68,20 @@ def test_width_choice_follows_the_cost_table():
     assert cut.valid.tolist() == [[True], [True]] and cut.tokens.tolist() == [[10], [10]]
 
 
+def test_leaving_plain_decoding_needs_a_margin():
+    # rows=2, m=4; the scores 0.9 and 0.3 calibrate (no observations yet) to 0.75 and 0.237:
+    # W=0 → 2/1 = 2.0 ; W=1 → (2 + 0.987)/cost(2,2) ; wider widths cost 3 and 5 and lose
+    slight = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.42, 3.0, 5.0]] * 3)  # W=1: 2.10, 5 % better than plain
+    clear = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 3.0, 5.0]] * 3)  # W=1: 2.49, 24 % better
+    assert trusting(slight).decide(draft_with_scores(TREES))[1].ratio == 0.25  # speculating: stays
+    after_plain = trusting(slight)
+    after_plain.idle = 1  # the last decision was plain decoding
+    assert after_plain.decide(draft_with_scores(TREES))[1].ratio == 0.0  # 5 % does not pay the switch
+    after_plain = trusting(clear)
+    after_plain.idle = 1
+    assert after_plain.decide(draft_with_scores(TREES))[1].ratio == 0.25
+
+
 def test_width_follows_the_batch_size_as_it_drains():
     # speculation pays at 2 rows (the forward is latency-bound) but not at 64 (compute-bound)
     cost = CostModel([2, 64], [1, 2, 3, 5], [[1.0, 1.05, 1.1, 1.2], [1.0, 2.0, 3.0, 5.0]])
