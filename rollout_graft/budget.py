@@ -8,7 +8,9 @@ maximises expected emitted tokens / predicted step time over the whole batch (m:
 budget; a draft narrower than m caps W at its width):
 
     E[emitted | W] = Σ_rows (1 + Σ_{row's top-W nodes} score)      (bonus/recovered token + accepted)
-    time(W)        = cost(rows, 1 + W) + overhead(rows, W > 0)     (profiled forward + measured rest)
+    time(W)        = cost(rows, 1 + W) · s + overhead(rows, W > 0)  (profiled forward + measured rest)
+
+(s: measured/profiled ratio of the rollout's own forwards, one for W = 0 and one for W > 0.)
 
 W = 0 (plain decoding: no tree, one draw per row) is always a candidate, so a step is never predicted slower
 than "ar". Why a per-row width rather than the paper's global top-K: see `DCut`.
@@ -155,6 +157,7 @@ class DCut:
         self.idle = 0  # consecutive decisions for ρ = 0
         self.until_probe = 0  # steps left to decode plainly without even proposing
         self.backoff_rows = 0  # batch size when the back-off began
+        self.forward_scale = [1.0, 1.0]  # measured / profiled verify forward: plain, wider (`observe_forward`)
 
     def skip_proposal(self, rows: int | None = None) -> bool:
         """Back off while speculation does not pay: after n consecutive ρ = 0 decisions, the next
@@ -187,6 +190,20 @@ class DCut:
     def observe(self, draft: Draft, accepted: torch.Tensor) -> None:
         """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
         self.calibration.observe(draft.score, draft.valid, accepted)
+
+    def observe_forward(self, rows: int, tokens_per_row: float, ms: float) -> None:
+        """A verify forward measured by the engine: the profiled table is the best of a few timings
+        on an idle device, a rollout's forwards run in its caches, allocator and neighbours. The
+        measured/profiled ratio (moving average, one for plain and one for wider forwards) scales
+        the table's predictions."""
+        predicted = self.cost.predict(rows, tokens_per_row)
+        if predicted > 0 and ms > 0:
+            i = int(tokens_per_row > 1)
+            self.forward_scale[i] = 0.9 * self.forward_scale[i] + 0.1 * ms / predicted
+
+    def forward_ms(self, rows: int, tokens_per_row: float) -> float:
+        """Predicted verify forward: the profiled table × the measured/profiled ratio of such forwards."""
+        return self.cost.predict(rows, tokens_per_row) * self.forward_scale[int(tokens_per_row > 1)]
 
     def observe_overhead(self, rows: int, ms: float, speculative: bool = True) -> None:
         """Time a step spent outside the verify forward (measured by the engine)."""
@@ -238,10 +255,10 @@ class DCut:
             if explore and w == 0 and n > 1:
                 continue
             if w == 0:
-                expected, ms = float(rows), self.cost.predict(rows, 1.0) + plain_ms
+                expected, ms = float(rows), self.forward_ms(rows, 1.0) + plain_ms
             else:
                 expected = rows + gains[i]
-                ms = self.cost.predict(rows, 1.0 + min(w, widest)) + spec_ms
+                ms = self.forward_ms(rows, 1.0 + min(w, widest)) + spec_ms
             rate = expected / ms
             if w > 0 and self.idle > 0 and not explore:  # leaving plain decoding must pay by a margin
                 rate /= SWITCH_MARGIN
@@ -253,9 +270,9 @@ class DCut:
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
             self.width_cap = 2 * cap
         ratio = width / budget
-        plain = self.cost.predict(rows, 1.0) + plain_ms
+        plain = self.forward_ms(rows, 1.0) + plain_ms
         smallest = next((w for w in widths if w > 0), 0)  # what a probe verifies
-        probe = self.cost.predict(rows, 1.0 + min(smallest, widest)) + spec_ms - plain
+        probe = self.forward_ms(rows, 1.0 + min(smallest, widest)) + spec_ms - plain
         self._track(ratio, rows, probe, plain)
         if width < widest:
             draft = keep_top_per_row(draft, width).compacted()

@@ -273,6 +273,7 @@ class RolloutEngine:
             # a plain step could skip it; also when D-cut then verified none of it — a probe), the walk
             # and learning; a plain step its one draw
             rows, done = len(state.index), self._clock()
+            self.dcut.observe_forward(rows, float(tree.tokens.shape[1]), 1000.0 * (verified - proposed))
             if not skipped and (draft.tokens.shape[1] or self.proposer.can_skip):
                 tree_s = proposed - start if self.proposer.can_skip else 0.0
                 self.dcut.observe_overhead(rows, 1000.0 * (tree_s + done - verified), speculative=True)

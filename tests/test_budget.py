@@ -82,6 +82,18 @@ def test_leaving_plain_decoding_needs_a_margin():
     assert after_plain.decide(draft_with_scores(TREES))[1].ratio == 0.25
 
 
+def test_measured_forwards_correct_the_profiled_table():
+    knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)
+    dcut = trusting(knee)
+    assert dcut.decide(draft_with_scores(TREES))[1].ratio == 0.25  # W=1: 2.99 / 1.2 = 2.49 > 2.0 plain
+    for _ in range(60):  # the rollout's own wide forwards take twice the profiled time; plain ones as profiled
+        dcut.observe_forward(2, 2.0, 2.4)
+        dcut.observe_forward(2, 1.0, 1.0)
+    assert dcut.forward_scale == pytest.approx([1.0, 2.0], rel=0.01)
+    assert dcut.forward_ms(2, 2.0) == pytest.approx(2.4, rel=0.01)
+    assert dcut.decide(draft_with_scores(TREES))[1].ratio == 0.0  # W=1: 2.99 / 2.4 < 2.0
+
+
 def test_width_follows_the_batch_size_as_it_drains():
     # speculation pays at 2 rows (the forward is latency-bound) but not at 64 (compute-bound)
     cost = CostModel([2, 64], [1, 2, 3, 5], [[1.0, 1.05, 1.1, 1.2], [1.0, 2.0, 3.0, 5.0]])
@@ -162,6 +174,7 @@ def test_dcut_is_lossless_and_logs_decisions(tmp_path, monkeypatch):
     out = engine.generate(prompts, params)
     assert out.completion_ids == ar.completion_ids
     assert len(out.stats.budget_trace) == out.stats.target_forwards
+    assert engine.dcut.forward_scale != [1.0, 1.0]  # the engine measured its forwards
     assert out.stats.budget_ratio is not None
     assert list(tmp_path.glob("cost/*.json"))  # the profile is cached on disk
 
