@@ -3,7 +3,7 @@
 
 Default (CPU, offline, a few minutes on 2 cores): the embedded tiny Qwen3 target learns to
 answer 16 of the embedded arithmetic prompts, revisited every 4 steps; the training reward
-(correct `#### N` + format) rises (≈ 0.54 → 0.96 in 60 steps). Held-out accuracy does not: the
+(correct `#### N` + format) rises (≈ 0.55 → 0.96 in 60 steps). Held-out accuracy does not: the
 tiny model has little to generalise from a few CPU minutes (docs/BENCHMARKS.md).
 
     accelerate launch recipes/grpo_qwen3.py                    # graft backend (default)
