@@ -253,6 +253,32 @@ def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, w
         assert all(t["actual"] == 7 * t["rows"] for t in spec[:-1]), [t["actual"] for t in spec]
 
 
+def test_drafter_pending_steps_collapse_when_rows_leave_and_prefill_waits_for_a_proposal(qwen3_model, monkeypatch):
+    from rollout_graft.budget import DCut
+    from rollout_graft.proposers.drafter import DrafterProposer
+    from rollout_graft.runner import ModelRunner
+
+    drafter = DrafterProposer(DraftConfig(), ModelRunner(small_draft()), max_depth=8)
+    drafter.start([[5, 6, 7], [9, 10]], torch.tensor([0, 0, 1]), None, SamplingParams())
+    drafter.advance(torch.tensor([[11, 12, 0], [13, 0, 0], [14, 15, 16]]), [2, 1, 3])
+    drafter.advance(torch.tensor([[17, 0], [18, 19], [20, 0]]), [1, 2, 1])
+    block, n = drafter._pending_block()  # right-aligned
+    assert block.tolist() == [[-1, 7, 11, 12, 17], [-1, 7, 13, 18, 19], [10, 14, 15, 16, 20]] and n.tolist() == [4, 4, 5]
+    drafter.select_rows(torch.tensor([0, 2]))  # row 1 finished: the steps collapse into one block
+    assert len(drafter.pending) == 1
+    block, n = drafter._pending_block()
+    assert block.tolist() == [[-1, 7, 11, 12, 17], [10, 14, 15, 16, 20]] and n.tolist() == [4, 5]
+    assert drafter.runner.cache is None and drafter._row_prompt.tolist() == [0, 1]  # nothing prefilled yet
+
+    # a rollout D-cut decodes plainly throughout never runs the drafter
+    monkeypatch.setattr(DCut, "skip_proposal", lambda self, rows=None: True)
+    greedy = SamplingParams(temperature=0, max_new_tokens=12)
+    engine = graft_engine(qwen3_model, small_draft(), budget_policy="dcut")
+    out = engine.generate(PROMPTS, greedy)
+    assert out.completion_ids == RolloutEngine(qwen3_model).generate(PROMPTS, greedy).completion_ids
+    assert engine.proposer.drafter.runner.cache is None
+
+
 def test_graft_with_suffix_chains_is_exact_and_matches_once_per_step(qwen3_model, monkeypatch):
     """Suffix chains in the grafted retrieval: greedy output unchanged, and the suffix match runs
     once per step although graft builds retrieval trees of several sizes."""

@@ -111,12 +111,17 @@ class DrafterProposer(Proposer):
         # tokens not yet in the draft cache, as the steps emitted them: ([rows, T] tokens, host counts)
         # per step since the last propose; the last pending token of a row is its root
         self.pending: list[tuple[torch.Tensor, list[int]]] = []
+        self._prompts: list[list[int]] = []
+        self._row_prompt: torch.Tensor | None = None  # [rows] prompt of each row until the prompts are prefilled
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, prompts, row_prompt, prompt_logits, params: SamplingParams) -> None:
+        """The prompts are prefilled at the first proposal: a rollout D-cut decodes plainly
+        throughout never runs the drafter."""
         self.params = params
-        self.runner.prefill([p[:-1] for p in prompts], row_prompt)
+        self.runner.release()
         dev = self.runner.device
+        self._prompts, self._row_prompt = prompts, row_prompt.to(dev)  # until the prefill
         last = torch.tensor([[prompts[g][-1]] for g in row_prompt.tolist()], dtype=torch.long, device=dev)
         self.pending = [(last, [1] * len(row_prompt))]
 
@@ -128,9 +133,18 @@ class DrafterProposer(Proposer):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         rows = rows.to(self.runner.device)
-        self.runner.select_rows(rows)
+        if self._row_prompt is None:
+            self.runner.select_rows(rows)
+        else:  # not prefilled yet
+            self._row_prompt = self._row_prompt.index_select(0, rows)
+        if len(self.pending) > 1:  # one block, so the next selections index one tensor
+            block, n = self._pending_block()
+            width = block.shape[1]
+            j = torch.arange(width, device=block.device).view(1, -1)
+            left = block.gather(1, (j + width - n.view(-1, 1)).clamp(max=width - 1))  # left-aligned
+            self.pending = [(left.masked_fill(j >= n.view(-1, 1), -1), n.tolist())]
         keep = rows.tolist()
-        self.pending = [(t.index_select(0, rows.to(t.device)), [n[i] for i in keep]) for t, n in self.pending]
+        self.pending = [(t.index_select(0, rows.to(t.device)), [c[i] for i in keep]) for t, c in self.pending]
 
     def propose(self, ctx: StepContext) -> Draft:
         nodes = self.expand(ctx).nodes
@@ -145,7 +159,11 @@ class DrafterProposer(Proposer):
 
     def _feed_pending(self, ctx: StepContext) -> torch.Tensor:
         """Cache the pending tokens (a causal block per row; after a long D-cut back-off only the
-        last FEED_WINDOW of them); returns the root logits [rows, V]."""
+        last FEED_WINDOW of them), prefilling the prompts first at a rollout's first proposal;
+        returns the root logits [rows, V]."""
+        if self._row_prompt is not None:
+            self.runner.prefill([p[:-1] for p in self._prompts], self._row_prompt)
+            self._row_prompt = None
         block, n = self._pending_block()
         rows, width = block.shape
         dev = self.runner.device
