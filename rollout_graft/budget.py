@@ -123,7 +123,7 @@ class OverheadModel:
 
 
 PROBE_SHARE = 0.02
-"""While backing off, probes may cost about this share of the plain decoding time (`DCut._longest_backoff`)."""
+"""While backing off, probes may cost about this share of the plain decoding time (`DCut._update_longest_backoff`)."""
 
 
 SWITCH_MARGIN = 1.1
@@ -157,12 +157,13 @@ class DCut:
         self.idle = 0  # consecutive decisions for ρ = 0
         self.until_probe = 0  # steps left to decode plainly without even proposing
         self.backoff_rows = 0  # batch size when the back-off began
+        self.longest_backoff = 64  # steps between probes at most (`_update_longest_backoff`)
         self.forward_scale = [1.0, 1.0]  # measured / profiled verify forward: plain, wider (`observe_forward`)
 
     def skip_proposal(self, rows: int | None = None) -> bool:
         """Back off while speculation does not pay: after n consecutive ρ = 0 decisions, the next
         min(2^n, longest) − 1 steps decode plainly without building a tree at all, then probe again
-        (`longest`: see `_longest_backoff`). A batch that halved since the back-off began probes at
+        (`longest_backoff`). A batch that halved since the back-off began probes at
         once: fewer rows may make speculation pay."""
         if self.until_probe > 0 and rows is not None and 2 * rows <= self.backoff_rows:
             self.until_probe = 0
@@ -171,21 +172,20 @@ class DCut:
             return True
         return False
 
-    def _track(self, ratio: float, rows: int = 0, probe_ms: float = 0.0, plain_ms: float = 0.0) -> None:
+    def _track(self, ratio: float, rows: int) -> None:
         if ratio > 0:
             self.idle = 0
             return
         self.idle += 1
         self.backoff_rows = rows
-        self.until_probe = min(2 ** self.idle, self._longest_backoff(probe_ms, plain_ms)) - 1
+        self.until_probe = min(2 ** self.idle, self.longest_backoff) - 1
 
-    def _longest_backoff(self, probe_ms: float, plain_ms: float) -> int:
+    def _update_longest_backoff(self, probe_ms: float, plain_ms: float) -> None:
         """Steps between probes at most: 64, or more when one probe (a tree and a wider forward)
         costs more than PROBE_SHARE of the plain steps it would interrupt — a drafter that is slow
         next to the target is not re-tried every 64 steps (at most 1024)."""
-        if plain_ms <= 0 or probe_ms <= 0:
-            return 64
-        return int(min(1024, max(64, probe_ms / (PROBE_SHARE * plain_ms))))
+        share = probe_ms / (PROBE_SHARE * plain_ms) if plain_ms > 0 else 0.0
+        self.longest_backoff = int(min(1024, max(64, share)))
 
     def observe(self, draft: Draft, accepted: torch.Tensor) -> None:
         """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
@@ -272,8 +272,8 @@ class DCut:
         ratio = width / budget
         plain = self.forward_ms(rows, 1.0) + plain_ms
         smallest = next((w for w in widths if w > 0), 0)  # what a probe verifies
-        probe = self.forward_ms(rows, 1.0 + min(smallest, widest)) + spec_ms - plain
-        self._track(ratio, rows, probe, plain)
+        self._update_longest_backoff(self.forward_ms(rows, 1.0 + min(smallest, widest)) + spec_ms - plain, plain)
+        self._track(ratio, rows)
         if width < widest:
             draft = keep_top_per_row(draft, width).compacted()
         return draft, BudgetDecision(ratio, n_kept, candidates, expected)

@@ -149,6 +149,9 @@ def test_backoff_grows_with_the_probe_cost_and_ends_when_the_batch_halves():
     # a 6 ms probe would cost 9 % of 64 plain steps: back off until it is 2 % (300 steps)
     assert backoffs(5.0)[1] == [1, 3, 7, 15, 31, 63, 127, 255, 299, 299, 299, 299]
     assert backoffs(1e6)[1][-1] == 1023  # never longer than 1024 steps
+    dcut, _ = backoffs(5.0)
+    dcut.decide(Draft.empty(2, "cpu"))  # a step with nothing to propose keeps the back-off's length
+    assert dcut.until_probe == 299
     dcut, _ = backoffs(5.0, decisions=5)  # 2 rows, backing off 31 steps
     assert dcut.skip_proposal(2) and dcut.until_probe == 30
     assert not dcut.skip_proposal(1)  # half the rows: probe now
