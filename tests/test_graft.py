@@ -226,9 +226,10 @@ def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, w
     fed = []  # width of every block a proposal fed
     block = drafter_module.DrafterProposer._pending_block
 
-    def spy(self):
-        out = block(self)
-        fed.append(out[0].shape[1])
+    def spy(self, right=True):
+        out = block(self, right)
+        if right:  # a block fed to the drafter (left-aligned ones only collapse pending steps)
+            fed.append(out[0].shape[1])
         return out
 
     monkeypatch.setattr(drafter_module.DrafterProposer, "_pending_block", spy)
@@ -263,11 +264,11 @@ def test_drafter_pending_steps_collapse_when_rows_leave_and_prefill_waits_for_a_
     drafter.advance(torch.tensor([[11, 12, 0], [13, 0, 0], [14, 15, 16]]), [2, 1, 3])
     drafter.advance(torch.tensor([[17, 0], [18, 19], [20, 0]]), [1, 2, 1])
     block, n = drafter._pending_block()  # right-aligned
-    assert block.tolist() == [[-1, 7, 11, 12, 17], [-1, 7, 13, 18, 19], [10, 14, 15, 16, 20]] and n.tolist() == [4, 4, 5]
+    assert block.tolist() == [[-1, 7, 11, 12, 17], [-1, 7, 13, 18, 19], [10, 14, 15, 16, 20]] and n == [4, 4, 5]
     drafter.select_rows(torch.tensor([0, 2]))  # row 1 finished: the steps collapse into one block
     assert len(drafter.pending) == 1
     block, n = drafter._pending_block()
-    assert block.tolist() == [[-1, 7, 11, 12, 17], [10, 14, 15, 16, 20]] and n.tolist() == [4, 5]
+    assert block.tolist() == [[-1, 7, 11, 12, 17], [10, 14, 15, 16, 20]] and n == [4, 5]
     assert drafter.runner.cache is None and drafter._row_prompt.tolist() == [0, 1]  # nothing prefilled yet
 
     # a rollout D-cut decodes plainly throughout never runs the drafter

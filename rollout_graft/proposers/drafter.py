@@ -138,11 +138,7 @@ class DrafterProposer(Proposer):
         else:  # not prefilled yet
             self._row_prompt = self._row_prompt.index_select(0, rows)
         if len(self.pending) > 1:  # one block, so the next selections index one tensor
-            block, n = self._pending_block()
-            width = block.shape[1]
-            j = torch.arange(width, device=block.device).view(1, -1)
-            left = block.gather(1, (j + width - n.view(-1, 1)).clamp(max=width - 1))  # left-aligned
-            self.pending = [(left.masked_fill(j >= n.view(-1, 1), -1), n.tolist())]
+            self.pending = [self._pending_block(right=False)]
         keep = rows.tolist()
         self.pending = [(t.index_select(0, rows.to(t.device)), [c[i] for i in keep]) for t, c in self.pending]
 
@@ -164,11 +160,11 @@ class DrafterProposer(Proposer):
         if self._row_prompt is not None:
             self.runner.prefill([p[:-1] for p in self._prompts], self._row_prompt)
             self._row_prompt = None
-        block, n = self._pending_block()
+        block, _ = self._pending_block()
         rows, width = block.shape
         dev = self.runner.device
         j = torch.arange(width, device=dev)
-        real = j.view(1, -1) >= width - n.view(-1, 1)  # [rows, P] right-aligned: every root in the last column
+        real = block >= 0  # [rows, P] right-aligned: every root in the last column
         positions = ((ctx.length.to(dev) - width).view(-1, 1) + j).clamp(min=0)  # the root sits at length - 1
         causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
         mask = (causal & real.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=dev)  # padding sees itself
@@ -177,21 +173,25 @@ class DrafterProposer(Proposer):
         self.pending = []
         return logits[:, -1]
 
-    def _pending_block(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last ≤ FEED_WINDOW pending tokens of each row as one right-aligned block [rows, P]
-        (-1 = none) and their counts [rows]."""
+    def _pending_block(self, right: bool = True) -> tuple[torch.Tensor, list[int]]:
+        """The last ≤ FEED_WINDOW pending tokens of each row as one block [rows, P] (-1 = none),
+        right-aligned (every root in the last column) or left-aligned (a pending part), and their
+        counts (host ints)."""
         dev = self.runner.device
         totals = [sum(c) for c in zip(*(n for _, n in self.pending))]
-        width = max(totals)
+        kept = [min(t, FEED_WINDOW) for t in totals]
+        width = max(kept)
+        # where each row's first pending token would go; tokens before the window land left of 0
+        first = [(width if right else k) - t for t, k in zip(totals, kept)]
         block = torch.full((len(totals), width + 1), -1, dtype=torch.long, device=dev)  # + a spare column
-        offset = width - torch.tensor(totals, dtype=torch.long, device=dev).view(-1, 1)  # each row's first column
+        offset = torch.tensor(first, dtype=torch.long, device=dev).view(-1, 1)
         for tokens, n in self.pending:
             count = torch.tensor(n, dtype=torch.long, device=dev).view(-1, 1)
             j = torch.arange(tokens.shape[1], device=dev).view(1, -1)
-            block.scatter_(1, torch.where(j < count, offset + j, width), tokens.to(dev))  # else: the spare column
+            at = offset + j
+            block.scatter_(1, torch.where((j < count) & (at >= 0), at, width), tokens.to(dev))  # else: the spare column
             offset = offset + count
-        keep = min(width, FEED_WINDOW)
-        return block[:, width - keep : width], torch.tensor(totals, dtype=torch.long, device=dev).clamp(max=keep)
+        return block[:, :width], kept
 
     def expand(self, ctx: StepContext, stop: StopRule | None = None) -> Expansion:
         """Grow every row's tree level by level; `stop` may end a row's tree at a checkpoint."""
