@@ -8,9 +8,10 @@ maximises expected emitted tokens / predicted step time over the whole batch (m:
 budget; a draft narrower than m caps W at its width):
 
     E[emitted | W] = Σ_rows (1 + Σ_{row's top-W nodes} score)      (bonus/recovered token + accepted)
-    time(W)        = cost(rows, 1 + W) · s + overhead(rows, W > 0)  (profiled forward + measured rest)
+    time(W)        = cost(rows, 1 + W) · s + overhead(rows, W)      (profiled forward + measured rest)
 
-(s: measured/profiled ratio of the rollout's own forwards, one for W = 0 and one for W > 0.)
+(s: measured/profiled ratio of the rollout's own forwards, one for W = 0 and one for W > 0;
+overhead: measured per proposal width, W = 0 has its own.)
 
 W = 0 (plain decoding: no tree, one draw per row) is always a candidate, so a step is never predicted slower
 than "ar". Why a per-row width rather than the paper's global top-K: see `DCut`.
@@ -95,13 +96,10 @@ class ScoreCalibration:
         return float((mid * self.seen).sum()), float(self.accepted.sum())
 
 
-class OverheadModel:
-    """Milliseconds a speculative step spends outside the target forward (building the tree,
-    learning from the logits, D-cut itself), as a + b·rows, fitted online by exponentially
-    weighted least squares. The profiled cost table only times forwards; on a small model or a
-    large batch this overhead decides whether speculation pays."""
+class _RowFit:
+    """y = a + b·rows, fitted by exponentially weighted least squares."""
 
-    def __init__(self, forget: float = 0.9):
+    def __init__(self, forget: float):
         self.forget = forget
         self.sums = [0.0] * 5  # Σw, Σw·x, Σw·y, Σw·x², Σw·x·y
 
@@ -112,14 +110,50 @@ class OverheadModel:
 
     def predict(self, rows: int) -> float:
         w, sx, sy, sxx, sxy = self.sums
-        if w == 0:
-            return 0.0
         var = sxx / w - (sx / w) ** 2
         if var < 1e-6 * max(1.0, (sx / w) ** 2):  # one batch size seen so far: scale with the rows
             return sy / max(sx, 1e-9) * rows
         b = (sxy / w - sx * sy / w**2) / var
         a = sy / w - b * sx / w
         return max(a + b * rows, 0.0)
+
+
+class OverheadModel:
+    """Milliseconds a speculative step spends outside the target forward (building the tree,
+    learning from the logits, D-cut itself), per proposal width (the nodes per row the proposer
+    was asked for: a drafter expands that many levels at most) as a + b·rows, fitted online by
+    exponentially weighted least squares. The profiled cost table only times forwards; on a small
+    model or a large batch this overhead decides whether speculation pays.
+
+    A width not seen yet is interpolated between the nearest seen widths; above the widest seen it
+    is extrapolated along the slope of the two widest (proportionally when only one was seen) —
+    an over-estimate where the cost saturates (a drafter's depth), never an under-estimate of a
+    drafter's extra levels; below the narrowest it is taken as the narrowest's."""
+
+    def __init__(self, forget: float = 0.9):
+        self.forget = forget
+        self.fits: dict[int, _RowFit] = {}
+
+    def observe(self, rows: int, ms: float, width: int = 0) -> None:
+        self.fits.setdefault(width, _RowFit(self.forget)).observe(rows, ms)
+
+    def predict(self, rows: int, width: int = 0) -> float:
+        if not self.fits:
+            return 0.0
+        if width in self.fits:
+            return self.fits[width].predict(rows)
+        below = sorted(w for w in self.fits if w < width)
+        above = sorted(w for w in self.fits if w > width)
+        if not below:
+            return self.fits[above[0]].predict(rows)
+        w1, y1 = below[-1], self.fits[below[-1]].predict(rows)
+        if above:
+            w2, y2 = above[0], self.fits[above[0]].predict(rows)
+            return y1 + (y2 - y1) * (width - w1) / (w2 - w1)
+        if len(below) == 1:
+            return y1 * width / w1 if w1 > 0 else y1  # width 0: measured without a width
+        w0, y0 = below[-2], self.fits[below[-2]].predict(rows)
+        return y1 + max((y1 - y0) / (w1 - w0), 0.0) * (width - w1)
 
 
 PROBE_SHARE = 0.02
@@ -153,7 +187,10 @@ class DCut:
         self.plain_overhead = OverheadModel()  # plain steps: one draw per row
         self.explore_every = explore_every  # every n-th step verifies ≥ the smallest ρ > 0 to keep calibrating
         self.steps = 0
-        self.width_cap: int | None = None  # slow start: the widest W tried so far may at most double
+        self.width_cap: int | None = None  # the widest W the next step may propose (None: the smallest)
+        self.grown_from: int | None = None  # the proposal width the last decision grew the cap from
+        self.growth_fails: dict[int, int] = {}  # proposal width → growths from it in a row that fell back
+        self.growth_wait: dict[int, int] = {}  # proposal width → binding decisions to wait before growing again
         self.idle = 0  # consecutive decisions for ρ = 0
         self.until_probe = 0  # steps left to decode plainly without even proposing
         self.backoff_rows = 0  # batch size when the back-off began
@@ -205,9 +242,13 @@ class DCut:
         """Predicted verify forward: the profiled table × the measured/profiled ratio of such forwards."""
         return self.cost.predict(rows, tokens_per_row) * self.forward_scale[int(tokens_per_row > 1)]
 
-    def observe_overhead(self, rows: int, ms: float, speculative: bool = True) -> None:
-        """Time a step spent outside the verify forward (measured by the engine)."""
-        (self.overhead if speculative else self.plain_overhead).observe(rows, ms)
+    def observe_overhead(self, rows: int, ms: float, speculative: bool = True, width: int = 0) -> None:
+        """Time a step spent outside the verify forward (measured by the engine); width: the
+        proposal width of a speculative step (what `proposal_budget` asked the proposer for)."""
+        if speculative:
+            self.overhead.observe(rows, ms, width)
+        else:
+            self.plain_overhead.observe(rows, ms)
 
     def _widths(self, budget: int) -> list[int]:
         return sorted({round(r * budget) for r in self.ratios})
@@ -217,11 +258,40 @@ class DCut:
         return max(self.width_cap or smallest, smallest)
 
     def proposal_budget(self, budget: int) -> int:
-        """Nodes per row worth proposing this step: no width above the slow-start cap can be chosen,
-        so a probe after a back-off (cap still small) builds a small tree, not a full-budget one."""
+        """Nodes per row worth proposing this step: no width above the cap can be chosen, so a probe
+        after a back-off builds the smallest tree and a step after narrow choices a narrow one (see
+        `_move_cap`)."""
         widths = self._widths(budget)
         cap = self._cap(widths)
         return min(budget, max((w for w in widths if w <= cap), default=0))
+
+    def _move_cap(self, width: int, top: int, m: int) -> None:
+        """The next step's proposal width, after this step chose `width` from a draft of width m
+        proposed at `top` (the widest width the cap allowed):
+
+        - ρ = 0: the smallest (the probe after the back-off builds the cheapest tree);
+        - below what was proposed: the chosen width (a wider tree costs more to build: a drafter
+          expands one level per node of width, up to its depth);
+        - the whole proposal: double (slow start: an uncalibrated guess is costly at a large
+          batch, so the cap grows from the smallest width). A growth whose first decision falls
+          back waits 2, 4, … 64 binding decisions before it is tried again from that width (its
+          cost is known by then: the wider tree was built and measured)."""
+        grown_from, self.grown_from = self.grown_from, None
+        if width > 0 and width >= min(top, m):  # the proposal binds (or its whole draft was chosen)
+            if grown_from is not None:
+                self.growth_fails.pop(grown_from, None)
+            if width < top:
+                return
+            wait = self.growth_wait.get(top, 0)
+            if wait:
+                self.growth_wait[top] = wait - 1
+            else:
+                self.width_cap, self.grown_from = 2 * top, top
+            return
+        if grown_from is not None:
+            fails = self.growth_fails[grown_from] = self.growth_fails.get(grown_from, 0) + 1
+            self.growth_wait[grown_from] = min(2**fails, 64)
+        self.width_cap = width or None
 
     def decide(self, draft: Draft, budget: int | None = None) -> tuple[Draft, BudgetDecision]:
         """Cut `draft` to this step's width. budget: the per-row budget the ratios refer to (default:
@@ -236,8 +306,7 @@ class DCut:
         cum = torch.sort(score, dim=1, descending=True).values.cumsum(1)  # [rows, m]
         counts = draft.valid.sum(1)
         all_widths = self._widths(budget)
-        # slow start: an uncalibrated guess is costly at a large batch, so a step verifies at most
-        # `cap` nodes per row; the cap doubles (from the smallest width) each time it binds
+        # a step verifies at most `cap` nodes per row (the proposal width, `_move_cap`)
         cap = self._cap(all_widths)
         widths = sorted({min(m, w) for w in all_widths})
         cols = torch.tensor([max(w - 1, 0) for w in widths], device=cum.device)
@@ -249,7 +318,7 @@ class DCut:
         gains, kept, widest, candidates = host[:n], [int(k) for k in host[n : 2 * n]], int(host[-2]), int(host[-1])
         self.steps += 1
         explore = self.explore_every > 0 and self.steps % self.explore_every == 0
-        spec_ms, plain_ms = self.overhead.predict(rows), self.plain_overhead.predict(rows)
+        plain_ms = self.plain_overhead.predict(rows)
         best = None
         for i, w in enumerate(widths):
             if explore and w == 0 and n > 1:
@@ -257,22 +326,24 @@ class DCut:
             if w == 0:
                 expected, ms = float(rows), self.forward_ms(rows, 1.0) + plain_ms
             else:
+                # steady state at W: trees proposed at width W (the cap follows the choice)
                 expected = rows + gains[i]
-                ms = self.forward_ms(rows, 1.0 + min(w, widest)) + spec_ms
+                ms = self.forward_ms(rows, 1.0 + min(w, widest)) + self.overhead.predict(rows, w)
             rate = expected / ms
             if w > 0 and self.idle > 0 and not explore:  # leaving plain decoding must pay by a margin
                 rate /= SWITCH_MARGIN
             if best is None or rate > best[0]:
                 best = (rate, w, kept[i] if w else 0, expected)
         _, width, n_kept, expected = best
-        if width >= cap > 0:  # the cap binds: verify at the cap (the widest allowed width) and double it
+        if width > cap > 0:  # verify no wider than the cap (a draft wider than the proposal budget)
             i = max(j for j, w in enumerate(widths) if w <= cap)
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
-            self.width_cap = 2 * cap
+        self._move_cap(width, max(w for w in all_widths if w <= cap), m)
         ratio = width / budget
         plain = self.forward_ms(rows, 1.0) + plain_ms
         smallest = next((w for w in widths if w > 0), 0)  # what a probe verifies
-        self._update_longest_backoff(self.forward_ms(rows, 1.0 + min(smallest, widest)) + spec_ms - plain, plain)
+        probe = self.forward_ms(rows, 1.0 + min(smallest, widest)) + self.overhead.predict(rows, smallest)
+        self._update_longest_backoff(probe - plain, plain)
         self._track(ratio, rows)
         if width < widest:
             draft = keep_top_per_row(draft, width).compacted()

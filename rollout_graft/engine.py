@@ -276,7 +276,7 @@ class RolloutEngine:
             self.dcut.observe_forward(rows, float(tree.tokens.shape[1]), 1000.0 * (verified - proposed))
             if not skipped and (draft.tokens.shape[1] or self.proposer.can_skip):
                 tree_s = proposed - start if self.proposer.can_skip else 0.0
-                self.dcut.observe_overhead(rows, 1000.0 * (tree_s + done - verified), speculative=True)
+                self.dcut.observe_overhead(rows, 1000.0 * (tree_s + done - verified), speculative=True, width=ctx.budget)
             else:
                 self.dcut.observe_overhead(rows, 1000.0 * (done - verified), speculative=False)
         with stats.timed("bookkeeping"):

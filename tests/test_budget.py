@@ -132,6 +132,60 @@ def test_overhead_is_charged_to_speculation():
     assert decision.ratio == 0.0
 
 
+def test_overhead_is_measured_per_proposal_width():
+    model = OverheadModel()
+    model.observe(8, 10.0, width=2)
+    assert model.predict(8, 8) == pytest.approx(40.0)  # one width seen: proportional (a drafter's levels)
+    assert model.predict(8, 1) == pytest.approx(10.0)  # narrower than any seen: as the narrowest
+    model.observe(8, 14.0, width=4)
+    assert model.predict(8, 3) == pytest.approx(12.0)  # between two seen widths: interpolated
+    assert model.predict(8, 8) == pytest.approx(22.0)  # above: the slope of the two widest, 2 ms per node
+    model.observe(8, 14.0, width=8)  # saturated (the drafter's depth): flat from there on
+    assert model.predict(8, 15) == pytest.approx(14.0)
+
+
+# a chain of 8 nodes; its scores calibrate (no observations yet) to 0.75, 0.75, 0.42, 0.42, 0.133 × 4
+CHAIN = [(-1, 0.9)] + [(i, s) for i, s in enumerate([0.8, 0.5, 0.4, 0.15, 0.14, 0.13, 0.12])]
+
+
+def test_a_wide_tree_is_not_priced_like_a_narrow_probe():
+    # budget 8 → W ∈ {0, 2, 4, 8}; forwards cost 1 ms at any width; a tree of width 2 was measured
+    # at 1 ms beyond the forward (a probe), none wider yet
+    flat = CostModel([1, 2, 64], [1, 2, 4, 9], [[1.0] * 4] * 3)
+    dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)
+    dcut.calibration.prior_weight = 1e9
+    dcut.width_cap = 8  # the step proposed the whole budget
+    dcut.observe_overhead(2, 1.0, width=2)
+    _, decision = dcut.decide(draft_with_scores([CHAIN] * 2), 8)
+    # W=0 → 2/1 = 2 ; W=2 → (2 + 2·1.5)/(1+1) = 2.5 ; W=4 → (2 + 2·2.34)/(1+2) = 2.23 ;
+    # W=8 → (2 + 2·2.87)/(1+4) = 1.55: W=8's tree (extrapolated to 4 ms) does not pay. Priced like
+    # the probe (1 ms), W=8 would win: 7.74/2 = 3.87
+    assert decision.ratio == 0.25 and decision.kept == 4
+    assert dcut.proposal_budget(8) == 2  # the next step proposes no wider than it chose
+    dcut.observe_overhead(2, 1.0, width=8)  # measured: the wide tree costs no more than the probe
+    dcut.width_cap = 8
+    _, decision = dcut.decide(draft_with_scores([CHAIN] * 2), 8)
+    assert decision.ratio == 1.0  # W=8 → 3.87 ; W=4 (interpolated: 1 ms) → 3.34
+
+
+def test_a_growth_that_falls_back_waits_before_it_is_tried_again():
+    flat = CostModel([1, 2, 64], [1, 2, 4, 9], [[1.0] * 4] * 3)
+    dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)  # budget 8 → W ∈ {0, 2, 4, 8}
+    dcut.calibration.prior_weight = 1e9
+    dcut.observe_overhead(2, 1.0, width=2)
+    dcut.observe_overhead(2, 3.0, width=4)  # the tree of width 4 costs 3 ms
+    narrow, wide = [CHAIN[:2]] * 2, [CHAIN[:2] + [(1, 0.3), (2, 0.2)]] * 2
+    proposals = []
+    for _ in range(9):
+        p = dcut.proposal_budget(8)
+        proposals.append(p)
+        dcut.decide(draft_with_scores(narrow if p == 2 else wide), 8)
+    # W=2: (2 + 2·1.5)/(1+1) = 2.5 beats plain (2.0) and W=4: (2 + 2·1.97)/(1+3) = 1.49. Each growth to 4 falls
+    # back to 2; the next waits 2, then 4 binding decisions at 2
+    assert proposals == [2, 4, 2, 2, 2, 4, 2, 2, 2]
+    assert dcut.growth_wait == {2: 1} and dcut.growth_fails == {2: 2}  # one more wait, then 4 again
+
+
 def test_backoff_grows_with_the_probe_cost_and_ends_when_the_batch_halves():
     steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # a plain step: 1 ms; speculation never pays
 
