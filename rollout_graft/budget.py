@@ -19,7 +19,7 @@ than "ar". Why a per-row width rather than the paper's global top-K: see `DCut`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -166,6 +166,23 @@ second: near break-even, flip-flopping pays the switch (a drafter's catch-up, a 
 nothing."""
 
 
+@dataclass(slots=True)
+class RowsClass:
+    """What D-cut learned about one batch-size class (rows rounded down to a power of two): how
+    wide to propose (`DCut._move_cap`) and how long to back off (`DCut.skip_proposal`). A rollout's
+    batch drains through the classes as rows finish; the next rollout starts in the full batch's
+    class again and finds this state there."""
+
+    cap: int | None = None  # the widest W the next step may propose (None: the smallest)
+    last_width: int = 0  # the last W > 0 chosen (what a probe after a back-off proposes)
+    grown_from: int | None = None  # the proposal width the last decision grew the cap from
+    growth_fails: dict[int, int] = field(default_factory=dict)  # proposal width → growths from it in a row that fell back
+    growth_wait: dict[int, int] = field(default_factory=dict)  # proposal width → binding decisions to wait before growing again
+    plain: int = 0  # consecutive ρ = 0 decisions
+    wait: int = 0  # steps left to decode plainly without proposing
+    longest: int = 64  # steps between probes at most (`DCut._update_longest_backoff`)
+
+
 class DCut:
     """Chooses the verified width W = ρ·m per step (m: the per-sequence budget, W capped at the
     draft's width) from `ratios`, with a `CostModel` for the forward and an `OverheadModel` for the rest.
@@ -187,42 +204,47 @@ class DCut:
         self.plain_overhead = OverheadModel()  # plain steps: one draw per row
         self.explore_every = explore_every  # every n-th step verifies ≥ the smallest ρ > 0 to keep calibrating
         self.steps = 0
-        self.width_cap: int | None = None  # the widest W the next step may propose (None: the smallest)
-        self.grown_from: int | None = None  # the proposal width the last decision grew the cap from
-        self.growth_fails: dict[int, int] = {}  # proposal width → growths from it in a row that fell back
-        self.growth_wait: dict[int, int] = {}  # proposal width → binding decisions to wait before growing again
-        self.idle = 0  # consecutive decisions for ρ = 0
-        self.until_probe = 0  # steps left to decode plainly without even proposing
-        self.backoff_rows = 0  # batch size when the back-off began
-        self.longest_backoff = 64  # steps between probes at most (`_update_longest_backoff`)
-        self.forward_scale = [1.0, 1.0]  # measured / profiled verify forward: plain, wider (`observe_forward`)
+        self.start_cap: int | None = None  # a new batch-size class's first proposal width (None: the smallest)
+        self.idle = 0  # consecutive decisions for ρ = 0 (any batch size): the switch margin applies
+        self.classes: dict[int, RowsClass] = {}  # batch-size class → its proposal width and back-off
+        self.load_scale = 1.0  # measured / profiled verify forward, every forward (`observe_forward`)
+        self.tree_scale = 1.0  # how much more than that a wider forward takes
 
-    def skip_proposal(self, rows: int | None = None) -> bool:
+    def rows_class(self, rows: int) -> RowsClass:
+        """The state of this batch size's class (rows rounded down to a power of two)."""
+        key = max(rows, 1).bit_length()
+        if key not in self.classes:
+            self.classes[key] = RowsClass(cap=self.start_cap)
+        return self.classes[key]
+
+    def skip_proposal(self, rows: int) -> bool:
         """Back off while speculation does not pay: after n consecutive ρ = 0 decisions, the next
         min(2^n, longest) − 1 steps decode plainly without building a tree at all, then probe again
-        (`longest_backoff`). A batch that halved since the back-off began probes at
-        once: fewer rows may make speculation pay."""
-        if self.until_probe > 0 and rows is not None and 2 * rows <= self.backoff_rows:
-            self.until_probe = 0
-        if self.until_probe > 0:
-            self.until_probe -= 1
+        (`RowsClass.longest`). Kept per batch-size class (`RowsClass`): a rollout's batch drains through the
+        classes as rows finish (a class entered for the first time probes at once: fewer rows may
+        make speculation pay), and the next rollout starts in the full batch's class again, with
+        what D-cut learned there — a tail that speculates does not restart the full batch's back-off."""
+        state = self.rows_class(rows)
+        if state.wait > 0:
+            state.wait -= 1
             return True
         return False
 
     def _track(self, ratio: float, rows: int) -> None:
+        state = self.rows_class(rows)
         if ratio > 0:
-            self.idle = 0
+            self.idle = state.plain = state.wait = 0
             return
         self.idle += 1
-        self.backoff_rows = rows
-        self.until_probe = min(2 ** self.idle, self.longest_backoff) - 1
+        state.plain += 1
+        state.wait = min(2**state.plain, state.longest) - 1
 
-    def _update_longest_backoff(self, probe_ms: float, plain_ms: float) -> None:
+    def _update_longest_backoff(self, rows: int, probe_ms: float, plain_ms: float) -> None:
         """Steps between probes at most: 64, or more when one probe (a tree and a wider forward)
         costs more than PROBE_SHARE of the plain steps it would interrupt — a drafter that is slow
         next to the target is not re-tried every 64 steps (at most 1024)."""
         share = probe_ms / (PROBE_SHARE * plain_ms) if plain_ms > 0 else 0.0
-        self.longest_backoff = int(min(1024, max(64, share)))
+        self.rows_class(rows).longest = int(min(1024, max(64, share)))
 
     def observe(self, draft: Draft, accepted: torch.Tensor) -> None:
         """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
@@ -230,13 +252,25 @@ class DCut:
 
     def observe_forward(self, rows: int, tokens_per_row: float, ms: float) -> None:
         """A verify forward measured by the engine: the profiled table is the best of a few timings
-        on an idle device, a rollout's forwards run in its caches, allocator and neighbours. The
-        measured/profiled ratio (moving average, one for plain and one for wider forwards) scales
-        the table's predictions."""
+        on an idle device, a rollout's forwards run in its caches, allocator and neighbours. Two
+        moving averages scale the table's predictions: `load_scale` (measured/profiled, from every
+        forward: the machine's load now) and `tree_scale` (how much slower than that a wider
+        forward is, from the wider ones). Wider forwards can be rare (D-cut's probes): kept as one
+        ratio of their own, a slow spell during a probe would price speculation until the next."""
         predicted = self.cost.predict(rows, tokens_per_row)
-        if predicted > 0 and ms > 0:
-            i = int(tokens_per_row > 1)
-            self.forward_scale[i] = 0.9 * self.forward_scale[i] + 0.1 * ms / predicted
+        if predicted <= 0 or ms <= 0:
+            return
+        ratio = ms / predicted
+        if tokens_per_row > 1:
+            self.load_scale = 0.9 * self.load_scale + 0.1 * ratio / self.tree_scale
+            self.tree_scale = 0.95 * self.tree_scale + 0.05 * ratio / self.load_scale
+        else:
+            self.load_scale = 0.9 * self.load_scale + 0.1 * ratio
+
+    @property
+    def forward_scale(self) -> list[float]:
+        """Measured/profiled scale of [plain, wider] verify forwards."""
+        return [self.load_scale, self.load_scale * self.tree_scale]
 
     def forward_ms(self, rows: int, tokens_per_row: float) -> float:
         """Predicted verify forward: the profiled table × the measured/profiled ratio of such forwards."""
@@ -253,45 +287,49 @@ class DCut:
     def _widths(self, budget: int) -> list[int]:
         return sorted({round(r * budget) for r in self.ratios})
 
-    def _cap(self, widths: list[int]) -> int:
+    def _cap(self, widths: list[int], rows: int) -> int:
         smallest = next((w for w in widths if w > 0), 0)
-        return max(self.width_cap or smallest, smallest)
+        return max(self.rows_class(rows).cap or smallest, smallest)
 
-    def proposal_budget(self, budget: int) -> int:
-        """Nodes per row worth proposing this step: no width above the cap can be chosen, so a probe
-        after a back-off builds the smallest tree and a step after narrow choices a narrow one (see
-        `_move_cap`)."""
+    def proposal_budget(self, budget: int, rows: int) -> int:
+        """Nodes per row worth proposing this step (`rows` in the batch): no width above the cap
+        can be chosen, so a step after narrow choices builds a narrow tree (see `_move_cap`)."""
         widths = self._widths(budget)
-        cap = self._cap(widths)
+        cap = self._cap(widths, rows)
         return min(budget, max((w for w in widths if w <= cap), default=0))
 
-    def _move_cap(self, width: int, top: int, m: int) -> None:
-        """The next step's proposal width, after this step chose `width` from a draft of width m
-        proposed at `top` (the widest width the cap allowed):
+    def _move_cap(self, state: RowsClass, width: int, top: int, m: int, best_spec: int) -> None:
+        """The next proposal width of this batch-size class, after this step chose `width` from a
+        draft of width m proposed at `top` (the widest width the cap allowed); best_spec: the width
+        W > 0 that came closest to paying:
 
-        - ρ = 0: the smallest (the probe after the back-off builds the cheapest tree);
+        - ρ = 0: the last W > 0 chosen in this class, else best_spec (the probe after the back-off
+          proposes what paid last: a wide tree where the overhead is per step, as retrieval's, a
+          narrow one where it grows with the width, as a drafter's);
         - below what was proposed: the chosen width (a wider tree costs more to build: a drafter
           expands one level per node of width, up to its depth);
         - the whole proposal: double (slow start: an uncalibrated guess is costly at a large
           batch, so the cap grows from the smallest width). A growth whose first decision falls
           back waits 2, 4, … 64 binding decisions before it is tried again from that width (its
           cost is known by then: the wider tree was built and measured)."""
-        grown_from, self.grown_from = self.grown_from, None
+        grown_from, state.grown_from = state.grown_from, None
+        if width > 0:
+            state.last_width = width
         if width > 0 and width >= min(top, m):  # the proposal binds (or its whole draft was chosen)
             if grown_from is not None:
-                self.growth_fails.pop(grown_from, None)
+                state.growth_fails.pop(grown_from, None)
             if width < top:
                 return
-            wait = self.growth_wait.get(top, 0)
+            wait = state.growth_wait.get(top, 0)
             if wait:
-                self.growth_wait[top] = wait - 1
+                state.growth_wait[top] = wait - 1
             else:
-                self.width_cap, self.grown_from = 2 * top, top
+                state.cap, state.grown_from = 2 * top, top
             return
         if grown_from is not None:
-            fails = self.growth_fails[grown_from] = self.growth_fails.get(grown_from, 0) + 1
-            self.growth_wait[grown_from] = min(2**fails, 64)
-        self.width_cap = width or None
+            fails = state.growth_fails[grown_from] = state.growth_fails.get(grown_from, 0) + 1
+            state.growth_wait[grown_from] = min(2**fails, 64)
+        state.cap = width or state.last_width or best_spec or None
 
     def decide(self, draft: Draft, budget: int | None = None) -> tuple[Draft, BudgetDecision]:
         """Cut `draft` to this step's width. budget: the per-row budget the ratios refer to (default:
@@ -307,7 +345,7 @@ class DCut:
         counts = draft.valid.sum(1)
         all_widths = self._widths(budget)
         # a step verifies at most `cap` nodes per row (the proposal width, `_move_cap`)
-        cap = self._cap(all_widths)
+        cap = self._cap(all_widths, rows)
         widths = sorted({min(m, w) for w in all_widths})
         cols = torch.tensor([max(w - 1, 0) for w in widths], device=cum.device)
         gains = cum[:, cols].sum(0)  # [len(widths)] Σ_rows expected accepted candidates
@@ -319,7 +357,7 @@ class DCut:
         self.steps += 1
         explore = self.explore_every > 0 and self.steps % self.explore_every == 0
         plain_ms = self.plain_overhead.predict(rows)
-        best = None
+        best = best_spec = None
         for i, w in enumerate(widths):
             if explore and w == 0 and n > 1:
                 continue
@@ -334,16 +372,18 @@ class DCut:
                 rate /= SWITCH_MARGIN
             if best is None or rate > best[0]:
                 best = (rate, w, kept[i] if w else 0, expected)
+            if w > 0 and (best_spec is None or rate > best_spec[0]):
+                best_spec = (rate, w)
         _, width, n_kept, expected = best
         if width > cap > 0:  # verify no wider than the cap (a draft wider than the proposal budget)
             i = max(j for j, w in enumerate(widths) if w <= cap)
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
-        self._move_cap(width, max(w for w in all_widths if w <= cap), m)
+        self._move_cap(self.rows_class(rows), width, max(w for w in all_widths if w <= cap), m, best_spec[1] if best_spec else 0)
         ratio = width / budget
         plain = self.forward_ms(rows, 1.0) + plain_ms
-        smallest = next((w for w in widths if w > 0), 0)  # what a probe verifies
-        probe = self.forward_ms(rows, 1.0 + min(smallest, widest)) + self.overhead.predict(rows, smallest)
-        self._update_longest_backoff(probe - plain, plain)
+        probe_w = self.proposal_budget(budget, rows)  # what the next probe proposes and at most verifies
+        probe = self.forward_ms(rows, 1.0 + min(probe_w, widest)) + self.overhead.predict(rows, probe_w)
+        self._update_longest_backoff(rows, probe - plain, plain)
         self._track(ratio, rows)
         if width < widest:
             draft = keep_top_per_row(draft, width).compacted()

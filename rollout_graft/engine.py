@@ -243,7 +243,7 @@ class RolloutEngine:
             group=state.group,
             remaining=params.max_new_tokens - state.generated,
             # with D-cut, no more than the widest width it may choose this step (small while backing off)
-            budget=self.config.budget if self.dcut is None else self.dcut.proposal_budget(self.config.budget),
+            budget=self.config.budget if self.dcut is None else self.dcut.proposal_budget(self.config.budget, len(state.index)),
             prev_token=state.prev_token,
         )
         start = self._clock()

@@ -48,7 +48,7 @@ def test_cut_is_ancestor_closed_even_with_ties():
 def trusting(cost, ratios=(0.25, 0.5, 1.0)) -> DCut:
     dcut = DCut(cost, ratios, explore_every=0)
     dcut.calibration.prior_weight = 1e9  # trust the raw scores (no observations yet)
-    dcut.width_cap = 1 << 20  # past the slow start
+    dcut.start_cap = 1 << 20  # past the slow start
     return dcut
 
 
@@ -86,12 +86,19 @@ def test_measured_forwards_correct_the_profiled_table():
     knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)
     dcut = trusting(knee)
     assert dcut.decide(draft_with_scores(TREES))[1].ratio == 0.25  # W=1: 2.99 / 1.2 = 2.49 > 2.0 plain
-    for _ in range(60):  # the rollout's own wide forwards take twice the profiled time; plain ones as profiled
+    for _ in range(200):  # the rollout's own wide forwards take twice the profiled time; plain ones as profiled
         dcut.observe_forward(2, 2.0, 2.4)
         dcut.observe_forward(2, 1.0, 1.0)
     assert dcut.forward_scale == pytest.approx([1.0, 2.0], rel=0.01)
     assert dcut.forward_ms(2, 2.0) == pytest.approx(2.4, rel=0.01)
     assert dcut.decide(draft_with_scores(TREES))[1].ratio == 0.0  # W=1: 2.99 / 2.4 < 2.0
+    # a probe during a slow spell of the machine (3× everything), then plain steps at normal speed:
+    # the spell passes mostly into the load scale, which the plain steps bring back: wide forwards are
+    # priced 2.15× (one scale of their own would keep 0.9·2 + 0.1·6 = 2.4× until the next probe)
+    dcut.observe_forward(2, 2.0, 3 * 2.4)
+    for _ in range(30):
+        dcut.observe_forward(2, 1.0, 1.0)
+    assert dcut.forward_scale == pytest.approx([1.0, 2.15], rel=0.01)
 
 
 def test_width_follows_the_batch_size_as_it_drains():
@@ -112,11 +119,13 @@ def test_slow_start_doubles_the_width():
 def test_proposal_budget_follows_the_slow_start_cap():
     flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)
     dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)  # budget 8 → W ∈ {0, 2, 4, 8}
-    assert dcut.proposal_budget(8) == 2  # nothing wider than the cap (the smallest width) can be chosen
+    assert dcut.proposal_budget(8, 2) == 2  # nothing wider than the cap (the smallest width) can be chosen
     assert dcut.decide(draft_with_scores(TREES), 8)[1].kept == 4  # a 4-node draft: W = 2 per row, the cap binds
-    assert dcut.proposal_budget(8) == 4  # the cap doubled
-    dcut.width_cap = 1 << 20
-    assert dcut.proposal_budget(8) == 8  # never above the budget
+    assert dcut.proposal_budget(8, 2) == 4  # the cap doubled
+    assert dcut.proposal_budget(8, 3) == 4  # 2 and 3 rows: one batch-size class
+    assert dcut.proposal_budget(8, 4) == 2  # another class starts from the smallest width
+    dcut.rows_class(2).cap = 1 << 20
+    assert dcut.proposal_budget(8, 2) == 8  # never above the budget
 
 
 def test_overhead_is_charged_to_speculation():
@@ -154,16 +163,16 @@ def test_a_wide_tree_is_not_priced_like_a_narrow_probe():
     flat = CostModel([1, 2, 64], [1, 2, 4, 9], [[1.0] * 4] * 3)
     dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)
     dcut.calibration.prior_weight = 1e9
-    dcut.width_cap = 8  # the step proposed the whole budget
+    dcut.start_cap = 8  # the step proposed the whole budget
     dcut.observe_overhead(2, 1.0, width=2)
     _, decision = dcut.decide(draft_with_scores([CHAIN] * 2), 8)
     # W=0 → 2/1 = 2 ; W=2 → (2 + 2·1.5)/(1+1) = 2.5 ; W=4 → (2 + 2·2.34)/(1+2) = 2.23 ;
     # W=8 → (2 + 2·2.87)/(1+4) = 1.55: W=8's tree (extrapolated to 4 ms) does not pay. Priced like
     # the probe (1 ms), W=8 would win: 7.74/2 = 3.87
     assert decision.ratio == 0.25 and decision.kept == 4
-    assert dcut.proposal_budget(8) == 2  # the next step proposes no wider than it chose
+    assert dcut.proposal_budget(8, 2) == 2  # the next step proposes no wider than it chose
     dcut.observe_overhead(2, 1.0, width=8)  # measured: the wide tree costs no more than the probe
-    dcut.width_cap = 8
+    dcut.rows_class(2).cap = 8
     _, decision = dcut.decide(draft_with_scores([CHAIN] * 2), 8)
     assert decision.ratio == 1.0  # W=8 → 3.87 ; W=4 (interpolated: 1 ms) → 3.34
 
@@ -177,16 +186,16 @@ def test_a_growth_that_falls_back_waits_before_it_is_tried_again():
     narrow, wide = [CHAIN[:2]] * 2, [CHAIN[:2] + [(1, 0.3), (2, 0.2)]] * 2
     proposals = []
     for _ in range(9):
-        p = dcut.proposal_budget(8)
+        p = dcut.proposal_budget(8, 2)
         proposals.append(p)
         dcut.decide(draft_with_scores(narrow if p == 2 else wide), 8)
     # W=2: (2 + 2·1.5)/(1+1) = 2.5 beats plain (2.0) and W=4: (2 + 2·1.97)/(1+3) = 1.49. Each growth to 4 falls
     # back to 2; the next waits 2, then 4 binding decisions at 2
     assert proposals == [2, 4, 2, 2, 2, 4, 2, 2, 2]
-    assert dcut.growth_wait == {2: 1} and dcut.growth_fails == {2: 2}  # one more wait, then 4 again
+    assert dcut.rows_class(2).growth_wait == {2: 1} and dcut.rows_class(2).growth_fails == {2: 2}  # one more wait, then 4 again
 
 
-def test_backoff_grows_with_the_probe_cost_and_ends_when_the_batch_halves():
+def test_backoff_grows_with_the_probe_cost_and_is_kept_per_batch_size():
     steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # a plain step: 1 ms; speculation never pays
 
     def backoffs(overhead_ms: float, decisions: int = 12) -> tuple[DCut, list[int]]:
@@ -194,21 +203,26 @@ def test_backoff_grows_with_the_probe_cost_and_ends_when_the_batch_halves():
         dcut.observe_overhead(2, overhead_ms)  # the tree costs this much per speculative step
         for _ in range(decisions):
             assert dcut.decide(draft_with_scores(TREES))[1].ratio == 0.0
-            trace.append(dcut.until_probe)
+            trace.append(dcut.rows_class(2).wait)
         return dcut, trace
 
-    # after n plain decisions: min(2^n, longest) − 1 steps without proposing. A probe (W = 1: a 2 ms
-    # forward + the tree) costs 1 ms + the tree more than a plain step
+    # after n plain decisions: min(2^n, longest) − 1 steps without proposing. Without overhead the
+    # probe is W = 1 (the width closest to paying: a 2 ms forward), 1 ms more than a plain step
     assert backoffs(0.0)[1] == [1, 3, 7, 15, 31, 63, 63, 63, 63, 63, 63, 63]  # 1 ms / 64 ms: every 64 steps
-    # a 6 ms probe would cost 9 % of 64 plain steps: back off until it is 2 % (300 steps)
-    assert backoffs(5.0)[1] == [1, 3, 7, 15, 31, 63, 127, 255, 299, 299, 299, 299]
+    # with a 5 ms tree the width closest to paying is W = 4 (rows 2: (2 + 3.29)/(5 + 5) beats W = 1's
+    # 2.99/(2 + 5)): a probe costs 9 ms more than a plain step, 2 % of 450 plain steps
+    assert backoffs(5.0)[1] == [1, 3, 7, 15, 31, 63, 127, 255, 449, 449, 449, 449]
     assert backoffs(1e6)[1][-1] == 1023  # never longer than 1024 steps
     dcut, _ = backoffs(5.0)
     dcut.decide(Draft.empty(2, "cpu"))  # a step with nothing to propose keeps the back-off's length
-    assert dcut.until_probe == 299
+    assert dcut.rows_class(2).wait == 449
     dcut, _ = backoffs(5.0, decisions=5)  # 2 rows, backing off 31 steps
-    assert dcut.skip_proposal(2) and dcut.until_probe == 30
-    assert not dcut.skip_proposal(1)  # half the rows: probe now
+    assert dcut.skip_proposal(2) and dcut.rows_class(3).wait == 30  # 2 and 3 rows: one class
+    assert not dcut.skip_proposal(1)  # 1 row: a class without a back-off probes now
+    dcut.decide(draft_with_scores(TREES[:1]))  # … and backs off there for 1 step
+    assert dcut.rows_class(1).wait == 1 and dcut.skip_proposal(1) and not dcut.skip_proposal(1)
+    assert dcut.rows_class(2).wait == 30  # the 2-row class's back-off goes on where it stopped
+    assert dcut.skip_proposal(2) and dcut.rows_class(2).wait == 29
 
 
 def test_calibration_learns_acceptance_rates():
