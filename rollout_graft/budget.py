@@ -97,18 +97,27 @@ class ScoreCalibration:
 
 
 class _RowFit:
-    """y = a + b·rows, fitted by exponentially weighted least squares."""
+    """y = a + b·rows, fitted by exponentially weighted least squares. Past the most rows measured
+    it predicts no less than proportionally to the rows: a fit made on a drained batch's tail (a
+    few rows, noisy) must not price a full batch's tree as cheap."""
 
     def __init__(self, forget: float):
         self.forget = forget
         self.sums = [0.0] * 5  # Σw, Σw·x, Σw·y, Σw·x², Σw·x·y
+        self.most_rows = 0
 
     def observe(self, rows: int, ms: float) -> None:
         f = self.forget
         w, sx, sy, sxx, sxy = (v * f for v in self.sums)
         self.sums = [w + 1, sx + rows, sy + ms, sxx + rows * rows, sxy + rows * ms]
+        self.most_rows = max(self.most_rows, rows)
 
     def predict(self, rows: int) -> float:
+        if rows > self.most_rows > 0:
+            return max(self._fit(rows), self._fit(self.most_rows) * rows / self.most_rows)
+        return self._fit(rows)
+
+    def _fit(self, rows: int) -> float:
         w, sx, sy, sxx, sxy = self.sums
         var = sxx / w - (sx / w) ** 2
         if var < 1e-6 * max(1.0, (sx / w) ** 2):  # one batch size seen so far: scale with the rows

@@ -133,6 +133,11 @@ def test_overhead_is_charged_to_speculation():
     for rows, ms in [(1, 3.0), (4, 6.0), (16, 18.0)]:
         model.observe(rows, ms)
     assert model.predict(8) == pytest.approx(10.0, rel=1e-6)  # fits 2 + 1·rows exactly
+    tail = OverheadModel()  # measured on a drained batch's tail only, the fit falls with the rows
+    for rows, ms in [(1, 4.0), (2, 3.0), (3, 2.0)]:
+        tail.observe(rows, ms)
+    assert tail.predict(2) == pytest.approx(3.0)
+    assert tail.predict(60) == pytest.approx(40.0)  # past 3 rows: at least proportional (2 ms × 60/3)
     flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)
     dcut = trusting(flat)
     dcut.observe_overhead(2, 5.0)  # 5 ms of tree building + learning per step vs a 1 ms forward
@@ -175,6 +180,9 @@ def test_a_wide_tree_is_not_priced_like_a_narrow_probe():
     dcut.rows_class(2).cap = 8
     _, decision = dcut.decide(draft_with_scores([CHAIN] * 2), 8)
     assert decision.ratio == 1.0  # W=8 → 3.87 ; W=4 (interpolated: 1 ms) → 3.34
+    poor = [[(-1, 1e-4)] + [(i, 1e-4) for i in range(7)]] * 2
+    assert dcut.decide(draft_with_scores(poor), 8)[1].ratio == 0.0  # nothing worth verifying here
+    assert dcut.proposal_budget(8, 2) == 8  # the probe after the back-off proposes the width that paid last
 
 
 def test_a_growth_that_falls_back_waits_before_it_is_tried_again():
