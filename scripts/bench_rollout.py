@@ -3,8 +3,9 @@
 
 Every configuration runs in this one process on the same prompts and seeds; speed is reported
 as completion tokens/s (median of --repeats) and as a ratio against our own "ar" path measured in
-the same run (medians, best runs, and tokens per second of the process's CPU time — steadier on a
-shared machine), plus plain Hugging Face `generate` (batched sampling, num_return_sequences=G).
+the same run (medians, best runs, the median of each repeat's ratio to ar's run of that repeat,
+and tokens per second of the process's CPU time — the last two steadier on a shared machine),
+plus plain Hugging Face `generate` (batched sampling, num_return_sequences=G).
 
     python scripts/bench_rollout.py --threads 2 --out docs/bench/tiny.json
 """
@@ -158,6 +159,15 @@ def median_of(runs: list[dict]) -> dict:
     return {**best, "tokens_per_s_runs": [r["tokens_per_s"] for r in runs], "cpu_tokens_per_s": cpu}
 
 
+def paired_ratio(m: dict, ar: dict) -> float | None:
+    """Median over repeats of tokens/s(method, repeat k) / tokens/s(ar, repeat k)."""
+    runs, base = m.get("tokens_per_s_runs") or [], ar.get("tokens_per_s_runs") or []
+    if not runs or len(runs) != len(base):
+        return None
+    ratios = sorted(r / b for r, b in zip(runs, base))
+    return ratios[len(ratios) // 2]
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(TINY_TARGET))
@@ -254,6 +264,9 @@ def main(argv=None) -> dict:
                 # tokens per second of this process's own CPU time (medians): time the shared machine
                 # gave to other jobs is not counted, so this ratio is steadier than the wall-clock ones
                 m["cpu_ratio_vs_ar"] = m["cpu_tokens_per_s"] / ar["cpu_tokens_per_s"] if ar else None
+                # median over repeats of this run over ar's run of the same repeat: a slow spell of the
+                # machine that lasts a repeat falls on both sides of the ratio
+                m["paired_ratio_vs_ar"] = paired_ratio(m, ar) if ar else None
             results["configs"].append(entry)
     os.unlink(prior_file)
     if os.path.exists(prior_file.replace(".safetensors", ".tau.json")):

@@ -33,17 +33,28 @@ def rho(m: dict) -> str:
     return _num(m, "budget_ratio", ".2f")
 
 
+def paired(m: dict, ar: dict | None) -> str:
+    """Median over repeats of the run's ratio to ar's run of the same repeat (computed from the runs
+    when the JSON predates the field)."""
+    value = m.get("paired_ratio_vs_ar")
+    if value is None and ar and len(m.get("tokens_per_s_runs") or []) == len(ar.get("tokens_per_s_runs") or []) > 0:
+        ratios = sorted(r / b for r, b in zip(m["tokens_per_s_runs"], ar["tokens_per_s_runs"]))
+        value = ratios[len(ratios) // 2]
+    return MISSING if value is None else f"{value:.2f}"
+
+
 def markdown(results: dict) -> str:
     """The main table: one row per (temperature, batch, method)."""
-    lines = ["| T | batch | method | tokens/s (median) | × ar | × ar (best) | × ar (CPU time) | MAT | verified tok/step "
-             "| propose % | mean ρ | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| T | batch | method | tokens/s (median) | × ar | × ar (best) | × ar (paired) | × ar (CPU time) | MAT "
+             "| verified tok/step | propose % | mean ρ | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in results["configs"]:
         for name, m in e["methods"].items():
             ratio = f"{m['ratio_vs_ar']:.2f}" if m.get("ratio_vs_ar") else MISSING
             propose = f"{100 * m.get('propose_share', 0.0):.0f}" if "tokens_per_s" in m else MISSING
             lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {_num(m, 'tokens_per_s', '.0f')} | {ratio} | "
-                         f"{_num(m, 'best_ratio_vs_ar', '.2f')} | {_num(m, 'cpu_ratio_vs_ar', '.2f')} | "
+                         f"{_num(m, 'best_ratio_vs_ar', '.2f')} | {paired(m, e['methods'].get('ar'))} | "
+                         f"{_num(m, 'cpu_ratio_vs_ar', '.2f')} | "
                          f"{m['mat']:.2f} | {_num(m, 'verify_tokens_per_step', '.0f')} | {propose} | "
                          f"{rho(m)} | {_num(m, 'wall_s', '.1f')} |")
     return "\n".join(lines)

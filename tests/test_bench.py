@@ -20,3 +20,4 @@ def test_bench_writes_same_run_ratios(tmp_path):
         assert len(m["tokens_per_s_runs"]) == 2 and m["tokens"] == 24  # --ignore-eos: every row writes 12 tokens
         assert m["mat"] >= 1.0 and m["ratio_vs_ar"] > 0 and m["cpu_ratio_vs_ar"] > 0 and m["cpu_s"] > 0
     assert entry["methods"]["ar"]["ratio_vs_ar"] == 1.0 == entry["methods"]["ar"]["cpu_ratio_vs_ar"]
+    assert entry["methods"]["ar"]["paired_ratio_vs_ar"] == 1.0
