@@ -57,6 +57,8 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
         "graft": graft(d),
         "graft+dcut": replace(graft(d), budget_policy="dcut"),
         "ar": EngineConfig(method="ar"),
+        # A/A control: a second engine identical to "ar"; its ratios to "ar" show the noise of the run
+        "ar-twin": EngineConfig(method="ar"),
         "retrieval+dcut": EngineConfig(method="retrieval", budget=budget, retrieval=r, budget_policy="dcut"),
         "retrieval": EngineConfig(method="retrieval", budget=budget, retrieval=r),
         "retrieval-noshare": EngineConfig(method="retrieval", budget=budget, retrieval=replace(r, share_in_group=False)),

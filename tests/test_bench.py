@@ -8,7 +8,7 @@ from conftest import load_script
 def test_bench_writes_same_run_ratios(tmp_path):
     bench = load_script("scripts/bench_rollout.py")
     out = tmp_path / "bench.json"
-    methods = ["ar", "retrieval@8", "retrieval+lead", "retrieval+recall+dcut"]
+    methods = ["ar", "ar-twin", "retrieval@8", "retrieval+lead", "retrieval+recall+dcut"]
     bench.main(["--num-prompts", "1", "--group-size", "2", "--max-new-tokens", "12", "--ignore-eos", "--temperatures", "1.0",
                 "--methods", *methods, "--repeats", "2", "--reuse-engine", "--warmup-rounds", "1",
                 "--warmup-prompts", "1", "--threads", "1", "--out", str(out)])
