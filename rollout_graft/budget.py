@@ -169,6 +169,10 @@ PROBE_SHARE = 0.02
 """While backing off, probes may cost about this share of the plain decoding time (`DCut._update_longest_backoff`)."""
 
 
+CHEAP_TREE = 1.25
+"""A tree predicted to cost at most this × the smallest width's counts as cheap (`DCut._cheap_width`)."""
+
+
 SWITCH_MARGIN = 1.1
 """After a plain step, D-cut returns to speculation only when it predicts ≥ 10 % more tokens per
 second: near break-even, flip-flopping pays the switch (a drafter's catch-up, a probe's tree) for
@@ -307,16 +311,28 @@ class DCut:
         cap = self._cap(widths, rows)
         return min(budget, max((w for w in widths if w <= cap), default=0))
 
-    def _move_cap(self, state: RowsClass, width: int, top: int, m: int, best_spec: int) -> None:
+    def _cheap_width(self, rows: int, widths: list[int]) -> int:
+        """The widest width whose tree is predicted to cost at most CHEAP_TREE × the smallest's
+        (retrieval's trees cost about the same at any width, a drafter's grow with it); the
+        smallest width until two widths were measured."""
+        sizes = [w for w in widths if w > 0]
+        if not sizes or len(self.overhead.fits) < 2:
+            return sizes[0] if sizes else 0
+        limit = CHEAP_TREE * self.overhead.predict(rows, sizes[0])
+        return max(w for w in sizes if w == sizes[0] or self.overhead.predict(rows, w) <= limit)
+
+    def _move_cap(self, state: RowsClass, width: int, top: int, m: int, best_spec: int, cheap: int = 0) -> None:
         """The next proposal width of this batch-size class, after this step chose `width` from a
         draft of width m proposed at `top` (the widest width the cap allowed); best_spec: the width
         W > 0 that came closest to paying:
 
         - ρ = 0: the last W > 0 chosen in this class, else best_spec (the probe after the back-off
-          proposes what paid last: a wide tree where the overhead is per step, as retrieval's, a
-          narrow one where it grows with the width, as a drafter's);
+          proposes what paid last);
         - below what was proposed: the chosen width (a wider tree costs more to build: a drafter
           expands one level per node of width, up to its depth);
+        - in both cases no narrower than `cheap` (`_cheap_width`): where a wider tree costs no
+          more to build, proposing it lets the next decision see whether a wider W pays — a class
+          whose probes proposed only the smallest width would never learn that a wider one does;
         - the whole proposal: double (slow start: an uncalibrated guess is costly at a large
           batch, so the cap grows from the smallest width). A growth whose first decision falls
           back waits 2, 4, … 64 binding decisions before it is tried again from that width (its
@@ -338,7 +354,7 @@ class DCut:
         if grown_from is not None:
             fails = state.growth_fails[grown_from] = state.growth_fails.get(grown_from, 0) + 1
             state.growth_wait[grown_from] = min(2**fails, 64)
-        state.cap = width or state.last_width or best_spec or None
+        state.cap = max(width or state.last_width or best_spec, cheap) or None
 
     def decide(self, draft: Draft, budget: int | None = None) -> tuple[Draft, BudgetDecision]:
         """Cut `draft` to this step's width. budget: the per-row budget the ratios refer to (default:
@@ -387,7 +403,8 @@ class DCut:
         if width > cap > 0:  # verify no wider than the cap (a draft wider than the proposal budget)
             i = max(j for j, w in enumerate(widths) if w <= cap)
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
-        self._move_cap(self.rows_class(rows), width, max(w for w in all_widths if w <= cap), m, best_spec[1] if best_spec else 0)
+        self._move_cap(self.rows_class(rows), width, max(w for w in all_widths if w <= cap), m, best_spec[1] if best_spec else 0,
+                       self._cheap_width(rows, all_widths))
         ratio = width / budget
         plain = self.forward_ms(rows, 1.0) + plain_ms
         probe_w = self.proposal_budget(budget, rows)  # what the next probe proposes and at most verifies

@@ -203,6 +203,22 @@ def test_a_growth_that_falls_back_waits_before_it_is_tried_again():
     assert dcut.rows_class(2).growth_wait == {2: 1} and dcut.rows_class(2).growth_fails == {2: 2}  # one more wait, then 4 again
 
 
+def test_a_probe_proposes_wide_trees_where_they_cost_no_more():
+    steep = CostModel([1, 2, 64], [1, 2, 3, 5, 9], [[1.0, 2.0, 3.0, 5.0, 9.0]] * 3)  # nothing pays: ρ = 0
+    poor = draft_with_scores([CHAIN[:2]] * 2)
+
+    def probe_width(overheads: dict[int, float]) -> int:
+        dcut = DCut(steep, (0.25, 0.5, 1.0), explore_every=0)  # budget 8 → W ∈ {0, 2, 4, 8}
+        for width, ms in overheads.items():
+            dcut.observe_overhead(2, ms, width=width)
+        assert dcut.decide(poor, 8)[1].ratio == 0.0
+        return dcut.proposal_budget(8, 2)
+
+    assert probe_width({2: 1.0}) == 2  # one width measured: wider trees are priced proportionally
+    assert probe_width({2: 1.0, 4: 1.05}) == 8  # retrieval-like: ~flat (8 → 1.15 ms), the probe proposes the whole budget
+    assert probe_width({2: 1.0, 4: 2.0}) == 2  # drafter-like: a wider tree costs more, the probe stays narrow
+
+
 def test_backoff_grows_with_the_probe_cost_and_is_kept_per_batch_size():
     steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # a plain step: 1 ms; speculation never pays
 
