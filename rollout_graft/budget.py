@@ -327,12 +327,12 @@ class DCut:
         W > 0 that came closest to paying:
 
         - ρ = 0: the last W > 0 chosen in this class, else best_spec (the probe after the back-off
-          proposes what paid last);
-        - below what was proposed: the chosen width (a wider tree costs more to build: a drafter
-          expands one level per node of width, up to its depth);
-        - in both cases no narrower than `cheap` (`_cheap_width`): where a wider tree costs no
-          more to build, proposing it lets the next decision see whether a wider W pays — a class
-          whose probes proposed only the smallest width would never learn that a wider one does;
+          proposes what paid last), but no narrower than `cheap` (`_cheap_width`): where a wider
+          tree costs no more to build, the probe proposing it lets its decision see whether a wider
+          W pays — a class whose probes proposed only the smallest width would never learn that;
+        - below what was proposed: the chosen width (a wider tree costs more to build — a drafter
+          expands one level per node of width, up to its depth — and a wider draft costs more to
+          score and cut, whatever the proposer);
         - the whole proposal: double (slow start: an uncalibrated guess is costly at a large
           batch, so the cap grows from the smallest width). A growth whose first decision falls
           back waits 2, 4, … 64 binding decisions before it is tried again from that width (its
@@ -354,7 +354,7 @@ class DCut:
         if grown_from is not None:
             fails = state.growth_fails[grown_from] = state.growth_fails.get(grown_from, 0) + 1
             state.growth_wait[grown_from] = min(2**fails, 64)
-        state.cap = max(width or state.last_width or best_spec, cheap) or None
+        state.cap = (width or max(state.last_width or best_spec, cheap)) or None
 
     def decide(self, draft: Draft, budget: int | None = None) -> tuple[Draft, BudgetDecision]:
         """Cut `draft` to this step's width. budget: the per-row budget the ratios refer to (default:

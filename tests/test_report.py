@@ -42,8 +42,8 @@ def test_report_writes_tables_and_plots(tmp_path, capsys):
     assert names == ["synthetic_accept_hist.png", "synthetic_mat.png", "synthetic_tokens_per_s.png"]
     assert all(p.stat().st_size > 10_000 and p.read_bytes()[:4] == b"\x89PNG" for p in written)
     out = capsys.readouterr().out
-    assert "| 1.0 | 8 | retrieval | 800 | 0.80 | – | – | 2.50 | 40 | 10 | – | 1.0 |" in out
-    assert "| 0.0 | 64 | retrieval+dcut | 1200 | 1.20 | – | – | 1.80 | 40 | 10 | 0.25 | 1.0 |" in out
+    assert "| 1.0 | 8 | retrieval | 800 | 0.80 | – | – | – | 2.50 | 40 | 10 | – | 1.0 |" in out  # no runs: no paired ratio
+    assert "| 0.0 | 64 | retrieval+dcut | 1200 | 1.20 | – | – | – | 1.80 | 40 | 10 | 0.25 | 1.0 |" in out
     assert "| 1.0 | 8 | retrieval | 20 | 50.0 | 25.0 | 15.0 | 10.0 |" in out  # accepted-length shares
 
 
@@ -51,7 +51,7 @@ def test_report_renders_replay_json_without_timings(tmp_path):
     report = load_report()
     results = {"configs": [{"temperature": 1.0, "batch": 4, "methods": {
         "retrieval": {"mat": 2.0, "verify_tokens_per_step": 100.0, "accept_hist": [3, 1, 2]}}}]}
-    assert "| 1.0 | 4 | retrieval | – | – | – | – | 2.00 | 100 | – | – | – |" in report.markdown(results)
+    assert "| 1.0 | 4 | retrieval | – | – | – | – | – | 2.00 | 100 | – | – | – |" in report.markdown(results)
     path = tmp_path / "replay.json"
     path.write_text(json.dumps(results))
     written = report.main([str(path), "--plots", str(tmp_path)])
