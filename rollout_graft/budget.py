@@ -10,8 +10,9 @@ budget; a draft narrower than m caps W at its width):
     E[emitted | W] = Σ_rows (1 + Σ_{row's top-W nodes} score)      (bonus/recovered token + accepted)
     time(W)        = cost(rows, 1 + W) · s + overhead(rows, W)      (profiled forward + measured rest)
 
-(s: measured/profiled ratio of the rollout's own forwards, one for W = 0 and one for W > 0;
-overhead: measured per proposal width, W = 0 has its own.)
+(s: measured/profiled ratio of the rollout's own forwards — the machine's load, × a tree factor for
+W > 0; overhead: measured per proposal width, W = 0 has its own. The proposal width, the slow
+start and the back-off are kept per batch-size class, `RowsClass`.)
 
 W = 0 (plain decoding: no tree, one draw per row) is always a candidate, so a step is never predicted slower
 than "ar". Why a per-row width rather than the paper's global top-K: see `DCut`.
