@@ -24,7 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from report import markdown  # scripts/report.py renders the tables
+from report import markdown, paired_ratio  # scripts/report.py renders the tables
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -161,15 +161,6 @@ def median_of(runs: list[dict]) -> dict:
     return {**best, "tokens_per_s_runs": [r["tokens_per_s"] for r in runs], "cpu_tokens_per_s": cpu}
 
 
-def paired_ratio(m: dict, ar: dict) -> float | None:
-    """Median over repeats of tokens/s(method, repeat k) / tokens/s(ar, repeat k)."""
-    runs, base = m.get("tokens_per_s_runs") or [], ar.get("tokens_per_s_runs") or []
-    if not runs or len(runs) != len(base):
-        return None
-    ratios = sorted(r / b for r, b in zip(runs, base))
-    return ratios[len(ratios) // 2]
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(TINY_TARGET))
@@ -205,7 +196,8 @@ def main(argv=None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device).eval()
     results = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-               "model": args.model, "threads": args.threads, "reuse_engine": args.reuse_engine, "dtype": args.dtype, "device": args.device,
+               "model": args.model, "threads": args.threads, "budget": args.budget, "reuse_engine": args.reuse_engine,
+               "dtype": args.dtype, "device": args.device,
                "torch": torch.__version__, "configs": []}
     prior_file = tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False).name
     warm_prompts = load_prompts(Path(args.prompts), tokenizer, "train", args.warmup_prompts)
@@ -266,9 +258,7 @@ def main(argv=None) -> dict:
                 # tokens per second of this process's own CPU time (medians): time the shared machine
                 # gave to other jobs is not counted, so this ratio is steadier than the wall-clock ones
                 m["cpu_ratio_vs_ar"] = m["cpu_tokens_per_s"] / ar["cpu_tokens_per_s"] if ar else None
-                # median over repeats of this run over ar's run of the same repeat: a slow spell of the
-                # machine that lasts a repeat falls on both sides of the ratio
-                m["paired_ratio_vs_ar"] = paired_ratio(m, ar) if ar else None
+                m["paired_ratio_vs_ar"] = paired_ratio(m, ar)
             results["configs"].append(entry)
     os.unlink(prior_file)
     if os.path.exists(prior_file.replace(".safetensors", ".tau.json")):

@@ -33,19 +33,79 @@ def rho(m: dict) -> str:
     return _num(m, "budget_ratio", ".2f")
 
 
+def paired_ratios(m: dict, ar: dict | None) -> list[float]:
+    """Each repeat's tokens/s over ar's tokens/s in the same repeat, sorted (empty without runs)."""
+    runs, base = m.get("tokens_per_s_runs") or [], (ar or {}).get("tokens_per_s_runs") or []
+    return sorted(r / b for r, b in zip(runs, base)) if runs and len(runs) == len(base) else []
+
+
+def paired_ratio(m: dict, ar: dict | None) -> float | None:
+    """Median over repeats of the run's ratio to ar's run of the same repeat: a slow spell of the
+    machine that lasts a repeat falls on both sides of the ratio."""
+    ratios = paired_ratios(m, ar)
+    return ratios[len(ratios) // 2] if ratios else None
+
+
 def paired(m: dict, ar: dict | None) -> str:
-    """Median over repeats of the run's ratio to ar's run of the same repeat (computed from the runs
-    when the JSON predates the field)."""
-    value = m.get("paired_ratio_vs_ar")
-    if value is None and ar and len(m.get("tokens_per_s_runs") or []) == len(ar.get("tokens_per_s_runs") or []) > 0:
-        ratios = sorted(r / b for r, b in zip(m["tokens_per_s_runs"], ar["tokens_per_s_runs"]))
-        value = ratios[len(ratios) // 2]
-    return MISSING if value is None else f"{value:.2f}"
+    """The paired median and its interquartile range over repeats."""
+    ratios = paired_ratios(m, ar)
+    if not ratios:
+        return MISSING
+    q = lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))]  # noqa: E731
+    return f"{q(0.5):.2f} [{q(0.25):.2f}–{q(0.75):.2f}]"
+
+
+OWN_PHASES = ("prefill", "propose", "learn", "bookkeeping")
+"""Phases outside the target's decode forward and sampling: what a method adds to "ar" when both decode plainly."""
+
+
+def phase_markdown(results: dict) -> str | None:
+    """Seconds per phase of each method's median run, and what its own phases (`OWN_PHASES`) add to
+    ar's, as a share of ar's rollout."""
+    rows = [(e, name, m) for e in results["configs"] for name, m in e["methods"].items() if m.get("phase_s")]
+    if not rows:
+        return None
+    phases = list(dict.fromkeys(k for _, _, m in rows for k in m["phase_s"]))
+    lines = ["| T | batch | method | " + " | ".join(f"{k} s" for k in phases) + " | own phases − ar's, % of ar |",
+             "|---|---|---|" + "---|" * (len(phases) + 1)]
+    for e, name, m in rows:
+        ar = e["methods"].get("ar")
+        added = MISSING
+        if ar and ar.get("phase_s") and ar.get("wall_s"):
+            extra = sum(m["phase_s"].get(k, 0.0) - ar["phase_s"].get(k, 0.0) for k in OWN_PHASES)
+            added = f"{100 * extra / ar['wall_s']:+.1f}"
+        cells = [f"{m['phase_s'].get(k, 0.0):.3f}" for k in phases]
+        lines.append(f"| {e['temperature']} | {e['batch']} | {name} | " + " | ".join(cells) + f" | {added} |")
+    return "\n".join(lines)
+
+
+def dcut_markdown(results: dict) -> str | None:
+    """D-cut's choices in each method's median run, as the batch drains: rows → the widths W it
+    verified at that batch size (ρ × budget, budget from the JSON's `budget`, default 60)."""
+    budget = results.get("budget", 60)
+    lines = []
+    for e in results["configs"]:
+        for name, m in e["methods"].items():
+            trace = m.get("budget_trace")
+            if not trace:
+                continue
+            seen: dict[int, set[int]] = {}
+            for rows, ratio, _ in trace:
+                seen.setdefault(rows, set())
+                if ratio > 0:
+                    seen[rows].add(round(ratio * budget))
+            spec = [f"{rows}: W {'/'.join(map(str, sorted(ws)))}" for rows, ws in seen.items() if ws]
+            steps = sum(1 for t in trace if t[1] > 0)
+            lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {steps} of {len(trace)} | "
+                         f"{', '.join(spec) or 'plain throughout'} |")
+    if not lines:
+        return None
+    return "\n".join(["| T | batch | method | steps verifying a tree | rows: widths verified |", "|---|---|---|---|---|", *lines])
 
 
 def markdown(results: dict) -> str:
     """The main table: one row per (temperature, batch, method)."""
-    lines = ["| T | batch | method | tokens/s (median) | × ar | × ar (best) | × ar (paired) | × ar (CPU time) | MAT "
+    lines = ["| T | batch | method | tokens/s (median) | × ar | × ar (best) | × ar (paired [IQR]) | × ar (CPU time) | MAT "
              "| verified tok/step | propose % | mean ρ | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in results["configs"]:
@@ -84,6 +144,12 @@ def render(path: Path, results: dict) -> str:
     hist = accept_markdown(results)
     if hist:
         parts += ["", "Accepted tokens per step (share of row-steps):", "", hist]
+    phases = phase_markdown(results)
+    if phases:
+        parts += ["", "Seconds per phase (median run of each method):", "", phases]
+    dcut = dcut_markdown(results)
+    if dcut:
+        parts += ["", "D-cut in the median run, as the batch drains:", "", dcut]
     return "\n".join(parts)
 
 

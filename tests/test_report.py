@@ -56,3 +56,20 @@ def test_report_renders_replay_json_without_timings(tmp_path):
     path.write_text(json.dumps(results))
     written = report.main([str(path), "--plots", str(tmp_path)])
     assert sorted(p.name for p in written) == ["replay_accept_hist.png", "replay_mat.png"]  # no tokens/s to plot
+
+
+def test_report_pairs_repeats_and_shows_phases_and_dcut_choices():
+    report = load_report()
+    ar = {**method(100.0, 100.0, 1.0), "tokens_per_s_runs": [100.0, 50.0, 100.0, 80.0],
+          "phase_s": {"prefill": 0.1, "propose": 0.1, "verify": 0.7, "learn": 0.0, "bookkeeping": 0.1}}
+    dcut = {**method(90.0, 100.0, 1.2, rho=0.1), "tokens_per_s_runs": [90.0, 60.0, 80.0, 84.0],
+            "phase_s": {"prefill": 0.1, "propose": 0.15, "verify": 0.7, "learn": 0.0, "bookkeeping": 0.1},
+            # (rows, ρ, kept): plain at 8 rows, W = 4 at 3 rows, W = 8 at 2
+            "budget_trace": [(8, 0.0, 0), (8, 0.0, 0), (3, 4 / 60, 12), (2, 8 / 60, 16), (2, 0.0, 0)]}
+    results = {"budget": 60, "configs": [{"temperature": 1.0, "batch": 8, "methods": {"ar": ar, "retrieval+dcut": dcut}}]}
+    # per repeat: 0.9, 1.2, 0.8, 1.05 → sorted 0.8, 0.9, 1.05, 1.2: median (upper) 1.05, IQR 0.9–1.2
+    assert report.paired_ratio(dcut, ar) == pytest.approx(1.05)
+    assert "| 1.05 [0.90–1.20] |" in report.markdown(results)
+    # own phases: propose +0.05 s on ar's 1.0 s wall
+    assert report.phase_markdown(results).splitlines()[-1].endswith("| +5.0 |")
+    assert report.dcut_markdown(results).splitlines()[-1] == "| 1.0 | 8 | retrieval+dcut | 2 of 5 | 3: W 4, 2: W 8 |"
