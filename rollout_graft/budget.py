@@ -405,7 +405,7 @@ class DCut:
             i = max(j for j, w in enumerate(widths) if w <= cap)
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
         self._move_cap(self.rows_class(rows), width, max(w for w in all_widths if w <= cap), m, best_spec[1] if best_spec else 0,
-                       self._cheap_width(rows, all_widths))
+                       self._cheap_width(rows, all_widths) if width == 0 else 0)  # only a probe uses it
         ratio = width / budget
         plain = self.forward_ms(rows, 1.0) + plain_ms
         probe_w = self.proposal_budget(budget, rows)  # what the next probe proposes and at most verifies

@@ -345,5 +345,8 @@ class RolloutEngine:
         if state.index:
             # a plain step (D-cut decoding plainly) reads every cached slot and adds no garbage: the
             # rejected nodes of earlier trees cost each such step, so compact once at a small slack
-            plain = tree.tokens.shape[1] == 1 and self.dcut is not None
-            self.runner.maybe_compact(int(state.length.max()) - 1, PLAIN_COMPACT_SLACK if plain else None)
+            max_cached = int(state.length.max()) - 1
+            if tree.tokens.shape[1] == 1 and self.dcut is not None:
+                self.runner.maybe_compact(max_cached, PLAIN_COMPACT_SLACK, margin=0)
+            else:
+                self.runner.maybe_compact(max_cached)

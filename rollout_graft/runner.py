@@ -168,12 +168,12 @@ class ModelRunner:
         self._select(rows)
         self.slot_valid = self.slot_valid.index_select(0, rows)
 
-    def maybe_compact(self, max_cached: int, slack: float | None = None) -> bool:
-        """Compact when invalid slots exceed the slack (default `compact_slack`). max_cached: the
-        longest row's valid count."""
+    def maybe_compact(self, max_cached: int, slack: float | None = None, margin: int = 16) -> bool:
+        """Compact when the slots exceed (1 + slack) · max_cached + margin (slack: `compact_slack`
+        unless given). max_cached: the longest row's valid count."""
         slots = self.slot_valid.shape[1]
         slack = self.compact_slack if slack is None else slack
-        if slots <= (1.0 + slack) * max_cached + 16 * (slack >= self.compact_slack):
+        if slots <= (1.0 + slack) * max_cached + margin:
             return False
         self.compact(max_cached)
         return True
