@@ -34,6 +34,7 @@ class BudgetDecision:
     kept: int  # candidate nodes kept (whole batch)
     candidates: int  # candidate nodes proposed (whole batch)
     expected_emitted: float  # predicted Σ emitted tokens of this step
+    probe: bool = False  # a tree was built and D-cut chose ρ = 0 (it verifies one only to explore)
 
 
 def _close(draft: Draft, valid: torch.Tensor) -> Draft:
@@ -167,7 +168,12 @@ class OverheadModel:
 
 
 PROBE_SHARE = 0.02
-"""While backing off, probes may cost about this share of the plain decoding time (`DCut._update_longest_backoff`)."""
+"""Probes that find speculation does not pay may cost at most this share of the decoding time
+(`DCut.probe_credit`)."""
+
+
+LONGEST_BACKOFF = 64
+"""Steps between probes at most, while probes are affordable (`DCut.skip_proposal`)."""
 
 
 CHEAP_TREE = 1.25
@@ -194,7 +200,7 @@ class RowsClass:
     growth_wait: dict[int, int] = field(default_factory=dict)  # proposal width → binding decisions to wait before growing again
     plain: int = 0  # consecutive ρ = 0 decisions
     wait: int = 0  # steps left to decode plainly without proposing
-    longest: int = 64  # steps between probes at most (`DCut._update_longest_backoff`)
+    probe_ms: float = 0.0  # what the next probe is predicted to cost more than a plain step
 
 
 class DCut:
@@ -216,13 +222,14 @@ class DCut:
         self.calibration = ScoreCalibration()
         self.overhead = overhead or OverheadModel()  # speculative steps: tree + walk + learning
         self.plain_overhead = OverheadModel()  # plain steps: one draw per row
-        self.explore_every = explore_every  # every n-th step verifies ≥ the smallest ρ > 0 to keep calibrating
-        self.steps = 0
+        self.explore_every = explore_every  # every n-th decision for ρ = 0 verifies the smallest W > 0 (calibration)
+        self.plain_decisions = 0  # ρ = 0 decisions so far (every explore_every-th explores)
         self.start_cap: int | None = None  # a new batch-size class's first proposal width (None: the smallest)
         self.idle = 0  # consecutive decisions for ρ = 0 (any batch size): the switch margin applies
         self.classes: dict[int, RowsClass] = {}  # batch-size class → its proposal width and back-off
         self.load_scale = 1.0  # measured / profiled verify forward, every forward (`observe_forward`)
         self.tree_scale = 1.0  # how much more than that a wider forward takes
+        self.probe_credit = 0.0  # ms the probes may still cost (`observe_step`)
 
     def rows_class(self, rows: int) -> RowsClass:
         """The state of this batch size's class (rows rounded down to a power of two)."""
@@ -233,16 +240,33 @@ class DCut:
 
     def skip_proposal(self, rows: int) -> bool:
         """Back off while speculation does not pay: after n consecutive ρ = 0 decisions, the next
-        min(2^n, longest) − 1 steps decode plainly without building a tree at all, then probe again
-        (`RowsClass.longest`). Kept per batch-size class (`RowsClass`): a rollout's batch drains through the
-        classes as rows finish (a class entered for the first time probes at once: fewer rows may
-        make speculation pay), and the next rollout starts in the full batch's class again, with
-        what D-cut learned there — a tail that speculates does not restart the full batch's back-off."""
+        min(2^n, LONGEST_BACKOFF) − 1 steps decode plainly without building a tree at all; then
+        the class probes again once the probe is affordable: `probe_credit` ≥ its predicted extra
+        cost (`RowsClass.probe_ms`). Kept per batch-size class (`RowsClass`): a rollout's batch
+        drains through the classes as rows finish (a class entered for the first time probes at
+        once: fewer rows may make speculation pay), and the next rollout starts in the full batch's
+        class again, with what D-cut learned there — a tail that speculates does not restart the
+        full batch's back-off."""
         state = self.rows_class(rows)
         if state.wait > 0:
             state.wait -= 1
             return True
-        return False
+        return state.plain > 0 and state.probe_ms > self.probe_credit
+
+    def observe_step(self, rows: int, ms: float, probe: bool) -> None:
+        """A whole step (propose + forward + walk + learning) took `ms`; probe: it built a tree and
+        then decoded plainly (ρ = 0 chosen, or an exploration step). Every step adds PROBE_SHARE of
+        its time to `probe_credit`, a probe takes what it cost beyond a plain step (a drafter's
+        prompt prefill and catch-up included): across batch sizes and rollouts, probes that find
+        nothing cost ≤ PROBE_SHARE of the decoding time — however many batch-size classes the
+        batch drains through, and however dear a probe is next to a plain step."""
+        self.probe_credit += PROBE_SHARE * ms
+        if probe:
+            plain = self.forward_ms(rows, 1.0) + self.plain_overhead.predict(rows)
+            self.probe_credit -= max(ms - plain, 0.0)
+        # a long spell of paying speculation banks at most two of the dearest probes
+        dearest = max((c.probe_ms for c in self.classes.values()), default=0.0)
+        self.probe_credit = min(self.probe_credit, 2.0 * dearest)
 
     def _track(self, ratio: float, rows: int) -> None:
         state = self.rows_class(rows)
@@ -251,14 +275,7 @@ class DCut:
             return
         self.idle += 1
         state.plain += 1
-        state.wait = min(2**state.plain, state.longest) - 1
-
-    def _update_longest_backoff(self, rows: int, probe_ms: float, plain_ms: float) -> None:
-        """Steps between probes at most: 64, or more when one probe (a tree and a wider forward)
-        costs more than PROBE_SHARE of the plain steps it would interrupt — a drafter that is slow
-        next to the target is not re-tried every 64 steps (at most 1024)."""
-        share = probe_ms / (PROBE_SHARE * plain_ms) if plain_ms > 0 else 0.0
-        self.rows_class(rows).longest = int(min(1024, max(64, share)))
+        state.wait = min(2**state.plain, LONGEST_BACKOFF) - 1
 
     def observe(self, draft: Draft, accepted: torch.Tensor) -> None:
         """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
@@ -361,9 +378,9 @@ class DCut:
         """Cut `draft` to this step's width. budget: the per-row budget the ratios refer to (default:
         the draft's width); a draft narrower than the budget caps the widths at its width."""
         rows, m = draft.tokens.shape
-        if m == 0:
+        if m == 0:  # nothing proposed: a plain step that paid for proposing
             self._track(0.0, rows)
-            return draft, BudgetDecision(0.0, 0, 0, float(rows))
+            return draft, BudgetDecision(0.0, 0, 0, float(rows), probe=True)
         budget = budget or m
         # each row's calibrated scores, best first: expected accepted tokens of its top-W = prefix sum
         score = self.calibration(draft.score).masked_fill(~draft.valid, 0.0)
@@ -380,13 +397,9 @@ class DCut:
         host = host.tolist()  # the one host transfer of the decision
         n = len(widths)
         gains, kept, widest, candidates = host[:n], [int(k) for k in host[n : 2 * n]], int(host[-2]), int(host[-1])
-        self.steps += 1
-        explore = self.explore_every > 0 and self.steps % self.explore_every == 0
         plain_ms = self.plain_overhead.predict(rows)
         best = best_spec = None
         for i, w in enumerate(widths):
-            if explore and w == 0 and n > 1:
-                continue
             if w == 0:
                 expected, ms = float(rows), self.forward_ms(rows, 1.0) + plain_ms
             else:
@@ -394,7 +407,7 @@ class DCut:
                 expected = rows + gains[i]
                 ms = self.forward_ms(rows, 1.0 + min(w, widest)) + self.overhead.predict(rows, w)
             rate = expected / ms
-            if w > 0 and self.idle > 0 and not explore:  # leaving plain decoding must pay by a margin
+            if w > 0 and self.idle > 0:  # leaving plain decoding must pay by a margin
                 rate /= SWITCH_MARGIN
             if best is None or rate > best[0]:
                 best = (rate, w, kept[i] if w else 0, expected)
@@ -406,12 +419,18 @@ class DCut:
             width, n_kept, expected = widths[i], kept[i], rows + gains[i]
         self._move_cap(self.rows_class(rows), width, max(w for w in all_widths if w <= cap), m, best_spec[1] if best_spec else 0,
                        self._cheap_width(rows, all_widths) if width == 0 else 0)  # only a probe uses it
-        ratio = width / budget
         plain = self.forward_ms(rows, 1.0) + plain_ms
         probe_w = self.proposal_budget(budget, rows)  # what the next probe proposes and at most verifies
         probe = self.forward_ms(rows, 1.0 + min(probe_w, widest)) + self.overhead.predict(rows, probe_w)
-        self._update_longest_backoff(rows, probe - plain, plain)
-        self._track(ratio, rows)
-        if width < widest:
-            draft = keep_top_per_row(draft, width).compacted()
-        return draft, BudgetDecision(ratio, n_kept, candidates, expected)
+        self.rows_class(rows).probe_ms = max(probe - plain, 0.0)
+        self._track(width / budget, rows)
+        verified = width
+        if width == 0 and n > 1 and self.explore_every > 0:
+            # every n-th plain decision verifies the smallest W > 0 anyway, so the score calibration
+            # keeps learning while D-cut decodes plainly; it counts as a plain decision (back-off, cap)
+            self.plain_decisions += 1
+            if self.plain_decisions % self.explore_every == 0:
+                verified, n_kept, expected = widths[1], kept[1], rows + gains[1]
+        if verified < widest:
+            draft = keep_top_per_row(draft, verified).compacted()
+        return draft, BudgetDecision(verified / budget, n_kept, candidates, expected, probe=width == 0)

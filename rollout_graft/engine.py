@@ -285,6 +285,7 @@ class RolloutEngine:
                 self.dcut.observe_overhead(rows, 1000.0 * (tree_s + done - verified), speculative=True, width=ctx.budget)
             else:
                 self.dcut.observe_overhead(rows, 1000.0 * (done - verified), speculative=False)
+            self.dcut.observe_step(rows, 1000.0 * (done - start), probe=decision.probe)
         with stats.timed("bookkeeping"):
             self._advance(state, tree, acc, decision, params, stats, stop_ids, completions, logprobs, reasons)
 

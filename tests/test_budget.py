@@ -219,34 +219,75 @@ def test_a_probe_proposes_wide_trees_where_they_cost_no_more():
     assert probe_width({2: 1.0, 4: 2.0}) == 2  # drafter-like: a wider tree costs more, the probe stays narrow
 
 
-def test_backoff_grows_with_the_probe_cost_and_is_kept_per_batch_size():
+def test_backoff_doubles_and_is_kept_per_batch_size():
     steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # a plain step: 1 ms; speculation never pays
 
-    def backoffs(overhead_ms: float, decisions: int = 12) -> tuple[DCut, list[int]]:
+    def backoffs(decisions: int = 12) -> tuple[DCut, list[int]]:
         dcut, trace = trusting(steep), []
-        dcut.observe_overhead(2, overhead_ms)  # the tree costs this much per speculative step
         for _ in range(decisions):
             assert dcut.decide(draft_with_scores(TREES))[1].ratio == 0.0
             trace.append(dcut.rows_class(2).wait)
         return dcut, trace
 
-    # after n plain decisions: min(2^n, longest) − 1 steps without proposing. Without overhead the
-    # probe is W = 1 (the width closest to paying: a 2 ms forward), 1 ms more than a plain step
-    assert backoffs(0.0)[1] == [1, 3, 7, 15, 31, 63, 63, 63, 63, 63, 63, 63]  # 1 ms / 64 ms: every 64 steps
-    # with a 5 ms tree the width closest to paying is W = 4 (rows 2: (2 + 3.29)/(5 + 5) beats W = 1's
-    # 2.99/(2 + 5)): a probe costs 9 ms more than a plain step, 2 % of 450 plain steps
-    assert backoffs(5.0)[1] == [1, 3, 7, 15, 31, 63, 127, 255, 449, 449, 449, 449]
-    assert backoffs(1e6)[1][-1] == 1023  # never longer than 1024 steps
-    dcut, _ = backoffs(5.0)
+    # after n plain decisions: min(2^n, 64) − 1 steps without proposing
+    assert backoffs()[1] == [1, 3, 7, 15, 31, 63, 63, 63, 63, 63, 63, 63]
+    dcut, _ = backoffs()
     dcut.decide(Draft.empty(2, "cpu"))  # a step with nothing to propose keeps the back-off's length
-    assert dcut.rows_class(2).wait == 449
-    dcut, _ = backoffs(5.0, decisions=5)  # 2 rows, backing off 31 steps
+    assert dcut.rows_class(2).wait == 63
+    dcut, _ = backoffs(decisions=5)  # 2 rows, backing off 31 steps
+    dcut.probe_credit = 1e9  # probes are affordable: only the back-off decides here
     assert dcut.skip_proposal(2) and dcut.rows_class(3).wait == 30  # 2 and 3 rows: one class
     assert not dcut.skip_proposal(1)  # 1 row: a class without a back-off probes now
     dcut.decide(draft_with_scores(TREES[:1]))  # … and backs off there for 1 step
     assert dcut.rows_class(1).wait == 1 and dcut.skip_proposal(1) and not dcut.skip_proposal(1)
     assert dcut.rows_class(2).wait == 30  # the 2-row class's back-off goes on where it stopped
     assert dcut.skip_proposal(2) and dcut.rows_class(2).wait == 29
+
+
+def test_probes_that_find_nothing_cost_at_most_their_share_of_the_time():
+    # a plain step takes 1 ms; a probe (a 5 ms tree, a W = 4 forward: 5 ms) 9 ms more — e.g. a
+    # drafter's tree and catch-up. Speculation never pays.
+    steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)
+    dcut = trusting(steep)
+    dcut.observe_overhead(2, 5.0, width=4)
+    plain_ms = probe_ms = probes = 0
+    for _ in range(20_000):
+        if dcut.skip_proposal(2):
+            dcut.observe_step(2, 1.0, probe=False)
+            plain_ms += 1.0
+            continue
+        cut, decision = dcut.decide(draft_with_scores(TREES))
+        assert decision.ratio == 0.0 and decision.probe and not bool(cut.valid.any())
+        dcut.observe_step(2, 10.0, probe=True)
+        probes, probe_ms = probes + 1, probe_ms + 10.0
+    assert dcut.rows_class(2).probe_ms == pytest.approx(9.0)  # predicted: the 5 ms tree + 4 ms more forward
+    # the back-off alone (every 64 steps) would probe ~300 times, 9 ms extra each: +14 % time
+    waste = 9.0 * probes
+    assert waste <= 0.02 * (plain_ms + probe_ms) + 2 * 9.0  # ≤ 2 % of the time (+ what the credit may bank)
+    assert probes >= 0.02 * (plain_ms + probe_ms) / 9.0 - 2  # … and it keeps probing at that rate
+    # a probe as dear as a plain step is affordable every 1 / 2 % = 50 steps
+    dcut = trusting(steep)
+    assert dcut.decide(draft_with_scores(TREES))[1].probe
+    dcut.observe_step(2, 1.0, probe=True)  # the probe cost no more than a plain step
+    assert dcut.rows_class(2).probe_ms == pytest.approx(1.0)  # W = 1: a 2 ms forward, no tree cost
+    assert dcut.skip_proposal(2)  # the back-off (1 step) …
+    waited = 0
+    while dcut.skip_proposal(2):  # … then the probe waits for 1 ms of credit: ~50 steps of 1 ms
+        dcut.observe_step(2, 1.0, probe=False)
+        waited += 1
+    assert 48 <= waited <= 50
+
+
+def test_exploration_verifies_the_smallest_width_and_keeps_backing_off():
+    steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # speculation never pays
+    dcut = trusting(steep)
+    dcut.explore_every = 2  # every 2nd plain decision verifies the smallest W > 0
+    cut, decision = dcut.decide(draft_with_scores(TREES))  # m = 4: W ∈ {0, 1, 2, 4}
+    assert decision.ratio == 0.0 and decision.probe and not bool(cut.valid.any())
+    cut, decision = dcut.decide(draft_with_scores(TREES))
+    assert decision.ratio == 0.25 and decision.probe  # verified W = 1 …
+    assert cut.valid.sum(1).tolist() == [1, 1]  # each row's best node (.9 and .3)
+    assert dcut.rows_class(2).plain == 2 and dcut.rows_class(2).wait == 3  # … as a plain decision: the back-off goes on
 
 
 def test_calibration_learns_acceptance_rates():
