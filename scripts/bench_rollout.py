@@ -158,7 +158,11 @@ def run_hf(model, tokenizer, prompts: list[list[int]], group: int, params: Sampl
 def median_of(runs: list[dict]) -> dict:
     best = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
     cpu = sorted(r["tokens"] / max(r["cpu_s"], 1e-9) for r in runs)[len(runs) // 2]
-    return {**best, "tokens_per_s_runs": [r["tokens_per_s"] for r in runs], "cpu_tokens_per_s": cpu}
+    # sums over every repeat (not just the median run): what a method's own phases cost per token is
+    # steadier pooled over all repeats than read off one run of a noisy machine
+    totals = {"wall_s_total": sum(r["wall_s"] for r in runs), "tokens_total": sum(r["tokens"] for r in runs),
+              "phase_s_total": {k: sum(r["phase_s"].get(k, 0.0) for r in runs) for k in runs[0]["phase_s"]}}
+    return {**best, "tokens_per_s_runs": [r["tokens_per_s"] for r in runs], "cpu_tokens_per_s": cpu, **totals}
 
 
 def main(argv=None) -> dict:

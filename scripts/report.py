@@ -59,23 +59,35 @@ OWN_PHASES = ("prefill", "propose", "learn", "bookkeeping")
 """Phases outside the target's decode forward and sampling: what a method adds to "ar" when both decode plainly."""
 
 
+def own_phase_share(m: dict, ar: dict, pooled: bool = False) -> float | None:
+    """What a method's own phases (`OWN_PHASES`) add to ar's, as a share of ar's rollout time: in the
+    median runs, or (pooled) per emitted token over every repeat — steadier on a noisy machine."""
+    if pooled:
+        if not (m.get("phase_s_total") and ar.get("phase_s_total") and ar.get("wall_s_total")):
+            return None
+        own = {name: sum(x["phase_s_total"].get(k, 0.0) for k in OWN_PHASES) / x["tokens_total"] for name, x in (("m", m), ("ar", ar))}
+        return (own["m"] - own["ar"]) / (ar["wall_s_total"] / ar["tokens_total"])
+    if not (ar.get("phase_s") and ar.get("wall_s")):
+        return None
+    return sum(m["phase_s"].get(k, 0.0) - ar["phase_s"].get(k, 0.0) for k in OWN_PHASES) / ar["wall_s"]
+
+
 def phase_markdown(results: dict) -> str | None:
     """Seconds per phase of each method's median run, and what its own phases (`OWN_PHASES`) add to
-    ar's, as a share of ar's rollout."""
+    ar's, as a share of ar's rollout: in the median runs, and per token over all repeats."""
     rows = [(e, name, m) for e in results["configs"] for name, m in e["methods"].items() if m.get("phase_s")]
     if not rows:
         return None
     phases = list(dict.fromkeys(k for _, _, m in rows for k in m["phase_s"]))
-    lines = ["| T | batch | method | " + " | ".join(f"{k} s" for k in phases) + " | own phases − ar's, % of ar |",
-             "|---|---|---|" + "---|" * (len(phases) + 1)]
+    lines = ["| T | batch | method | " + " | ".join(f"{k} s" for k in phases)
+             + " | own phases − ar's, % of ar | … all repeats, per token |",
+             "|---|---|---|" + "---|" * (len(phases) + 2)]
     for e, name, m in rows:
         ar = e["methods"].get("ar")
-        added = MISSING
-        if ar and ar.get("phase_s") and ar.get("wall_s"):
-            extra = sum(m["phase_s"].get(k, 0.0) - ar["phase_s"].get(k, 0.0) for k in OWN_PHASES)
-            added = f"{100 * extra / ar['wall_s']:+.1f}"
+        shares = [own_phase_share(m, ar, pooled) if ar else None for pooled in (False, True)]
+        added = [MISSING if x is None else f"{100 * x:+.1f}" for x in shares]
         cells = [f"{m['phase_s'].get(k, 0.0):.3f}" for k in phases]
-        lines.append(f"| {e['temperature']} | {e['batch']} | {name} | " + " | ".join(cells) + f" | {added} |")
+        lines.append(f"| {e['temperature']} | {e['batch']} | {name} | " + " | ".join(cells) + f" | {added[0]} | {added[1]} |")
     return "\n".join(lines)
 
 

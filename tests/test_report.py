@@ -70,6 +70,11 @@ def test_report_pairs_repeats_and_shows_phases_and_dcut_choices():
     # per repeat: 0.9, 1.2, 0.8, 1.05 → sorted 0.8, 0.9, 1.05, 1.2: median (upper) 1.05, IQR 0.9–1.2
     assert report.paired_ratio(dcut, ar) == pytest.approx(1.05)
     assert "| 1.05 [0.90–1.20] |" in report.markdown(results)
-    # own phases: propose +0.05 s on ar's 1.0 s wall
-    assert report.phase_markdown(results).splitlines()[-1].endswith("| +5.0 |")
+    # own phases: propose +0.05 s on ar's 1.0 s wall; no totals over the repeats in this JSON
+    assert report.phase_markdown(results).splitlines()[-1].endswith("| +5.0 | – |")
+    # over all repeats, per token: ar 0.6 s of own phases for 600 tokens in 4 s, D-cut 1.0 s for 500 tokens
+    # → (2.0 − 1.0) ms per token on ar's 6.67 ms per token: +15 %
+    ar.update(wall_s_total=4.0, tokens_total=600, phase_s_total={"prefill": 0.2, "propose": 0.3, "verify": 3.0, "bookkeeping": 0.1})
+    dcut.update(wall_s_total=4.2, tokens_total=500, phase_s_total={"prefill": 0.2, "propose": 0.6, "verify": 3.0, "bookkeeping": 0.2})
+    assert report.phase_markdown(results).splitlines()[-1].endswith("| +5.0 | +15.0 |")
     assert report.dcut_markdown(results).splitlines()[-1] == "| 1.0 | 8 | retrieval+dcut | 2 of 5 | 3: W 4, 2: W 8 |"
