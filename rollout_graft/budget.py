@@ -201,6 +201,7 @@ class RowsClass:
     plain: int = 0  # consecutive ρ = 0 decisions
     wait: int = 0  # steps left to decode plainly without proposing
     probe_ms: float = 0.0  # what the next probe is predicted to cost more than a plain step
+    advantage: float | None = None  # moving average of the best W > 0's predicted speed over plain's (`DCut._track`)
 
 
 class DCut:
@@ -219,6 +220,7 @@ class DCut:
                  overhead: OverheadModel | None = None):
         self.cost = cost
         self.ratios = tuple(sorted(set(ratios) | {0.0}))
+        self._width_lists: dict[int, list[int]] = {}  # budget → its widths W = ρ·budget
         self.calibration = ScoreCalibration()
         self.overhead = overhead or OverheadModel()  # speculative steps: tree + walk + learning
         self.plain_overhead = OverheadModel()  # plain steps: one draw per row
@@ -253,24 +255,36 @@ class DCut:
             return True
         return state.plain > 0 and state.probe_ms > self.probe_credit
 
-    def observe_step(self, rows: int, ms: float, probe: bool) -> None:
-        """A whole step (propose + forward + walk + learning) took `ms`; probe: it built a tree and
-        then decoded plainly (ρ = 0 chosen, or an exploration step). Every step adds PROBE_SHARE of
-        its time to `probe_credit`, a probe takes what it cost beyond a plain step (a drafter's
-        prompt prefill and catch-up included): across batch sizes and rollouts, probes that find
-        nothing cost ≤ PROBE_SHARE of the decoding time — however many batch-size classes the
-        batch drains through, and however dear a probe is next to a plain step."""
+    def observe_step(self, rows: int, ms: float, probe: bool, emitted: int | None = None) -> None:
+        """A whole step (propose + forward + walk + learning) of `rows` rows took `ms` and emitted
+        `emitted` tokens (default: one per row); probe: it built a tree and then decoded plainly (ρ = 0
+        chosen, or an exploration step).
+
+        The probe credit: every step adds PROBE_SHARE of its time, a speculative step also what it
+        saved against plain steps for the same tokens; a probe takes what it cost beyond a plain
+        step (a drafter's prompt prefill and catch-up included). So probes that find nothing cost
+        at most PROBE_SHARE of the decoding time plus what speculation saved — across batch-size
+        classes and rollouts, however dear a probe is next to a plain step — and where speculation
+        pays (a small batch), probing is not held back."""
+        plain = self.forward_ms(rows, 1.0) + self.overhead_ms(rows, 0)
         self.probe_credit += PROBE_SHARE * ms
         if probe:
-            plain = self.forward_ms(rows, 1.0) + self.plain_overhead.predict(rows)
             self.probe_credit -= max(ms - plain, 0.0)
+        elif emitted is not None and emitted > rows:
+            self.probe_credit += max(plain * emitted / rows - ms, 0.0)
         # a long spell of paying speculation banks at most two of the dearest probes
         dearest = max((c.probe_ms for c in self.classes.values()), default=0.0)
         self.probe_credit = min(self.probe_credit, 2.0 * dearest)
 
-    def _track(self, ratio: float, rows: int) -> None:
+    def _track(self, ratio: float, rows: int, advantage: float) -> None:
+        """Count a decision for the back-off. advantage: the best W > 0's predicted tokens per second
+        over plain decoding's this step; its moving average over the class's decisions says whether
+        speculation pays here. A step whose draft was poor decodes plainly, but starts a back-off
+        only where speculation does not pay on average: at a small batch one row's weak draft
+        decides the step, not whether the next steps propose."""
         state = self.rows_class(rows)
-        if ratio > 0:
+        state.advantage = advantage if state.advantage is None else 0.8 * state.advantage + 0.2 * advantage
+        if ratio > 0 or state.advantage > 1.0:
             self.idle = state.plain = state.wait = 0
             return
         self.idle += 1
@@ -309,14 +323,27 @@ class DCut:
 
     def observe_overhead(self, rows: int, ms: float, speculative: bool = True, width: int = 0) -> None:
         """Time a step spent outside the verify forward (measured by the engine); width: the
-        proposal width of a speculative step (what `proposal_budget` asked the proposer for)."""
+        proposal width of a speculative step (what `proposal_budget` asked the proposer for).
+
+        Kept in units of the machine's current speed (÷ `load_scale`, × it when predicted): a slow
+        spell slows the host work as much as the forwards, and when it passes, the forwards —
+        measured every step — tell at once; an overhead measured in the spell and kept as is would
+        price speculation out until the next probes re-measured it."""
         if speculative:
-            self.overhead.observe(rows, ms, width)
+            self.overhead.observe(rows, ms / self.load_scale, width)
         else:
-            self.plain_overhead.observe(rows, ms)
+            self.plain_overhead.observe(rows, ms / self.load_scale)
+
+    def overhead_ms(self, rows: int, width: int) -> float:
+        """Predicted time of a step outside the verify forward: a tree of `width` nodes per row
+        proposed, cut and learnt from, or (width 0) a plain step's draw."""
+        model = self.overhead if width > 0 else self.plain_overhead
+        return model.predict(rows, width) * self.load_scale
 
     def _widths(self, budget: int) -> list[int]:
-        return sorted({round(r * budget) for r in self.ratios})
+        if budget not in self._width_lists:  # asked twice a step
+            self._width_lists[budget] = sorted({round(r * budget) for r in self.ratios})
+        return self._width_lists[budget]
 
     def _cap(self, widths: list[int], rows: int) -> int:
         smallest = next((w for w in widths if w > 0), 0)
@@ -336,8 +363,8 @@ class DCut:
         sizes = [w for w in widths if w > 0]
         if not sizes or len(self.overhead.fits) < 2:
             return sizes[0] if sizes else 0
-        limit = CHEAP_TREE * self.overhead.predict(rows, sizes[0])
-        return max(w for w in sizes if w == sizes[0] or self.overhead.predict(rows, w) <= limit)
+        limit = CHEAP_TREE * self.overhead_ms(rows, sizes[0])
+        return max(w for w in sizes if w == sizes[0] or self.overhead_ms(rows, w) <= limit)
 
     def _move_cap(self, state: RowsClass, width: int, top: int, m: int, best_spec: int, cheap: int = 0) -> None:
         """The next proposal width of this batch-size class, after this step chose `width` from a
@@ -379,7 +406,7 @@ class DCut:
         the draft's width); a draft narrower than the budget caps the widths at its width."""
         rows, m = draft.tokens.shape
         if m == 0:  # nothing proposed: a plain step that paid for proposing
-            self._track(0.0, rows)
+            self._track(0.0, rows, 0.0)
             return draft, BudgetDecision(0.0, 0, 0, float(rows), probe=True)
         budget = budget or m
         # each row's calibrated scores, best first: expected accepted tokens of its top-W = prefix sum
@@ -397,16 +424,21 @@ class DCut:
         host = host.tolist()  # the one host transfer of the decision
         n = len(widths)
         gains, kept, widest, candidates = host[:n], [int(k) for k in host[n : 2 * n]], int(host[-2]), int(host[-1])
-        plain_ms = self.plain_overhead.predict(rows)
+        plain_ms = self.overhead_ms(rows, 0)
         best = best_spec = None
+        plain_rate = spec_rate = 0.0
         for i, w in enumerate(widths):
             if w == 0:
                 expected, ms = float(rows), self.forward_ms(rows, 1.0) + plain_ms
             else:
                 # steady state at W: trees proposed at width W (the cap follows the choice)
                 expected = rows + gains[i]
-                ms = self.forward_ms(rows, 1.0 + min(w, widest)) + self.overhead.predict(rows, w)
+                ms = self.forward_ms(rows, 1.0 + min(w, widest)) + self.overhead_ms(rows, w)
             rate = expected / ms
+            if w == 0:
+                plain_rate = rate
+            else:
+                spec_rate = max(spec_rate, rate)
             if w > 0 and self.idle > 0:  # leaving plain decoding must pay by a margin
                 rate /= SWITCH_MARGIN
             if best is None or rate > best[0]:
@@ -421,9 +453,9 @@ class DCut:
                        self._cheap_width(rows, all_widths) if width == 0 else 0)  # only a probe uses it
         plain = self.forward_ms(rows, 1.0) + plain_ms
         probe_w = self.proposal_budget(budget, rows)  # what the next probe proposes and at most verifies
-        probe = self.forward_ms(rows, 1.0 + min(probe_w, widest)) + self.overhead.predict(rows, probe_w)
+        probe = self.forward_ms(rows, 1.0 + min(probe_w, widest)) + self.overhead_ms(rows, probe_w)
         self.rows_class(rows).probe_ms = max(probe - plain, 0.0)
-        self._track(width / budget, rows)
+        self._track(width / budget, rows, spec_rate / plain_rate)
         verified = width
         if width == 0 and n > 1 and self.explore_every > 0:
             # every n-th plain decision verifies the smallest W > 0 anyway, so the score calibration

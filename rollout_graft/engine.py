@@ -285,9 +285,10 @@ class RolloutEngine:
                 self.dcut.observe_overhead(rows, 1000.0 * (tree_s + done - verified), speculative=True, width=ctx.budget)
             else:
                 self.dcut.observe_overhead(rows, 1000.0 * (done - verified), speculative=False)
-            self.dcut.observe_step(rows, 1000.0 * (done - start), probe=decision.probe)
         with stats.timed("bookkeeping"):
-            self._advance(state, tree, acc, decision, params, stats, stop_ids, completions, logprobs, reasons)
+            emitted = self._advance(state, tree, acc, decision, params, stats, stop_ids, completions, logprobs, reasons)
+        if self.dcut is not None:
+            self.dcut.observe_step(rows, 1000.0 * (done - start), decision.probe, emitted)
 
     def _propose(self, ctx: StepContext, skipped: bool) -> tuple[Draft, BudgetDecision | None]:
         """This step's candidates, cut by D-cut when it is on (none when D-cut backed off)."""
@@ -301,8 +302,9 @@ class RolloutEngine:
 
     def _advance(self, state: _Rows, tree: TreeBatch, acc: Acceptance, decision: BudgetDecision | None, params: SamplingParams,
                  stats: RolloutStats, stop_ids: set[int], completions: list[list[int]], logprobs: list[list[float]],
-                 reasons: list[str]) -> None:
-        """Host bookkeeping of one step: append emitted tokens, stop finished rows, move the state on."""
+                 reasons: list[str]) -> int:
+        """Host bookkeeping of one step: append emitted tokens, stop finished rows, move the state on.
+        Returns the tokens the step emitted (all rows, before stop tokens and length cut them)."""
         width = acc.emitted.shape[1]
         # one host transfer for the integers of the step: n_emitted, emitted tokens, verified-node count
         ints = torch.cat([acc.n_emitted, acc.emitted.flatten(), tree.valid.sum().view(1)]).tolist()
@@ -351,3 +353,4 @@ class RolloutEngine:
                 self.runner.maybe_compact(max_cached, PLAIN_COMPACT_SLACK, margin=0)
             else:
                 self.runner.maybe_compact(max_cached)
+        return sum(n_emit)

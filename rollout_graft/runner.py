@@ -66,15 +66,19 @@ class ModelRunner:
         self.compact_slack = compact_slack
         self.cache: SlotCache | None = None
         self.slot_valid: torch.Tensor | None = None  # [rows, slots] bool
+        # the model's device and dtype are read from its first parameter, kept: `model.parameters()`
+        # walks every module (~30 µs), and they are read every forward. `model.to(...)` moves that
+        # parameter object in place, so it stays current.
+        self._first_param = next(model.parameters())
 
     # ------------------------------------------------------------------ properties
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self._first_param.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        return self._first_param.dtype
 
     @property
     def vocab_size(self) -> int:

@@ -101,6 +101,18 @@ def test_measured_forwards_correct_the_profiled_table():
     assert dcut.forward_scale == pytest.approx([1.0, 2.15], rel=0.01)
 
 
+def test_an_overhead_measured_in_a_slow_spell_is_priced_at_the_machines_speed_now():
+    flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)
+    dcut = trusting(flat)
+    for _ in range(50):  # a slow spell: forwards take 2× the profiled time, a tree 4 ms
+        dcut.observe_forward(2, 1.0, 2.0)
+    dcut.observe_overhead(2, 4.0, width=4)
+    assert dcut.overhead_ms(2, 4) == pytest.approx(4.0)
+    for _ in range(50):  # the spell passes: plain forwards as profiled (no tree measured meanwhile)
+        dcut.observe_forward(2, 1.0, 1.0)
+    assert dcut.overhead_ms(2, 4) == pytest.approx(2.0, rel=0.02)  # the tree is priced at today's speed
+
+
 def test_width_follows_the_batch_size_as_it_drains():
     # speculation pays at 2 rows (the forward is latency-bound) but not at 64 (compute-bound)
     cost = CostModel([2, 64], [1, 2, 3, 5], [[1.0, 1.05, 1.1, 1.2], [1.0, 2.0, 3.0, 5.0]])
@@ -244,6 +256,19 @@ def test_backoff_doubles_and_is_kept_per_batch_size():
     assert dcut.skip_proposal(2) and dcut.rows_class(2).wait == 29
 
 
+def test_one_poor_draft_decodes_plainly_without_starting_a_backoff():
+    knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)
+    dcut = trusting(knee)
+    good, poor = draft_with_scores(TREES), draft_with_scores([[(-1, 0.01)] * 4] * 2)
+    for _ in range(5):
+        assert dcut.decide(good)[1].ratio > 0  # W = 1: 2.99 / 1.2 beats plain's 2 / 1
+    assert dcut.decide(poor)[1].ratio == 0.0  # this step: not worth verifying …
+    assert dcut.rows_class(2).wait == 0 and not dcut.skip_proposal(2)  # … the next step proposes all the same
+    for _ in range(4):  # poor drafts step after step: speculation stops paying on average
+        dcut.decide(poor)
+    assert dcut.rows_class(2).wait > 0 and dcut.skip_proposal(2)  # backing off
+
+
 def test_probes_that_find_nothing_cost_at_most_their_share_of_the_time():
     # a plain step takes 1 ms; a probe (a 5 ms tree, a W = 4 forward: 5 ms) 9 ms more — e.g. a
     # drafter's tree and catch-up. Speculation never pays.
@@ -276,6 +301,12 @@ def test_probes_that_find_nothing_cost_at_most_their_share_of_the_time():
         dcut.observe_step(2, 1.0, probe=False)
         waited += 1
     assert 48 <= waited <= 50
+    # where speculation pays, what it saved funds the probes: a speculative step of 2 rows that
+    # emitted 6 tokens in 2 ms saved 3 plain steps (3 ms) − 2 ms = 1 ms — the probe goes at once
+    dcut.probe_credit = 0.0
+    assert dcut.skip_proposal(2)
+    dcut.observe_step(2, 2.0, probe=False, emitted=6)
+    assert dcut.probe_credit >= 1.0 and not dcut.skip_proposal(2)
 
 
 def test_exploration_verifies_the_smallest_width_and_keeps_backing_off():
