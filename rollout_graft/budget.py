@@ -167,7 +167,7 @@ class OverheadModel:
         return y1 + max((y1 - y0) / (w1 - w0), 0.0) * (width - w1)
 
 
-PROBE_SHARE = 0.02
+PROBE_SHARE = 0.01
 """Probes that find speculation does not pay may cost at most this share of the decoding time
 (`DCut.probe_credit`)."""
 
