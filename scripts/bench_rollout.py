@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -225,7 +226,7 @@ def main(argv=None) -> dict:
                      "graft_thresholds": json.loads(Path(tau_file).read_text()) if tau_file else None}
             bar = tqdm(total=len(args.methods) * args.repeats, desc=f"T={temperature} batch={len(rows)}", unit="run",
                        leave=False)
-            # repeats are interleaved (ar, m1, m2, …, then m1, m2, …, ar, …) so a slow spell of the shared
+            # repeats are interleaved (every method once per repeat, in a shuffled order) so a slow spell of the shared
             # machine or the allocator state left by one method does not fall on one method's runs only
             runs: dict[str, list[dict]] = {name: [] for name in args.methods}
             cfgs = {name: variant(name, args.budget, prior_file, args.draft_model, tau_file)
@@ -237,10 +238,10 @@ def main(argv=None) -> dict:
                     run_engine(model, tokenizer, cfg, rows, replace(base, seed=args.seed + 10_000), engines[name])
             for rep in range(args.repeats):
                 params = replace(base, seed=args.seed + rep)
-                # the order rotates each repeat, so no method always runs right after the same (e.g. a
-                # memory-heavy) one: with repeats a multiple of the methods, each runs at each position
-                shift = rep % len(args.methods)
-                for name in args.methods[shift:] + args.methods[:shift]:
+                # a fresh (seeded) order each repeat: no method always runs at the same position or
+                # right after the same one — a rotation would keep each method behind the same
+                # predecessor (e.g. a wide-tree engine whose allocations slow the next forwards)
+                for name in random.Random(args.seed + rep).sample(args.methods, len(args.methods)):
                     bar.set_postfix_str(name)
                     if name == "hf":
                         runs[name].append(run_hf(model, tokenizer, prompts, args.group_size, params))
