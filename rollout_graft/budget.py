@@ -266,7 +266,7 @@ class DCut:
         at most PROBE_SHARE of the decoding time plus what speculation saved — across batch-size
         classes and rollouts, however dear a probe is next to a plain step — and where speculation
         pays (a small batch), probing is not held back."""
-        plain = self.forward_ms(rows, 1.0) + self.overhead_ms(rows, 0)
+        plain = self.step_ms(rows, 0)
         self.probe_credit += PROBE_SHARE * ms
         if probe:
             self.probe_credit -= max(ms - plain, 0.0)
@@ -333,6 +333,12 @@ class DCut:
             self.overhead.observe(rows, ms / self.load_scale, width)
         else:
             self.plain_overhead.observe(rows, ms / self.load_scale)
+
+    def step_ms(self, rows: int, width: int, widest: int | None = None) -> float:
+        """Predicted step time at width W (0: a plain step): the verify forward of 1 + W nodes per
+        row (no more than the draft's widest row) and the overhead outside it."""
+        nodes = width if widest is None else min(width, widest)
+        return self.forward_ms(rows, 1.0 + nodes) + self.overhead_ms(rows, width)
 
     def overhead_ms(self, rows: int, width: int) -> float:
         """Predicted time of a step outside the verify forward: a tree of `width` nodes per row
@@ -424,45 +430,27 @@ class DCut:
         host = host.tolist()  # the one host transfer of the decision
         n = len(widths)
         gains, kept, widest, candidates = host[:n], [int(k) for k in host[n : 2 * n]], int(host[-2]), int(host[-1])
-        plain_ms = self.overhead_ms(rows, 0)
-        best = best_spec = None
-        plain_rate = spec_rate = 0.0
-        for i, w in enumerate(widths):
-            if w == 0:
-                expected, ms = float(rows), self.forward_ms(rows, 1.0) + plain_ms
-            else:
-                # steady state at W: trees proposed at width W (the cap follows the choice)
-                expected = rows + gains[i]
-                ms = self.forward_ms(rows, 1.0 + min(w, widest)) + self.overhead_ms(rows, w)
-            rate = expected / ms
-            if w == 0:
-                plain_rate = rate
-            else:
-                spec_rate = max(spec_rate, rate)
-            if w > 0 and self.idle > 0:  # leaving plain decoding must pay by a margin
-                rate /= SWITCH_MARGIN
-            if best is None or rate > best[0]:
-                best = (rate, w, kept[i] if w else 0, expected)
-            if w > 0 and (best_spec is None or rate > best_spec[0]):
-                best_spec = (rate, w)
-        _, width, n_kept, expected = best
-        if width > cap > 0:  # verify no wider than the cap (a draft wider than the proposal budget)
+        # steady state at W: trees proposed at width W (the cap follows the choice); W = 0 is plain
+        expected = [rows + (gains[i] if w else 0.0) for i, w in enumerate(widths)]
+        rates = [e / self.step_ms(rows, w, widest) for e, w in zip(expected, widths)]
+        spec = max(range(1, n), key=rates.__getitem__)  # the W > 0 closest to paying (widths[0] = 0, m > 0)
+        margin = SWITCH_MARGIN if self.idle > 0 else 1.0  # leaving plain decoding must pay by a margin
+        i = spec if rates[spec] / margin > rates[0] else 0
+        if widths[i] > cap > 0:  # verify no wider than the cap (a draft wider than the proposal budget)
             i = max(j for j, w in enumerate(widths) if w <= cap)
-            width, n_kept, expected = widths[i], kept[i], rows + gains[i]
-        self._move_cap(self.rows_class(rows), width, max(w for w in all_widths if w <= cap), m, best_spec[1] if best_spec else 0,
+        width, n_kept = widths[i], kept[i]
+        self._move_cap(self.rows_class(rows), width, max(w for w in all_widths if w <= cap), m, widths[spec],
                        self._cheap_width(rows, all_widths) if width == 0 else 0)  # only a probe uses it
-        plain = self.forward_ms(rows, 1.0) + plain_ms
         probe_w = self.proposal_budget(budget, rows)  # what the next probe proposes and at most verifies
-        probe = self.forward_ms(rows, 1.0 + min(probe_w, widest)) + self.overhead_ms(rows, probe_w)
-        self.rows_class(rows).probe_ms = max(probe - plain, 0.0)
-        self._track(width / budget, rows, spec_rate / plain_rate)
+        self.rows_class(rows).probe_ms = max(self.step_ms(rows, probe_w, widest) - self.step_ms(rows, 0), 0.0)
+        self._track(width / budget, rows, rates[spec] / rates[0])
         verified = width
-        if width == 0 and n > 1 and self.explore_every > 0:
+        if width == 0 and self.explore_every > 0:
             # every n-th plain decision verifies the smallest W > 0 anyway, so the score calibration
             # keeps learning while D-cut decodes plainly; it counts as a plain decision (back-off, cap)
             self.plain_decisions += 1
             if self.plain_decisions % self.explore_every == 0:
-                verified, n_kept, expected = widths[1], kept[1], rows + gains[1]
+                i, verified, n_kept = 1, widths[1], kept[1]
         if verified < widest:
             draft = keep_top_per_row(draft, verified).compacted()
-        return draft, BudgetDecision(verified / budget, n_kept, candidates, expected, probe=width == 0)
+        return draft, BudgetDecision(verified / budget, n_kept, candidates, expected[i], probe=width == 0)
