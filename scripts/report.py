@@ -59,17 +59,51 @@ OWN_PHASES = ("prefill", "propose", "learn", "bookkeeping")
 """Phases outside the target's decode forward and sampling: what a method adds to "ar" when both decode plainly."""
 
 
+def pooled_phase_shares(m: dict, ar: dict) -> dict[str, float] | None:
+    """Per token over every repeat: each phase's seconds minus ar's, and the time outside the
+    timed phases ("outside": wall − Σ phases), as shares of ar's time per token. Steadier on a noisy
+    machine than one median run (None without the bench's totals)."""
+    if not (m.get("phase_s_total") and ar.get("phase_s_total") and ar.get("wall_s_total")):
+        return None
+
+    def per_token(x: dict) -> dict[str, float]:
+        out = {k: v / x["tokens_total"] for k, v in x["phase_s_total"].items()}
+        out["outside"] = (x["wall_s_total"] - sum(x["phase_s_total"].values())) / x["tokens_total"]
+        return out
+
+    mine, base = per_token(m), per_token(ar)
+    scale = ar["wall_s_total"] / ar["tokens_total"]
+    return {k: (v - base.get(k, 0.0)) / scale for k, v in mine.items()}
+
+
 def own_phase_share(m: dict, ar: dict, pooled: bool = False) -> float | None:
     """What a method's own phases (`OWN_PHASES`) add to ar's, as a share of ar's rollout time: in the
-    median runs, or (pooled) per emitted token over every repeat — steadier on a noisy machine."""
+    median runs, or (pooled) per emitted token over every repeat (`pooled_phase_shares`)."""
     if pooled:
-        if not (m.get("phase_s_total") and ar.get("phase_s_total") and ar.get("wall_s_total")):
-            return None
-        own = {name: sum(x["phase_s_total"].get(k, 0.0) for k in OWN_PHASES) / x["tokens_total"] for name, x in (("m", m), ("ar", ar))}
-        return (own["m"] - own["ar"]) / (ar["wall_s_total"] / ar["tokens_total"])
+        shares = pooled_phase_shares(m, ar)
+        return None if shares is None else sum(shares.get(k, 0.0) for k in OWN_PHASES)
     if not (ar.get("phase_s") and ar.get("wall_s")):
         return None
     return sum(m["phase_s"].get(k, 0.0) - ar["phase_s"].get(k, 0.0) for k in OWN_PHASES) / ar["wall_s"]
+
+
+def pooled_phase_markdown(results: dict) -> str | None:
+    """`pooled_phase_shares` of every method, in % of ar's time per token."""
+    rows = []
+    for e in results["configs"]:
+        ar = e["methods"].get("ar")
+        for name, m in e["methods"].items():
+            shares = pooled_phase_shares(m, ar) if ar and name != "ar" else None
+            if shares is not None:
+                rows.append((e, name, shares))
+    if not rows:
+        return None
+    keys = list(dict.fromkeys(k for _, _, shares in rows for k in shares if k != "outside")) + ["outside"]
+    lines = ["| T | batch | method | " + " | ".join(f"{k} %" for k in keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+    for e, name, shares in rows:
+        cells = " | ".join(f"{100 * shares.get(k, 0.0):+.1f}" for k in keys)
+        lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {cells} |")
+    return "\n".join(lines)
 
 
 def phase_markdown(results: dict) -> str | None:
@@ -159,6 +193,10 @@ def render(path: Path, results: dict) -> str:
     phases = phase_markdown(results)
     if phases:
         parts += ["", "Seconds per phase (median run of each method):", "", phases]
+    pooled = pooled_phase_markdown(results)
+    if pooled:
+        parts += ["", "Per token over all repeats, each phase minus ar's (% of ar's time per token; outside: "
+                  "time outside the timed phases):", "", pooled]
     dcut = dcut_markdown(results)
     if dcut:
         parts += ["", "D-cut in the median run, as the batch drains:", "", dcut]

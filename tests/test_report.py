@@ -77,4 +77,8 @@ def test_report_pairs_repeats_and_shows_phases_and_dcut_choices():
     ar.update(wall_s_total=4.0, tokens_total=600, phase_s_total={"prefill": 0.2, "propose": 0.3, "verify": 3.0, "bookkeeping": 0.1})
     dcut.update(wall_s_total=4.2, tokens_total=500, phase_s_total={"prefill": 0.2, "propose": 0.6, "verify": 3.0, "bookkeeping": 0.2})
     assert report.phase_markdown(results).splitlines()[-1].endswith("| +5.0 | +15.0 |")
+    # … phase by phase (ms per token, D-cut − ar, over ar's 6.67): prefill 0.40 − 0.33, propose 1.2 − 0.5,
+    # verify 6 − 5, bookkeeping 0.4 − 0.17, outside the phases (4.2 − 4.0 s)/500 − (4.0 − 3.6 s)/600 = 0.4 − 0.67
+    assert report.pooled_phase_markdown(results).splitlines()[-1] == \
+        "| 1.0 | 8 | retrieval+dcut | +1.0 | +10.5 | +15.0 | +3.5 | -4.0 |"
     assert report.dcut_markdown(results).splitlines()[-1] == "| 1.0 | 8 | retrieval+dcut | 2 of 5 | 3: W 4, 2: W 8 |"
