@@ -39,11 +39,16 @@ def paired_ratios(m: dict, ar: dict | None) -> list[float]:
     return sorted(r / b for r, b in zip(runs, base)) if runs and len(runs) == len(base) else []
 
 
+def _quantile(ordered: list[float], f: float) -> float:
+    """The f-quantile of a sorted list (upper one at ties: the median of 4 is the 3rd)."""
+    return ordered[min(len(ordered) - 1, int(f * len(ordered)))]
+
+
 def paired_ratio(m: dict, ar: dict | None) -> float | None:
     """Median over repeats of the run's ratio to ar's run of the same repeat: a slow spell of the
     machine that lasts a repeat falls on both sides of the ratio."""
     ratios = paired_ratios(m, ar)
-    return ratios[len(ratios) // 2] if ratios else None
+    return _quantile(ratios, 0.5) if ratios else None
 
 
 def paired(m: dict, ar: dict | None) -> str:
@@ -51,8 +56,7 @@ def paired(m: dict, ar: dict | None) -> str:
     ratios = paired_ratios(m, ar)
     if not ratios:
         return MISSING
-    q = lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))]  # noqa: E731
-    return f"{q(0.5):.2f} [{q(0.25):.2f}–{q(0.75):.2f}]"
+    return f"{_quantile(ratios, 0.5):.2f} [{_quantile(ratios, 0.25):.2f}–{_quantile(ratios, 0.75):.2f}]"
 
 
 OWN_PHASES = ("prefill", "propose", "learn", "bookkeeping")
