@@ -1,0 +1,159 @@
+"""Budget policies for chain drafts (vLLM's speculative decoding): a draft depth per request.
+
+vLLM verifies one chain per request and packs every scheduled token of the batch into one
+forward, so its step time follows the number of scheduled tokens — the setting of the D-cut
+paper itself. Each step D-cut takes every request's chain with the score of each draft token
+(the prefix product of confidences, calibrated against observed acceptance by the same
+`ScoreCalibration` as the engine's D-cut), keeps the batch's global top-K tokens, and picks K to
+maximise expected emitted tokens per predicted step time:
+
+    E[emitted | K] = rows + Σ_{top-K tokens} score        (one bonus/recovered token per row)
+    time(K)        = a + b_rows · rows + b_draft · K      (fitted online to vLLM's measured steps)
+
+K = 0 (plain decoding) is always a candidate. Scores never increase along a chain, so the
+global top-K is a prefix of each chain: a depth per request (`global_top_k_depths`). The step
+time is measured between consecutive `propose` calls (vLLM's whole step: schedule, forward,
+sample, propose) and fitted by exponentially weighted least squares (`StepCost`); every
+`explore_every`-th plain decision verifies one draft token per request so the fit keeps seeing
+what a draft token costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .budget import ScoreCalibration
+
+
+def global_top_k_depths(scores: np.ndarray, k: int) -> np.ndarray:
+    """Depth per row of the batch's k best draft tokens. scores: [rows, depth], non-increasing
+    along each row (0 where a row has no token). Returns [rows] int: how many of each row's
+    leading tokens are among the global top k (ties broken towards shallower tokens)."""
+    rows, depth = scores.shape
+    if k <= 0 or scores.size == 0:
+        return np.zeros(rows, dtype=np.int64)
+    flat = scores.reshape(-1)
+    # a shallower token wins a tie (its child cannot be kept without it)
+    order = np.lexsort((np.tile(np.arange(depth), rows), -flat))[: min(k, int((flat > 0).sum()))]
+    return np.bincount(order // depth, minlength=rows).astype(np.int64)
+
+
+@dataclass
+class StepCost:
+    """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens, exponentially weighted least
+    squares with a weak prior that a draft token costs what a row costs (pessimistic: speculation
+    has to show it pays). `samples` counts the steps measured."""
+
+    forget: float = 0.97
+    prior_weight: float = 1e-3
+    gram: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
+    moment: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    samples: int = 0
+
+    def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
+        x = np.array([1.0, rows, draft_tokens])
+        self.gram = self.forget * self.gram + np.outer(x, x)
+        self.moment = self.forget * self.moment + ms * x
+        self.samples += 1
+
+    @property
+    def coef(self) -> np.ndarray:
+        """[a, b_rows, b_draft] (ms)."""
+        if self.samples == 0:
+            return np.array([0.0, 1.0, 1.0])
+        scale = self.gram[0, 0] * self.prior_weight
+        per_row = self.moment[0] / max(self.gram[0, 1], 1e-9)  # ms per row if a step cost only its rows
+        prior = np.array([0.0, per_row, per_row])
+        gram = self.gram + scale * np.diag([0.0, 1.0, 1.0])
+        coef = np.linalg.solve(gram + 1e-9 * np.eye(3), self.moment + scale * np.diag([0.0, 1.0, 1.0]) @ prior)
+        return np.maximum(coef, 0.0)
+
+    def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
+        a, b_rows, b_draft = self.coef
+        return a + b_rows * rows + b_draft * np.asarray(draft_tokens, dtype=np.float64)
+
+
+@dataclass(slots=True)
+class ChainDecision:
+    depths: np.ndarray  # [rows] draft tokens kept per row
+    proposed: int  # draft tokens proposed (whole batch)
+    kept: int  # draft tokens kept
+    expected: float  # predicted emitted tokens of the step
+
+
+class FixedChains:
+    """Every request verifies its whole chain (up to `num_speculative_tokens`)."""
+
+    def decide(self, scores: np.ndarray) -> ChainDecision:
+        depths = (scores > 0).sum(1)
+        return ChainDecision(depths, int(depths.sum()), int(depths.sum()), float(len(depths) + scores.sum()))
+
+    def observe_acceptance(self, scores: np.ndarray, depths: np.ndarray, accepted: np.ndarray) -> None:
+        pass
+
+    def observe_step(self, rows: int, draft_tokens: int, ms: float) -> None:
+        pass
+
+    def explain(self) -> str:
+        return "fixed budget: every request verifies its whole draft chain"
+
+
+class ChainDCut:
+    """D-cut for chains (see the module docstring). explore_every: every n-th decision for K = 0
+    verifies one draft token per request; warmup: steps measured before the fit decides (they
+    alternate full drafts and plain steps, so the fit sees both)."""
+
+    def __init__(self, explore_every: int = 16, warmup: int = 8):
+        self.calibration = ScoreCalibration()
+        self.cost = StepCost()
+        self.explore_every = explore_every
+        self.warmup = warmup
+        self.decisions = 0
+        self.plain = 0  # K = 0 decisions so far
+
+    def calibrated(self, scores: np.ndarray) -> np.ndarray:
+        cal = self.calibration(torch.from_numpy(scores.astype(np.float32))).numpy()
+        return np.where(scores > 0, np.minimum.accumulate(cal, axis=1), 0.0)  # stays non-increasing
+
+    def decide(self, scores: np.ndarray) -> ChainDecision:
+        rows = scores.shape[0]
+        self.decisions += 1
+        proposed = int((scores > 0).sum())
+        cal = self.calibrated(scores)
+        gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
+        if self.cost.samples < self.warmup:
+            k = proposed if self.decisions % 2 else 0
+        else:
+            rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
+            k = int(np.argmax(rates))
+        if k == 0 and proposed:
+            self.plain += 1
+            if self.explore_every and self.plain % self.explore_every == 0:
+                k = min(rows, proposed)
+        depths = global_top_k_depths(cal, k)
+        return ChainDecision(depths, proposed, int(depths.sum()), float(rows + gains[int(depths.sum())]))
+
+    def observe_acceptance(self, scores: np.ndarray, depths: np.ndarray, accepted: np.ndarray) -> None:
+        """scores: [n, depth] raw scores of verified chains; depths: [n] tokens verified; accepted:
+        [n] tokens accepted."""
+        pos = np.arange(scores.shape[1]).reshape(1, -1)
+        verified = torch.from_numpy(pos < depths.reshape(-1, 1))
+        acc = torch.from_numpy(pos < accepted.reshape(-1, 1))
+        self.calibration.observe(torch.from_numpy(scores.astype(np.float32)), verified, acc)
+
+    def observe_step(self, rows: int, draft_tokens: int, ms: float) -> None:
+        self.cost.observe(rows, draft_tokens, ms)
+
+    def explain(self) -> str:
+        """Why D-cut verifies what it verifies: what a draft token costs against what it returns."""
+        a, b_rows, b_draft = self.cost.coef
+        expected, accepted = self.calibration.expected_vs_actual()
+        seen = float(self.calibration.seen.sum())
+        rate = accepted / seen if seen else float("nan")
+        return (f"a verified draft token costs {b_draft:.3f} ms here, a request's step {b_rows:.3f} ms + "
+                f"{a:.2f} ms per step; draft tokens were accepted at {rate:.0%} (over {int(seen)} verified), "
+                f"so a draft token pays when its acceptance exceeds about {b_draft / max(b_rows + a / 8, 1e-9):.0%} "
+                f"of a row's step time per token emitted")

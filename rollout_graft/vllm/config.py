@@ -1,0 +1,98 @@
+"""`ChainConfig`: the settings of our proposer inside vLLM, and how they travel to it.
+
+vLLM builds a `custom_class` proposer from `speculative_config["model"]` (a class path) and its
+`SpeculativeConfig` refuses unknown fields, so our settings travel in the class name itself:
+`rollout_graft.vllm.proposer.RLDraftProposer__<urlsafe base64 of the JSON settings>`, resolved
+by the module's `__getattr__` in whichever process builds the proposer (in-process, vLLM's
+engine process, or behind `vllm serve`). `speculative_config()` builds it.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+PROPOSER_CLASS = "rollout_graft.vllm.proposer.RLDraftProposer"
+"""Path of the proposer class; settings follow its name after a double underscore."""
+
+ChainPolicy = Literal["fixed", "dcut"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChainConfig:
+    """Our RL draft sources and budget inside vLLM's speculative decoding.
+
+    Args:
+        budget_policy: "dcut" (a draft depth per request each step under one batch-wide budget,
+            chosen from vLLM's measured step time) or "fixed" (every request drafts as deep as it can,
+            up to `num_speculative_tokens`).
+        share_in_group: the requests of one prompt (a GRPO group) read each other's text; else
+            a request reads only its own prompt and completion.
+        min_match, max_match: n-gram lengths of the suffix match over the group's text.
+        recall: completions of a prompt's previous rollout kept for its next one (GRPO epochs); 0 = off.
+        recall_prompts: prompts remembered at most (least recently used forgotten first).
+        use_prior: extend chains from a global adjacency prior (successors learned from every
+            emitted token, kept across rollouts) where the group's text has no continuation.
+        prior_path: a saved prior (`.safetensors`, the engine's `graft_prior.safetensors` works) to start from.
+        explore_every: D-cut: every n-th plain decision verifies one draft token per request.
+    """
+
+    budget_policy: ChainPolicy = "dcut"
+    share_in_group: bool = True
+    min_match: int = 1
+    max_match: int = 4
+    recall: int = 4
+    recall_prompts: int = 4096
+    use_prior: bool = True
+    prior_path: str | None = None
+    explore_every: int = 16
+
+    def __post_init__(self) -> None:
+        if self.budget_policy not in ("fixed", "dcut"):
+            raise ValueError(f"budget_policy must be 'fixed' or 'dcut', got {self.budget_policy!r}")
+        for name in ("min_match", "max_match", "recall_prompts"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if self.max_match < self.min_match:
+            raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
+        for name in ("recall", "explore_every"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0 = off), got {getattr(self, name)!r}")
+
+    def class_path(self) -> str:
+        """The `speculative_config["model"]` naming our proposer with these settings."""
+        changed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if getattr(self, f.name) != f.default}
+        if not changed:
+            return PROPOSER_CLASS
+        blob = base64.urlsafe_b64encode(json.dumps(changed, sort_keys=True).encode()).decode().rstrip("=")
+        return f"{PROPOSER_CLASS}__{blob}"
+
+    @staticmethod
+    def from_class_name(name: str) -> "ChainConfig":
+        """Inverse of `class_path` (the part after the last dot)."""
+        _, _, blob = name.partition("__")
+        if not blob:
+            return ChainConfig()
+        return ChainConfig(**json.loads(base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4))))
+
+
+def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPolicy = "dcut", **options) -> dict:
+    """vLLM's `speculative_config` that runs our RL draft sources and budget policy.
+
+    Pass it as `vllm.LLM(..., speculative_config=speculative_config())`, or as JSON to
+    `vllm serve --speculative-config '<json>'`. options: `ChainConfig` fields (`recall`,
+    `share_in_group`, `prior_path`, …). num_speculative_tokens: the deepest draft per request and
+    step (D-cut chooses depths up to it).
+    """
+    if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be an int >= 1, got {num_speculative_tokens!r}")
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ChainConfig)})
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown}: ChainConfig has "
+                        f"{[f.name for f in dataclasses.fields(ChainConfig)]}")
+    config = ChainConfig(budget_policy=budget_policy, **options)
+    return {"method": "custom_class", "model": config.class_path(), "num_speculative_tokens": num_speculative_tokens}

@@ -1,0 +1,70 @@
+"""TextIndex: suffix matching over the texts of one GRPO group, for draft chains inside vLLM.
+
+vLLM verifies one chain per request, so the group's text is read as chains: a request's draft is
+what followed the longest match of its last tokens in the group's texts (the prompt, every
+sibling's completion so far — finished ones included — and, when the prompt comes back in a
+later epoch, the completions it got then). The texts are plain Python lists, extended by the
+tokens each step emits; an n-gram table maps every n-gram (n = min_match … max_match) to its
+latest occurrences, so one step costs O(new tokens × n) dict writes and O(n) reads per request —
+never a pass over a row's whole history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KEEP = 4
+"""Occurrences kept per n-gram (newest first): siblings writing the same n-gram at the same time
+each add one, and the newest is often a sibling's current end, which has no continuation yet."""
+
+
+@dataclass(slots=True)
+class Match:
+    chain: list[int]  # the continuation (at most `depth` tokens), [] when nothing matched
+    length: int  # tokens of the match (0: none)
+
+
+@dataclass
+class TextIndex:
+    min_match: int = 1
+    max_match: int = 4
+    texts: list[list[int]] = field(default_factory=list)  # every text of the group
+    table: dict[tuple[int, ...], list[tuple[int, int]]] = field(default_factory=dict)  # n-gram → [(text, end)]
+
+    def add(self, tokens: list[int], indexed_from: int = 0) -> int:
+        """A new text (a sibling's prompt + completion so far, or a recalled completion); n-grams
+        ending before `indexed_from` are not indexed (a sibling's prompt is the first member's).
+        Returns its id."""
+        self.texts.append([])
+        tid = len(self.texts) - 1
+        self.texts[tid].extend(tokens[:indexed_from])
+        self.extend(tid, tokens[indexed_from:])
+        return tid
+
+    def extend(self, tid: int, tokens: list[int]) -> None:
+        """Append `tokens` to text `tid` and index the n-grams that end in them."""
+        text, table = self.texts[tid], self.table
+        for tok in tokens:
+            text.append(tok)
+            end = len(text) - 1
+            for n in range(self.min_match, min(self.max_match, len(text)) + 1):
+                key = tuple(text[end - n + 1 :])
+                seen = table.get(key)
+                if seen is None:
+                    table[key] = [(tid, end)]
+                else:
+                    seen.insert(0, (tid, end))
+                    del seen[KEEP:]
+
+    def match(self, tid: int, depth: int, shared: bool = True) -> Match:
+        """The continuation of text `tid`'s longest suffix match (newest occurrence with a
+        continuation, the text's own end excluded); shared=False reads only the text itself and
+        the prompt (text 0)."""
+        text = self.texts[tid]
+        own_end = len(text) - 1
+        for n in range(min(self.max_match, len(text)), self.min_match - 1, -1):
+            for src, end in self.table.get(tuple(text[own_end - n + 1 :]), ()):
+                other = self.texts[src]
+                if end + 1 < len(other) and not (src == tid and end == own_end) and (shared or src in (0, tid)):
+                    return Match(other[end + 1 : end + 1 + depth], n)
+        return Match([], 0)
