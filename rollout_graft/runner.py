@@ -11,7 +11,11 @@ masked slots. The plain autoregressive path is a tree with only a root: same cod
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+import transformers
+from packaging import version
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -60,9 +64,25 @@ class SlotCache(Cache):
         super().__init__(layer_class_to_replicate=SlotLayer)
 
 
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The keyword the model's forward takes its KV cache by: `cache` from transformers 5.24 on,
+    `past_key_values` before. Decided once per runner: a keyword the model does not know is
+    swallowed by `**kwargs`, and the model would silently run without our cache.
+
+    Read from the forward's signature; a wrapper that forwards `**kwargs` (PEFT) names neither,
+    so then transformers' version decides (the rename came in 5.24).
+    """
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return "cache" if version.parse(transformers.__version__) >= version.parse("5.24") else "past_key_values"
+
+
 class ModelRunner:
     def __init__(self, model: PreTrainedModel, compact_slack: float = 0.5):
         self.model = model
+        self._cache_kw = cache_keyword(model)  # `cache` (transformers >= 5.24) or `past_key_values`
         self.compact_slack = compact_slack
         self.cache: SlotCache | None = None
         self.slot_valid: torch.Tensor | None = None  # [rows, slots] bool
@@ -99,8 +119,8 @@ class ModelRunner:
             input_ids=tokens,
             position_ids=positions,
             attention_mask=self._additive(allowed),
-            cache=self.cache,
             use_cache=True,
+            **{self._cache_kw: self.cache},
         )
         return out.logits
 
