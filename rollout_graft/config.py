@@ -8,6 +8,7 @@ engine proposes and verifies candidate tokens.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -39,7 +40,10 @@ class SamplingParams:
         stop_token_ids: extra ids that end a completion (the model's EOS ids always do unless
             `ignore_eos`).
         ignore_eos: keep generating past EOS (benchmarks with a fixed length).
-        seed: seed of the engine's `torch.Generator` for this call; None draws a fresh one.
+        seed: an int in [0, 2^64): the uniform behind the token at completion position t of row r
+            (its index in the `generate` call) is hash(seed, r, t) (`sampling.uniforms`), so every
+            method emits the tokens plain "ar" decoding emits with this seed; None draws a fresh
+            seed (reported as `RolloutOutput.seed`).
     """
 
     temperature: float = 1.0
@@ -52,22 +56,59 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        self.temperature = _real("temperature", self.temperature, "e.g. 1.0; 0 = greedy")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        self.top_k = _integer("top_k", self.top_k, "e.g. 50; 0 disables top-k")
+        if self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 disables top-k), got {self.top_k!r}")
+        self.top_p = _real("top_p", self.top_p, "e.g. 0.9; 1.0 disables nucleus sampling")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] (1 disables nucleus sampling), got {self.top_p!r}")
+        self.min_p = _real("min_p", self.min_p, "e.g. 0.05; 0.0 disables it")
         if not (0.0 <= self.min_p < 1.0):
             raise ValueError(f"min_p must be in [0, 1) (0 disables it), got {self.min_p!r}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        self.max_new_tokens = _integer("max_new_tokens", self.max_new_tokens, "e.g. 128")
+        if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
         if self.stop_token_ids is not None:
-            self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+            self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be True or False, got {type(self.ignore_eos).__name__} {self.ignore_eos!r}")
+        if self.seed is not None:
+            self.seed = _integer("seed", self.seed, "e.g. 0; None draws a fresh seed")
+            if not 0 <= self.seed < 2**64:
+                raise ValueError(f"seed must be an int in [0, 2**64) (or None for a fresh one), got {self.seed!r}: "
+                                 "reduce it, e.g. seed % 2**64")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _real(name: str, value, example: str) -> float:
+    """`value` as a float; TypeError for bools, strings and other non-numbers."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number ({example}), got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _integer(name: str, value, example: str) -> int:
+    """`value` as an int; TypeError for bools, floats (3.0 included) and strings."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy's bool_ is no Integral
+        raise TypeError(f"{name} must be an int ({example}), got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def _token_ids(name: str, ids) -> list[int]:
+    """A list/tuple of token ids (ints >= 0) as list[int]; TypeError for a single id, a string, floats, bools."""
+    if not isinstance(ids, (list, tuple)):
+        hint = f"[{ids}]" if isinstance(ids, numbers.Integral) and not isinstance(ids, bool) else "[2, 7]"
+        raise TypeError(f"{name} must be a list of token ids, e.g. {hint}; got {type(ids).__name__} {ids!r}")
+    out = [_integer(f"every id in {name}", t, "a token id such as 2") for t in ids]
+    if any(t < 0 for t in out):
+        raise ValueError(f"{name} holds a negative token id: {out}; pass ids from the model's tokenizer")
+    return out
 
 
 @dataclass(slots=True)

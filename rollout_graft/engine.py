@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import numbers
+import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +22,7 @@ from .config import EngineConfig, SamplingParams
 from .cost import CostModel
 from .proposers import GraftProposer, NoProposer, Proposer, RetrievalProposer, StepContext
 from .runner import ModelRunner
-from .sampling import check_finite
+from .sampling import check_finite, row_keys, uniforms
 from .stats import RolloutStats
 from .tree import Draft, TreeBatch
 from .verify import Acceptance, accept
@@ -31,6 +34,7 @@ class RolloutOutput:
     logprobs: list[list[float]]  # log_softmax(logits / T)[token] of the target, per completion token
     finish_reasons: list[str]  # "stop" | "length"
     stats: RolloutStats = field(default_factory=RolloutStats)
+    seed: int | None = None  # the call's sampling seed (drawn when SamplingParams.seed was None): pass it to repeat the call
 
 
 @dataclass(slots=True)
@@ -42,12 +46,13 @@ class _Rows:
     prev_token: torch.Tensor  # [rows] the token before last_token (-1: none)
     length: torch.Tensor  # [rows] committed tokens incl. the uncached root
     group: torch.Tensor  # [rows]
-    generated: torch.Tensor  # [rows] completion tokens so far
+    generated: torch.Tensor  # [rows] completion tokens so far = completion position of the next token
+    key: torch.Tensor  # [rows] int64 sampling key of the row (`sampling.row_keys` of its index in the call)
 
     def select(self, keep: list[int]) -> None:
         idx = torch.tensor(keep, dtype=torch.long, device=self.last_token.device)
         self.index = [self.index[i] for i in keep]
-        for name in ("last_token", "prev_token", "length", "group", "generated"):
+        for name in ("last_token", "prev_token", "length", "group", "generated", "key"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
 
 
@@ -58,6 +63,26 @@ def _eos_ids(model: PreTrainedModel) -> set[int]:
         if eos is not None:
             ids.update([eos] if isinstance(eos, int) else list(eos))
     return ids
+
+
+def _token_row(i: int, row) -> list[int]:
+    """Prompt row `i` as a list of ints; TypeError for strings, dicts, floats and bools."""
+    if isinstance(row, (str, bytes)):
+        raise TypeError(f"prompt row {i} is a string ({row!r}): pass token ids, e.g. tokenizer(text)['input_ids'] "
+                        "(a string would be read as one id per character)")
+    if isinstance(row, torch.Tensor) or type(row).__module__ == "numpy":  # a tensor / ndarray row
+        row = row.tolist()
+    if not isinstance(row, (list, tuple)):
+        hint = " (from a tokenizer, pass its ['input_ids'])" if isinstance(row, dict) or hasattr(row, "keys") else ""
+        raise TypeError(f"prompt_ids must hold one list of integer token ids per row; row {i} is "
+                        f"{type(row).__name__}{hint}; for a single prompt pass [[id, id, ...]]")
+    if all(type(t) is int for t in row):  # the common case, checked fast
+        return list(row)
+    for t in row:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"prompt row {i} holds {type(t).__name__} {t!r}: token ids must be ints "
+                            "(tokenize with the model's tokenizer; cast float tensors with .long())")
+    return [int(t) for t in row]
 
 
 PLAIN_COMPACT_SLACK = 0.05
@@ -94,7 +119,7 @@ class RolloutEngine:
         self.dcut: DCut | None = None  # built on first use: profiling takes a few seconds
         self.speculative_share = 0.0  # D-cut: share of the last rollout's steps that verified a tree
         self.eos_ids = _eos_ids(model)
-        self.generator = torch.Generator(device=self.runner.device)
+        self._lock = threading.Lock()  # one rollout at a time: the runner's cache and the proposer's state are per call
 
     @classmethod
     def from_pretrained(cls, path_or_model: str | Path | PreTrainedModel, config: EngineConfig | None = None,
@@ -125,7 +150,8 @@ class RolloutEngine:
         a drafter whose vocabulary differs from the target's."""
         if not hasattr(self.proposer, "reload_drafter"):
             raise ValueError(f"method {self.config.method!r} has no draft model to reload: use method='graft'")
-        self.proposer.reload_drafter(draft_model, self.runner, self.tokenizer)
+        with self._lock:  # not while another thread's rollout drafts with the old one
+            self.proposer.reload_drafter(draft_model, self.runner, self.tokenizer)
 
     def _clock(self) -> float:
         """Wall time for the D-cut overhead model (waits for the device so GPU work is counted);
@@ -146,17 +172,18 @@ class RolloutEngine:
     # ------------------------------------------------------------------ input checks
     def _check_prompts(self, prompt_ids, params: SamplingParams) -> list[list[int]]:
         if isinstance(prompt_ids, torch.Tensor):
+            if prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
+                raise TypeError(f"prompt_ids is a {prompt_ids.dtype} tensor: token ids are integers, pass a "
+                                "torch.long tensor (e.g. tokenizer(..., return_tensors='pt')['input_ids'])")
             prompt_ids = prompt_ids.tolist()
         if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
             raise ValueError("prompt_ids must be a non-empty list of token-id lists (one per row)")
-        try:
-            rows = [list(map(int, p)) for p in prompt_ids]
-        except (TypeError, ValueError):
-            raise ValueError(
-                "prompt_ids must hold one list of integer token ids per row; got "
-                f"{type(prompt_ids[0]).__name__} rows (from a tokenizer, pass its ['input_ids'])"
-            ) from None
+        rows = [_token_row(i, p) for i, p in enumerate(prompt_ids)]
         vocab, max_pos = self.runner.vocab_size, self.runner.max_positions
+        bad = [t for t in params.stop_token_ids or [] if t >= vocab]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad} lie outside the model's vocabulary [0, {vocab}): such a token can "
+                             "never be sampled; pass ids from the model's own tokenizer")
         for i, p in enumerate(rows):
             if not p:
                 raise ValueError(f"prompt row {i} is empty: give every row at least one token (e.g. a BOS token)")
@@ -176,13 +203,23 @@ class RolloutEngine:
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
     def generate(self, prompt_ids, params: SamplingParams | None = None) -> RolloutOutput:
-        """Sample one completion per prompt row. Rows with identical prompts form a group."""
-        params = params or SamplingParams()
+        """Sample one completion per prompt row. Rows with identical prompts form a group.
+
+        The token at completion position t of row r (its index in `prompt_ids`) is drawn with the
+        uniform hash(seed, r, t) (`SamplingParams.seed`), so every method and budget returns the
+        completions of plain "ar" sampling with that seed. Calls from several threads run one
+        after another (the engine holds one KV cache and one proposer state)."""
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            hint = "SamplingParams(**params)" if isinstance(params, dict) else "SamplingParams(temperature=1.0, max_new_tokens=128)"
+            raise TypeError(f"params must be a rollout_graft.SamplingParams, e.g. {hint}; got {type(params).__name__}")
         rows = self._check_prompts(prompt_ids, params)
-        if params.seed is not None:
-            self.generator.manual_seed(params.seed)
-        else:
-            self.generator.seed()
+        with self._lock:
+            return self._generate(rows, params)
+
+    def _generate(self, rows: list[list[int]], params: SamplingParams) -> RolloutOutput:
+        seed = params.seed if params.seed is not None else secrets.randbits(64)
         stop_ids = (set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids or [])
         stats = RolloutStats()
         device = self.runner.device
@@ -195,6 +232,7 @@ class RolloutEngine:
         completions: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         reasons = ["length"] * len(rows)
+        keys = row_keys(seed, len(rows), device)  # [rows]: row r's stream, the same in every wave
         waves = self._waves(row_group)
         if len(waves) > 1 and type(self.proposer).activate is Proposer.activate:
             raise ValueError(f"group_lead needs a proposer that can resume rows (Proposer.activate); "
@@ -216,6 +254,7 @@ class RolloutEngine:
                     length=torch.tensor([len(rows[r]) for r in wave], dtype=torch.long, device=device),
                     group=group[wave],
                     generated=torch.zeros(len(wave), dtype=torch.long, device=device),
+                    key=keys[wave],
                 )
                 while state.index:
                     self._step(state, params, stats, stop_ids, completions, logprobs, reasons)
@@ -224,7 +263,7 @@ class RolloutEngine:
         stats.emitted_tokens = sum(len(c) for c in completions)
         if stats.budget_trace:
             self.speculative_share = sum(t["ratio"] > 0 for t in stats.budget_trace) / len(stats.budget_trace)
-        return RolloutOutput(completions, logprobs, reasons, stats)
+        return RolloutOutput(completions, logprobs, reasons, stats, seed)
 
     def _waves(self, row_group: list[int]) -> list[list[int]]:
         """Rows in the order they run: all at once, or each group's first `group_lead` rows first
@@ -266,7 +305,9 @@ class RolloutEngine:
         verified = self._clock()
         with stats.timed("accept"):
             check_finite(logits)
-            acc = accept(tree, logits, params, self.generator)
+            levels = torch.arange(tree.max_depth + 1, device=state.key.device)  # level l emits completion position generated + l
+            u = None if params.greedy else uniforms(state.key.unsqueeze(1), state.generated.unsqueeze(1) + levels)
+            acc = accept(tree, logits, params, u)
             kept = acc.kept_nodes(tree.tokens.shape[1])
             self.runner.commit(kept)
         with stats.timed("learn"):

@@ -2,6 +2,14 @@
 
 Every emitted token, whatever proposed it, is drawn here from the target's warped
 distribution, so the speculative and the plain path sample the same law.
+
+The uniforms behind the draws are counter-based: u = hash(seed, row, position), a function of the
+call's seed, the row's index in the `generate` call and the completion position of the token
+(splitmix64 in int64 tensor ops, the same bits on CPU and GPU). No sequential generator is
+consumed, so how many draws a step makes (tree depth, D-cut's choice, waves, what an index has
+learnt) cannot shift the noise of later tokens: every method emits, position by position, the token
+plain "ar" sampling emits with that seed (up to float rounding between a tree forward and a
+one-token forward, which can move a CDF boundary across u).
 """
 
 from __future__ import annotations
@@ -51,19 +59,59 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return warp_logits(logits, params).softmax(-1)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """One independent draw per row of `logits` [..., V] → ids [...].
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment (2^64 / golden ratio, odd)
+_MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)  # splitmix64's finaliser multipliers
+U64 = 2**64
 
-    Greedy is argmax. Otherwise inverse-CDF sampling: one uniform u per row, the first token whose
+
+def _i64(c: int) -> int:
+    """An unsigned 64-bit constant as the int64 with the same bits."""
+    return c - U64 if c >= 2**63 else c
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's >> is arithmetic: mask the sign copies)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (multiplication wraps mod 2^64): a bijection of 64 bits."""
+    x = (x ^ _shr(x, 30)) * _i64(_MIX[0])
+    x = (x ^ _shr(x, 27)) * _i64(_MIX[1])
+    return x ^ _shr(x, 31)
+
+
+def row_keys(seed: int, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[rows] int64 key of each row of a call seeded `seed` (an int in [0, 2^64)): mix(mix(seed) + row·γ).
+
+    Distinct rows get distinct keys (mix is a bijection), so the rows of one GRPO group draw
+    independent streams."""
+    base = mix64(torch.tensor(_i64(seed % U64), dtype=torch.long, device=device))
+    return mix64(base + torch.arange(rows, dtype=torch.long, device=device) * _i64(_GOLDEN))
+
+
+def uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """u = mix(key + position·γ) as float32 in [0, 1) (its top 24 bits, torch.rand's resolution).
+
+    keys: int64 [...] from `row_keys`; positions: int64 [...] completion positions (0 = the
+    completion's first token). Broadcasts."""
+    bits = _shr(mix64(keys + positions * _i64(_GOLDEN)), 40)  # [...] in [0, 2^24)
+    return bits.to(torch.float32) * 2.0**-24
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None) -> torch.Tensor:
+    """One draw per row of `logits` [..., V] from uniforms `u` [...] → ids [...].
+
+    Greedy is argmax (u unused, may be None). Otherwise inverse-CDF sampling: the first token whose
     cumulative probability exceeds u·total (tokens of zero probability are never picked). One
-    uniform per row instead of V exponentials: several times faster on CPU than Gumbel-max.
+    uniform per row instead of V exponentials: several times faster on CPU than Gumbel-max, and the
+    same u always picks the same token from the same distribution.
     """
     if params.greedy:
         return logits.argmax(-1)
     probs = warp_logits(logits, params).softmax(-1)
     cdf = probs.cumsum(-1)  # [..., V]
-    u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
-    ids = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)
+    ids = torch.searchsorted(cdf, u.to(cdf.dtype).unsqueeze(-1) * cdf[..., -1:], right=True)
     return ids.squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 

@@ -8,9 +8,11 @@ exact draw of the target given the tokens before it, so the output law is the ta
 tree (for deterministic trees this equals multi-candidate rejection sampling: the acceptance
 probability at a node is the target mass its children cover). Greedy: x = argmax.
 
-Draws are made lazily along the walk: one fresh draw per row and depth level, at the node the
-walk has reached (so a tree of n nodes costs depth + 1 draws per row, not n); the draws of one
-walk are independent exact samples.
+Draws are made lazily along the walk: one draw per row and depth level, at the node the walk has
+reached (so a tree of n nodes costs depth + 1 draws per row, not n). The draw at level l uses the
+uniform u[:, l] of the completion position the walk has reached there (`sampling.uniforms`, keyed
+by seed, row and position): x = F⁻¹(u; p(· | prefix)) is the very token plain decoding draws at that
+position with that seed, so a tree changes how many tokens a forward emits, never which ones.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ class Acceptance:
         return keep[:, :n_nodes]
 
 
-def accept(tree: TreeBatch, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Acceptance:
-    """Walk every row's tree. logits: [batch, n, V] target logits at each node."""
+def accept(tree: TreeBatch, logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None) -> Acceptance:
+    """Walk every row's tree. logits: [batch, n, V] target logits at each node; u: [batch, ≥ D+1]
+    uniforms, u[:, l] for the token emitted at level l (None when greedy)."""
     b, n = tree.tokens.shape
     dev = logits.device
     rows = torch.arange(b, device=dev)
@@ -51,7 +54,7 @@ def accept(tree: TreeBatch, logits: torch.Tensor, params: SamplingParams, genera
     alive = torch.ones(b, dtype=torch.bool, device=dev)
     path, draws = [cur], []
     for level in range(tree.max_depth + 1):
-        x = sample(logits[rows, cur], params, generator)  # [b] x ~ p(· | path to cur)
+        x = sample(logits[rows, cur], params, None if u is None else u[:, level])  # [b] x = F⁻¹(u; p(· | path to cur))
         draws.append(x)
         if level == tree.max_depth:  # the deepest level: nothing below to match
             break

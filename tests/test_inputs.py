@@ -23,6 +23,103 @@ def test_invalid_sampling_params(kwargs, match):
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"max_new_tokens": True}, TypeError, "max_new_tokens must be an int"),
+        ({"max_new_tokens": 8.0}, TypeError, "max_new_tokens must be an int"),
+        ({"stop_token_ids": 5}, TypeError, r"list of token ids, e.g. \[5\]"),
+        ({"stop_token_ids": [3.7]}, TypeError, "stop_token_ids must be an int"),
+        ({"stop_token_ids": [True]}, TypeError, "stop_token_ids must be an int"),
+        ({"stop_token_ids": "2"}, TypeError, "list of token ids"),
+        ({"stop_token_ids": [-1]}, ValueError, "negative token id"),
+        ({"top_p": "0.9"}, TypeError, "top_p must be a number"),
+        ({"top_k": 2.5}, TypeError, "top_k must be an int"),
+        ({"temperature": float("inf")}, ValueError, "finite"),
+        ({"temperature": True}, TypeError, "temperature must be a number"),
+        ({"seed": 2**70}, ValueError, r"\[0, 2\*\*64\)"),
+        ({"seed": -1}, ValueError, "seed"),
+        ({"seed": 1.5}, TypeError, "seed must be an int"),
+        ({"ignore_eos": "yes"}, TypeError, "ignore_eos"),
+    ],
+)
+def test_sampling_params_wrong_types_name_the_fix(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_accept_numpy_numbers():
+    import numpy as np
+
+    p = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(4), stop_token_ids=(np.int64(2),), seed=2**64 - 1)
+    assert (p.temperature, p.top_k, p.stop_token_ids, p.seed) == (0.5, 4, [2], 2**64 - 1)
+    assert type(p.top_k) is int and type(p.stop_token_ids[0]) is int
+
+
+def test_generate_refuses_strings_floats_bools_and_bad_params(qwen3_model):
+    engine = RolloutEngine(qwen3_model)
+    params = SamplingParams(temperature=0, max_new_tokens=4)
+    with pytest.raises(TypeError, match="string"):  # was read as ids [1, 2, 3, 4, 5]
+        engine.generate(["12345"], params)
+    with pytest.raises(TypeError, match="float"):
+        engine.generate([[3, 3.7]], params)
+    with pytest.raises(TypeError, match="bool"):
+        engine.generate([[3, True]], params)
+    with pytest.raises(TypeError, match=r"\.long\(\)|torch.long"):
+        engine.generate(torch.tensor([[3.0, 4.0]]), params)
+    with pytest.raises(TypeError, match=r"single prompt pass \[\["):
+        engine.generate([3, 4, 5], params)
+    with pytest.raises(ValueError, match="stop_token_ids .* outside the model's vocabulary"):
+        engine.generate([[3, 4]], SamplingParams(max_new_tokens=4, stop_token_ids=[64]))
+    with pytest.raises(TypeError, match=r"SamplingParams\(\*\*params\)"):
+        engine.generate([[3, 4]], params={})
+    with pytest.raises(TypeError, match="SamplingParams"):
+        engine.generate([[3, 4]], params=0.7)
+    import numpy as np
+
+    out = engine.generate([np.array([3, 4]), (3, 4)], params)  # numpy ids and tuples are fine
+    assert out.completion_ids[0] == out.completion_ids[1]
+
+
+def test_concurrent_generate_calls_are_serialised(qwen3_model):
+    """Two threads on one engine: both calls succeed and return what each returns alone."""
+    import threading
+
+    from rollout_graft import RetrievalConfig
+
+    engine = RolloutEngine(qwen3_model, EngineConfig(method="retrieval", budget=8, retrieval=RetrievalConfig(update_prior=False)))
+    jobs = {"a": ([[5, 6, 7]] * 4, SamplingParams(max_new_tokens=12, seed=1)),
+            "b": ([[8, 9]] * 3, SamplingParams(max_new_tokens=10, seed=2))}
+    alone = {k: RolloutEngine(qwen3_model).generate(*job).completion_ids for k, job in jobs.items()}
+    results, errors = {}, []
+
+    def run(name):
+        try:
+            for _ in range(3):
+                results.setdefault(name, []).append(engine.generate(*jobs[name]).completion_ids)
+        except Exception as exc:  # noqa: BLE001 -- the test reports any failure of a thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert all(r == alone[k] for k in jobs for r in results[k])  # seed-exact: ar's rows, whatever ran in between
+
+
+def test_unseeded_calls_differ_and_report_their_seed(qwen3_model):
+    engine = RolloutEngine(qwen3_model)
+    params = SamplingParams(max_new_tokens=12)
+    a, b = engine.generate([[5, 6, 7]] * 4, params), engine.generate([[5, 6, 7]] * 4, params)
+    assert a.seed != b.seed and a.completion_ids != b.completion_ids
+    from dataclasses import replace
+
+    again = engine.generate([[5, 6, 7]] * 4, replace(params, seed=a.seed))
+    assert again.completion_ids == a.completion_ids and again.seed == a.seed
+
+
 def test_invalid_engine_config():
     with pytest.raises(ValueError, match="unknown method"):
         EngineConfig(method="medusa")
@@ -41,7 +138,7 @@ def test_bad_prompts_raise_and_engine_recovers(qwen3_model):
         engine.generate([[3] * 250], SamplingParams(max_new_tokens=10))
     with pytest.raises(ValueError, match="vocabulary"):
         engine.generate([[3, 64]], params)
-    with pytest.raises(ValueError, match="input_ids"):  # a tokenizer's BatchEncoding instead of its ids
+    with pytest.raises(TypeError, match="input_ids"):  # a tokenizer's BatchEncoding instead of its ids
         engine.generate([{"input_ids": [3, 4], "attention_mask": [1, 1]}], params)
     out = engine.generate([[3, 4]], params)  # nothing was left half-done
     assert len(out.completion_ids[0]) >= 1
