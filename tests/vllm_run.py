@@ -1,0 +1,54 @@
+"""Runs vLLM jobs on the embedded tiny target in one process and writes their results as JSON.
+
+    python tests/vllm_run.py JOBS.json OUT.json
+
+JOBS: a list of {"name", "spec": null | "ngram" | {speculative_config options}, "temperature",
+"max_tokens", "prompts": [str], "n": samples per prompt}. For each job: token ids of every
+completion, vLLM's spec-decode counters and our proposer's summary. vLLM
+runs in this process (no engine subprocess), one LLM at a time, with a small KV cache.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from vllm import LLM, SamplingParams  # noqa: E402
+
+from rollout_graft.assets import TINY_TARGET  # noqa: E402
+from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E402
+
+COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+
+
+def _spec(spec):
+    if spec is None:
+        return None
+    if spec == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    return speculative_config(**spec)
+
+
+def run(job: dict) -> dict:
+    llm = LLM(str(TINY_TARGET), dtype="float32", max_model_len=512, seed=0, enforce_eager=True,
+              speculative_config=_spec(job["spec"]), disable_log_stats=False)
+    rows = [p for p in job["prompts"] for _ in range(job.get("n", 1))]
+    # one engine-wide seed (LLM(seed=0)): vllm-cpu 0.32.0 cannot rewind a per-request CPU generator
+    # when a request's prefill is chunked ("CPU Generator does not use offset")
+    outs = llm.generate(rows, SamplingParams(temperature=job["temperature"], max_tokens=job["max_tokens"]), use_tqdm=False)
+    result = {"completions": [list(o.outputs[0].token_ids) for o in outs]}
+    result["counters"] = {m.name: m.value for m in llm.get_metrics() if m.name in COUNTERS}
+    if isinstance(job["spec"], dict):
+        result["summary"] = proposer_summary(llm)
+    del llm
+    return result
+
+
+if __name__ == "__main__":
+    jobs = json.loads(open(sys.argv[1]).read())
+    out = {job["name"]: run(job) for job in jobs}
+    with open(sys.argv[2], "w") as f:
+        json.dump(out, f)
