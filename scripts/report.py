@@ -129,6 +129,29 @@ def phase_markdown(results: dict) -> str | None:
     return "\n".join(lines)
 
 
+def dcut_widths(trace: list, budget: int) -> dict[int, list[int]]:
+    """D-cut's budget trace ([rows, ρ, kept] per step) → rows: the widths W = ρ × budget it verified
+    at that batch size (sorted; empty where it decoded plainly)."""
+    seen: dict[int, set[int]] = {}
+    for rows, ratio, _ in trace:
+        seen.setdefault(rows, set())
+        if ratio > 0:
+            seen[rows].add(round(ratio * budget))
+    return {rows: sorted(ws) for rows, ws in seen.items()}
+
+
+def cost_markdown(results: dict) -> str | None:
+    """The profiled verify-forward cost table (scripts/device_bench.py): ms by rows × tokens per row."""
+    cost = results.get("cost_table")
+    if not cost:
+        return None
+    lines = ["| rows \\ tokens per row | " + " | ".join(map(str, cost["tokens"])) + " |",
+             "|---|" + "---|" * len(cost["tokens"])]
+    for rows, ms in zip(cost["batches"], cost["latency_ms"]):
+        lines.append(f"| {rows} | " + " | ".join(f"{x:.2f}" for x in ms) + " |")
+    return "\n".join(lines)
+
+
 def dcut_markdown(results: dict) -> str | None:
     """D-cut's choices in each method's median run, as the batch drains: rows → the widths W it
     verified at that batch size (ρ × budget, budget from the JSON's `budget`, default 60)."""
@@ -139,12 +162,8 @@ def dcut_markdown(results: dict) -> str | None:
             trace = m.get("budget_trace")
             if not trace:
                 continue
-            seen: dict[int, set[int]] = {}
-            for rows, ratio, _ in trace:
-                seen.setdefault(rows, set())
-                if ratio > 0:
-                    seen[rows].add(round(ratio * budget))
-            spec = [f"{rows}: W {'/'.join(map(str, sorted(ws)))}" for rows, ws in seen.items() if ws]
+            seen = dcut_widths(trace, budget)
+            spec = [f"{rows}: W {'/'.join(map(str, ws))}" for rows, ws in seen.items() if ws]
             steps = sum(1 for t in trace if t[1] > 0)
             lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {steps} of {len(trace)} | "
                          f"{', '.join(spec) or 'plain throughout'} |")
@@ -204,6 +223,13 @@ def render(path: Path, results: dict) -> str:
     dcut = dcut_markdown(results)
     if dcut:
         parts += ["", "D-cut in the median run, as the batch drains:", "", dcut]
+    cost = cost_markdown(results)
+    if cost:
+        parts += ["", "Profiled verify forward, ms (rows × tokens per row):", "", cost]
+    if results.get("environment"):
+        parts += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in results["environment"].items())]
+    for cell in results.get("skipped") or []:
+        parts += ["", f"Skipped T={cell['temperature']} batch {cell['batch']}: {cell['why']}"]
     return "\n".join(parts)
 
 
