@@ -62,6 +62,9 @@ RECIPE_DEFAULTS = dict(
     report_to="none",
     gradient_checkpointing=False,
     bf16=torch.cuda.is_available(),
+    # without CUDA, train on the CPU explicitly: under `accelerate launch` with DeepSpeed this is what
+    # gives the ranks a gloo process group (accelerate's DeepSpeed launcher never passes `use_cpu` on)
+    use_cpu=not torch.cuda.is_available(),
     reward_weights=[1.0, 0.25],  # 0.25: exact in binary, so all-equal groups have exactly zero std
     seed=0,
     # a fixed held-out set, evaluated every 15 steps (and before training): unlike the training
