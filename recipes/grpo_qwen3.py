@@ -7,6 +7,7 @@ answer 16 of the embedded arithmetic prompts, revisited every 4 steps; the train
 tiny model has little to generalise from a few CPU minutes (docs/BENCHMARKS.md).
 
     accelerate launch recipes/grpo_qwen3.py                    # graft backend (default)
+    accelerate launch recipes/grpo_qwen3.py --backend vllm     # TRL's vLLM colocate path + our proposer
     accelerate launch recipes/grpo_qwen3.py --backend hf       # TRL's own generate, for comparison
     python recipes/grpo_qwen3.py --max_steps 10                # any GRPOConfig / GraftConfig field
 
@@ -23,6 +24,7 @@ Writes `log_history.json` and `summary.json` into `--output_dir` (default
 `outputs/grpo_qwen3-<backend>`); plot them with `scripts/plot_training.py`.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -33,6 +35,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default recipe never needs the hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # --backend vllm on a CPU: 1 GiB of KV cache is plenty here
 
 import torch
 from datasets import Dataset
@@ -43,7 +46,7 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 from rollout_graft.assets import TINY_ANSWER_PATTERN, TINY_PROMPTS, TINY_TARGET, read_jsonl
 from trainers import GraftConfig, GraftGRPOTrainer
 
-BACKENDS = ("graft", "hf")
+BACKENDS = ("graft", "vllm", "hf")
 DEMO_TRAIN_PROMPTS = 16  # the default run trains on this many embedded prompts (4 steps per epoch)
 FINAL_ANSWER = re.compile(r"####\s*(-?\d+)\s*$")  # the completion's last line
 
@@ -81,11 +84,29 @@ GRAFT_DEFAULTS = dict(method="retrieval", budget_policy="dcut")
 
 
 @dataclass
+class RecipeGraftConfig(GraftConfig):
+    """`GraftConfig` as the recipe parses it: `--backend` also takes "graft" (our engine, the recipe's
+    name for `backend="engine"`) and "hf" (TRL's own `generate`, for comparison)."""
+
+    backend: str = field(default="graft", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {BACKENDS}")
+        self.graft_config()  # validates the trainer's settings
+
+    def graft_config(self) -> GraftConfig:
+        """The `GraftConfig` for `GraftGRPOTrainer` (backend "graft" → "engine")."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GraftConfig)}
+        return GraftConfig(**{**fields, "backend": "vllm" if self.backend == "vllm" else "engine"})
+
+
+@dataclass
 class ScriptArguments:
-    """Recipe arguments (model, training and engine settings are `ModelConfig`, `GRPOConfig`, `GraftConfig`).
+    """Recipe arguments (model, training and engine settings are `ModelConfig`, `GRPOConfig`, `GraftConfig`;
+    the rollout backend is `--backend graft|vllm|hf`).
 
     Args:
-        backend: "graft" (rollout_graft's engine) or "hf" (TRL's own `generate`, for comparison).
         dataset_path: JSON-lines file with `prompt` and `answer` (and optionally `split`) per row;
             default: the embedded tiny arithmetic prompts.
         dataset_split: rows of this `split` value are trained on (all rows if the file has no `split`).
@@ -100,7 +121,6 @@ class ScriptArguments:
             torch's choice with a GPU.
     """
 
-    backend: str = field(default="graft", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
     dataset_path: str = field(default=str(TINY_PROMPTS), metadata={"help": "JSON-lines prompts with `prompt`, `answer`."})
     dataset_split: str = field(default="train", metadata={"help": "Train on rows whose `split` equals this."})
     num_train_prompts: int | None = field(
@@ -114,10 +134,6 @@ class ScriptArguments:
     num_threads: int | None = field(
         default=None if torch.cuda.is_available() else 1, metadata={"help": "torch CPU threads (unset: torch's choice)."}
     )
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; choose one of {BACKENDS}")
 
 
 # ---------------------------------------------------------------------------- rewards
@@ -191,10 +207,10 @@ def build_trainer(script_args, training_args, model_args, graft_args) -> GRPOTra
         eval_dataset=load_prompts(script_args, script_args.eval_split, script_args.num_eval_prompts)
         if script_args.num_eval_prompts else None,
     )
-    if script_args.backend == "hf":
+    if graft_args.backend == "hf":
         trainer = TimedGRPOTrainer(**common)
     else:
-        trainer = GraftGRPOTrainer(graft_config=graft_args, **common)
+        trainer = GraftGRPOTrainer(graft_config=graft_args.graft_config(), **common)
     if trainer.pop_callback(ProgressCallback) is not None:  # absent with --disable_tqdm true
         trainer.add_callback(CompactProgressCallback)
     return trainer
@@ -242,6 +258,8 @@ def print_summary(s: dict) -> None:
         ("train reward (first -> last)", f"{fmt(s['reward_first'], '.3f')} -> {fmt(s['reward_final'], '.3f')}"),
         ("train correct (first -> last)", f"{fmt(s['correct_first'], '.1%')} -> {fmt(s['correct_final'], '.1%')}"),
     ]
+    if s.get("budget"):
+        rows.append(("budget (D-cut)", s["budget"]))
     if s["eval_correct"]:
         rows.append(("held-out correct (by step)", ", ".join(f"{step}: {v:.1%}" for step, v in s["eval_correct"])))
     print(f"\n== GRPO summary ({s['backend']}, {s['steps']} steps, {s['wall_seconds']:.0f}s wall) ==")
@@ -253,13 +271,15 @@ def print_summary(s: dict) -> None:
 def main(script_args, training_args, model_args, graft_args) -> dict:
     if script_args.num_threads:
         torch.set_num_threads(script_args.num_threads)
-    training_args.output_dir = training_args.output_dir.format(backend=script_args.backend)
+    training_args.output_dir = training_args.output_dir.format(backend=graft_args.backend)
     if not script_args.num_eval_prompts:
         training_args.eval_strategy, training_args.eval_on_start = IntervalStrategy.NO, False
     trainer = build_trainer(script_args, training_args, model_args, graft_args)
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    summary = summarize(trainer.state.log_history, time.perf_counter() - start, script_args.backend)
+    summary = summarize(trainer.state.log_history, time.perf_counter() - start, graft_args.backend)
+    if graft_args.backend == "vllm":  # what D-cut weighed: a draft token's cost here against what it returns
+        summary["budget"] = trainer.vllm_metrics.policy()
     trainer.save_model(training_args.output_dir)  # graft backend: also the adjacency prior
     if trainer.accelerator.is_main_process:
         out = Path(training_args.output_dir)
@@ -274,7 +294,7 @@ def main(script_args, training_args, model_args, graft_args) -> dict:
 
 
 def make_parser() -> TrlParser:
-    parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig, GraftConfig))
+    parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig, RecipeGraftConfig))
     parser.set_defaults(**RECIPE_DEFAULTS, **GRAFT_DEFAULTS)
     return parser
 

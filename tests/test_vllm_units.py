@@ -188,3 +188,13 @@ def test_cpu_expand_kernel_fix_matches_the_kernel(dtype):
     out = torch.full((3,), -7, dtype=dtype)
     expand_kernel_impl(out, torch.tensor([0, 3]).to(dtype), torch.tensor([1, 3]), 0, 9)
     assert out.tolist() == [9, 3, 3]
+
+
+def test_identical_siblings_that_move_stay_distinct_requests():
+    """Greedy siblings have identical texts; after a condense they must still map to distinct requests."""
+    tracker = RequestTracker()
+    batch = Batch([P2, P1, P1])
+    c, a, b = batch.step(tracker, [[9], [10], [10]])
+    batch.texts = [batch.texts[2], batch.texts[1]]  # row 0 (P2) finished; row 2 moves to slot 0
+    x, y = batch.step(tracker, [[11], [11]])
+    assert {id(x), id(y)} == {id(a), id(b)}

