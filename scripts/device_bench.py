@@ -76,8 +76,9 @@ QUICK = Plan(batches=(1, 2), group=2, max_new_tokens=6, repeats=1, warmup_rounds
 def pack(gguf: Path, out: Path, piece_mib: float, wheels: list[Path] = ()) -> list[Path]:
     """Cut `gguf` into `out/piece-K/` folders of at most `piece_mib` MiB, each with a manifest;
     the wheels go into piece 1. Returns the piece folders."""
-    size, step = gguf.stat().st_size, int(piece_mib * 2**20)
-    count = -(-size // step)
+    size = gguf.stat().st_size
+    count = -(-size // int(piece_mib * 2**20))
+    step = -(-size // count)  # equal pieces: the most room left beside each
     digest = prep.sha256_of(gguf)
     shutil.rmtree(out, ignore_errors=True)
     pieces = []
@@ -271,8 +272,9 @@ def bench_model(model_path: Path, prompts_path: Path, plan: Plan, device: str, d
 def run(args) -> dict | None:
     start = time.perf_counter()
     plan = QUICK if args.quick else Plan()
-    plan = replace(plan, **{k: v for k, v in (("time_budget_s", args.time_budget), ("repeats", args.repeats),
-                                               ("max_new_tokens", args.max_new_tokens)) if v is not None})
+    overrides = {"time_budget_s": args.time_budget, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
+                 "batches": tuple(args.batches or ()) or None, "temperatures": tuple(args.temperatures or ()) or None}
+    plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
     device = args.device or ("cuda" if _cuda() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     out = Path(args.out or Path(os.environ.get("OUT", REPO / "runs")) / "device_bench.json")
@@ -351,6 +353,8 @@ def main(argv=None):
     r.add_argument("--pieces", default=str(PACK_DIR), help="where the carried pieces arrive")
     r.add_argument("--methods", nargs="+", default=list(METHODS), help="bench_rollout methods (NAME@N: budget N)")
     r.add_argument("--time-budget", type=float, default=None, help="seconds from the start; later cells are skipped")
+    r.add_argument("--batches", type=int, nargs="+", default=None, help="rows per cell (default 1 8 64 256)")
+    r.add_argument("--temperatures", type=float, nargs="+", default=None, help="default 1.0 0.0")
     r.add_argument("--repeats", type=int, default=None)
     r.add_argument("--max-new-tokens", type=int, default=None)
     r.add_argument("--threads", type=int, default=None)
