@@ -165,12 +165,23 @@ def convert(gguf: Path, out: Path, src: Source) -> None:
     tmp.rename(out)  # atomic: a half-written folder never looks prepared
 
 
+def require_gguf() -> None:
+    """ImportError naming the extra to install when the `gguf` package (transformers' GGUF reader) is
+    missing — checked before anything is downloaded."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("converting the GGUF checkpoints needs the `gguf` package: install the bench extra, "
+                          "pip install -e \".[bench]\" (or pip install \"gguf>=0.10\"), then rerun") from exc
+
+
 def prepare(src: Source, force: bool = False) -> Path:
     out = model_dir(src.name)
     marker = out / "prepared.json"
     if not force and marker.exists() and json.loads(marker.read_text()).get("gguf_sha256") == src.sha256:
         print(f"{src.name}: ready at {out}", flush=True)
         return out
+    require_gguf()
     gguf = fetch_gguf(src)
     print(f"{src.name}: converting {gguf.name} -> {out}", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -192,11 +203,14 @@ def main(argv=None) -> None:
             raise SystemExit(f"unknown model {args.print_path!r}; known: {sorted(known)}")
         print(model_dir(args.print_path))
         return
-    for src in SOURCES.values():
-        prepare(src, args.force)
-    if args.qwen_coder:
-        for src in OPT_IN.values():
+    try:
+        for src in SOURCES.values():
             prepare(src, args.force)
+        if args.qwen_coder:
+            for src in OPT_IN.values():
+                prepare(src, args.force)
+    except ImportError as exc:  # a missing extra: the fix, not a traceback
+        raise SystemExit(f"error: {exc}") from exc
 
 
 if __name__ == "__main__":

