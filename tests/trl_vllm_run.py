@@ -27,8 +27,9 @@ from rollout_graft.vllm import proposer_summary, save_proposer_state  # noqa: E4
 from trainers import GraftConfig, GraftGRPOTrainer  # noqa: E402
 
 
-def length_reward(completions, **kwargs):
-    return [-len(c) / 64.0 for c in completions]
+def digit_reward(completions, **kwargs):
+    """Dense and varied within a group (the tiny model's completions all run to the length limit)."""
+    return [sum(ch in "13579" for ch in c) / 8.0 for c in completions]
 
 
 def trainer(out: Path, max_steps: int) -> GraftGRPOTrainer:
@@ -37,7 +38,7 @@ def trainer(out: Path, max_steps: int) -> GraftGRPOTrainer:
                       learning_rate=2e-2, max_steps=max_steps, logging_steps=1, save_strategy="steps", save_steps=1,
                       report_to="none", use_cpu=True, seed=0, vllm_gpu_memory_utilization=0.3,
                       vllm_max_model_length=256, lr_scheduler_type="constant")
-    return GraftGRPOTrainer(str(TINY_TARGET), reward_funcs=[length_reward], args=args,
+    return GraftGRPOTrainer(str(TINY_TARGET), reward_funcs=[digit_reward], args=args,
                             graft_config=GraftConfig(backend="vllm", num_speculative_tokens=4, recall=2),
                             train_dataset=Dataset.from_dict({"prompt": prompts * 4}))
 
