@@ -63,6 +63,9 @@ class GraftGRPOTrainer(GRPOTrainer):
             # TRL's own vLLM colocate path, its engine built with our proposer (trainers/vllm_backend.py)
             if args is None:
                 raise ValueError("GraftConfig(backend='vllm') needs a GRPOConfig: pass args=GRPOConfig(...)")
+            if args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+                raise ValueError("GraftConfig(backend='vllm') is not tested under DeepSpeed yet: use backend='engine' "
+                                 "(tested with ZeRO-2/3), or DDP / a single process with backend='vllm'")
             args.use_vllm, args.vllm_mode = True, "colocate"
             with _vllm_generation_class(self.graft_config.speculative_config()):
                 super().__init__(model, reward_funcs, args=args, **kwargs)
