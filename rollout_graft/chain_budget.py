@@ -122,13 +122,14 @@ class ChainDCut:
         self.warmup = warmup
         self.decisions = 0
         self.plain = 0  # K = 0 decisions so far
+        self.rows = 0  # rows of the last decision (for `explain`)
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
         cal = self.calibration(torch.from_numpy(scores.astype(np.float32))).numpy()
         return np.where(scores > 0, np.minimum.accumulate(cal, axis=1), 0.0)  # stays non-increasing
 
     def decide(self, scores: np.ndarray) -> ChainDecision:
-        rows = scores.shape[0]
+        rows = self.rows = scores.shape[0]
         self.decisions += 1
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
@@ -157,12 +158,14 @@ class ChainDCut:
         self.cost.observe(rows, draft_tokens, ms)
 
     def explain(self) -> str:
-        """Why D-cut verifies what it verifies: what a draft token costs against what it returns."""
+        """Why D-cut verifies what it verifies: a draft token with acceptance p adds p tokens for
+        b_draft ms; a plain step gives one token per row for (a + b_rows·rows) / rows ms; so it pays
+        iff p > b_draft · rows / (a + b_rows·rows)."""
         a, b_rows, b_draft = self.cost.coef
-        expected, accepted = self.calibration.expected_vs_actual()
+        rows = max(self.rows, 1)
+        per_token = (a + b_rows * rows) / rows
         seen = float(self.calibration.seen.sum())
-        rate = accepted / seen if seen else float("nan")
-        return (f"a verified draft token costs {b_draft:.3f} ms here, a request's step {b_rows:.3f} ms + "
-                f"{a:.2f} ms per step; draft tokens were accepted at {rate:.0%} (over {int(seen)} verified), "
-                f"so a draft token pays when its acceptance exceeds about {b_draft / max(b_rows + a / 8, 1e-9):.0%} "
-                f"of a row's step time per token emitted")
+        rate = float(self.calibration.accepted.sum()) / seen if seen else float("nan")
+        return (f"at {rows} requests a plain step costs {per_token:.2f} ms per token; a verified draft token costs "
+                f"{b_draft:.2f} ms, so it pays when accepted with probability > {b_draft / per_token:.0%}; "
+                f"draft tokens were accepted at {rate:.0%} ({int(seen)} verified, fit over {self.cost.samples} steps)")
