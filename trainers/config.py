@@ -30,6 +30,9 @@ VLLM_STATE_DIR = "graft_vllm_state"
 PRIOR_FILE = "graft_prior.safetensors"
 """Name of the saved adjacency prior inside a checkpoint / output directory."""
 
+ROLLOUT_STATE_FILE = "graft_rollout_state.json"
+"""Name of the rollout counter saved in every checkpoint (the rollout seeds continue from it on resume)."""
+
 
 @dataclass
 class GraftConfig:

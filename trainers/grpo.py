@@ -14,6 +14,7 @@ TRL hands every rank its own slice of the generation batch, each prompt repeated
 identical prompt rows by itself, so each rank simply generates the rows it holds.
 """
 
+import json
 import logging
 import os
 import time
@@ -21,17 +22,18 @@ from contextlib import contextmanager
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
+from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
-from rollout_graft.config import SamplingParams
+from rollout_graft.config import EngineConfig, SamplingParams
 from rollout_graft.engine import RolloutEngine
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.stats import RolloutStats
 
 from rollout_graft.vllm import load_proposer_state, save_proposer_state
 
-from .config import PRIOR_FILE, VLLM_STATE_DIR, GraftConfig
+from .config import PRIOR_FILE, ROLLOUT_STATE_FILE, VLLM_STATE_DIR, GraftConfig
 from .vllm_backend import GraftVLLMGeneration, VLLMRolloutMetrics
 
 logger = logging.getLogger(__name__)
@@ -76,7 +78,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         if self.graft_config.draft_model_name_or_path is not None:
             self._check_drafter(self.graft_config.draft_model_name_or_path)
         self.rollout_engine: RolloutEngine | None = None  # built at the first rollout, inside the ZeRO-3 gather
-        self._rollouts = 0
+        self._rollouts = 0  # rollouts so far: part of each rollout's seed, saved with checkpoints
+        self._resume_prior: str | None = None  # the adjacency prior of the checkpoint a run resumed from
         self._drafter_step, self._drafter_reloads = 0, 0  # global step of the drafter's last (re)load; reloads so far
         self._drafter_reload_failures = 0  # refreshes that could not read the directory (the old drafter kept drafting)
         # TRL applies importance-sampling correction where `use_vllm` is set; the engine stands in for vLLM.
@@ -148,7 +151,7 @@ class GraftGRPOTrainer(GRPOTrainer):
 
     def _engine_for(self, model: PreTrainedModel) -> RolloutEngine:
         if self.rollout_engine is None:
-            self.rollout_engine = RolloutEngine(model, config=self.graft_config.engine_config(), tokenizer=self._tokenizer)
+            self.rollout_engine = RolloutEngine(model, config=self._engine_config(), tokenizer=self._tokenizer)
             self._drafter_step = self.state.global_step
         assert self.rollout_engine.model is model, "the unwrapped policy module changed between rollouts"
         every = self.graft_config.draft_reload_steps
@@ -188,6 +191,43 @@ class GraftGRPOTrainer(GRPOTrainer):
         budget_ratio = getattr(stats, "budget_ratio", None)  # set by D-cut budget policies only
         if budget_ratio is not None:
             self._log_metric("rollout/budget_ratio", budget_ratio)
+
+    # ------------------------------------------------------------------ resume
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """TRL's `train`; on resume it also restores the rollout counter and the adjacency prior saved in
+        the checkpoint, so a run resumed from step k repeats the uninterrupted run from there on."""
+        if resume_from_checkpoint:
+            checkpoint = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+            if checkpoint is not None:  # None: TRL raises its own error
+                self._restore_rollout_state(str(checkpoint))
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _restore_rollout_state(self, checkpoint: str) -> None:
+        state = os.path.join(checkpoint, ROLLOUT_STATE_FILE)
+        if os.path.isfile(state):
+            with open(state) as f:
+                self._rollouts = int(json.load(f)["rollouts"])
+        else:
+            logger.warning("%s has no %s (saved by an older version): rollout seeds restart at 0, so this run will "
+                           "not repeat the uninterrupted one", checkpoint, ROLLOUT_STATE_FILE)
+        prior = os.path.join(checkpoint, PRIOR_FILE)
+        if self.graft_config.backend == "engine" and os.path.isfile(prior):
+            self._resume_prior = prior
+            self.rollout_engine = None  # (re)built at the next rollout, from the checkpoint's prior
+
+    def _engine_config(self) -> EngineConfig:
+        """`graft_config`'s engine settings; after a resume the prior starts from the checkpoint's."""
+        config = self.graft_config.engine_config()
+        if self._resume_prior is not None:
+            config.retrieval.prior_path = self._resume_prior
+        return config
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        """Next to TRL's RNG states in each checkpoint: the rollout counter behind the rollout seeds."""
+        super()._save_rng_state(output_dir)
+        if self.accelerator.is_main_process:  # the counter is the same on every rank
+            with open(os.path.join(output_dir, ROLLOUT_STATE_FILE), "w") as f:
+                json.dump({"rollouts": self._rollouts}, f)
 
     # ------------------------------------------------------------------ persistence
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
