@@ -71,8 +71,11 @@ class GraftConfig:
         prior_path: saved adjacency prior (`.safetensors`) to start from, e.g. the
             `graft_prior.safetensors` of an earlier run; None starts empty.
         save_prior: write the adjacency prior learnt so far into every saved checkpoint/model dir.
-        rollout_seed: base seed of the engine's sampler (combined with rank and rollout index);
-            None = `GRPOConfig.seed`.
+        rollout_seed: base seed of the engine's sampler; None = `GRPOConfig.seed`. Rollout k on rank p
+            is seeded ((base·P + p)·P + k) mod 2^63 (P = 1,000,003) and its row r (index in the rank's
+            batch) draws the token at completion position t with the uniform hash(seed, r, t): runs
+            repeat, ranks and rows differ, and no engine setting changes a token. k is saved with
+            every checkpoint and restored on resume.
     """
 
     backend: str = field(default="engine", metadata={"help": f"Rollout backend, one of {BACKENDS}."})

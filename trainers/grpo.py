@@ -169,6 +169,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         return self.rollout_engine
 
     def _sampling_params(self) -> SamplingParams:
+        """This rollout's sampling settings; its seed is ((base·P + rank)·P + k) mod 2^63 for the k-th
+        rollout (P = `_SEED_STRIDE`), and the engine keys each row's noise by (seed, row, position)."""
         base = self.graft_config.rollout_seed if self.graft_config.rollout_seed is not None else self.args.seed
         seed = ((base * _SEED_STRIDE + self.accelerator.process_index) * _SEED_STRIDE + self._rollouts) % 2**63
         self._rollouts += 1
