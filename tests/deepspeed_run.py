@@ -98,7 +98,12 @@ def main(out_dir: str, recipe_args: list[str]) -> None:
     recipe = load_recipe()
     trainers, seen = [], []
     build = recipe.build_trainer
-    recipe.build_trainer = lambda *a: trainers.append(watch(build(*a), seen)) or trainers[-1]
+
+    def build_watched(*args):  # recipe.main builds its trainer through this
+        trainers.append(watch(build(*args), seen))
+        return trainers[-1]
+
+    recipe.build_trainer = build_watched
     args = recipe.make_parser().parse_args_into_dataclasses(recipe_args)
     recipe.main(*args)
     trainer = trainers[0]
