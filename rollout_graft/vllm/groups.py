@@ -57,13 +57,11 @@ class Request:
     draft_scores: list[float] = field(default_factory=list)  # raw confidence of each draft token (prefix products)
     seen: int = 0  # step it was last seen
     created: int = 0  # step it was first seen (its prefill ran in that step)
+    key: tuple[int, int] | None = None  # (length, hash of the last TAIL tokens), as `RequestTracker.by_key` holds it
 
     @property
     def text(self) -> list[int]:
         return self.group.index.texts[self.text_id]
-
-    def key(self) -> tuple[int, int]:
-        return self.length, hash(tuple(self.text[-TAIL:]))
 
 
 def _row_key(tokens: np.ndarray, length: int) -> tuple[int, int]:
@@ -101,24 +99,27 @@ class RequestTracker:
         self.step += 1
         out: list[Request | None] = []
         slots: dict[int, Request] = {}
+        taken: set[int] = set()  # ids of the requests rows claimed this step
         for i, new in enumerate(sampled):  # find every row's request before any text changes
-            out.append(self._find(i, token_ids[i], int(num_tokens[i]) - len(new), slots) if new else None)
-            if new:
-                slots[i] = out[-1]
+            req = self._find(i, token_ids[i], int(num_tokens[i]) - len(new), taken) if new else None
+            out.append(req)
+            if req is not None:
+                slots[i] = req
+                taken.add(id(req))
         for i, req in slots.items():
             self._unkey(req)
             req.group.index.extend(req.text_id, list(sampled[i]))
             req.length, req.seen = int(num_tokens[i]), self.step
             req.group.last_seen = self.step
-            self.by_key.setdefault(req.key(), []).append(req)
+            req.key = (req.length, hash(tuple(req.text[-TAIL:])))
+            self.by_key.setdefault(req.key, []).append(req)
         self.slots = slots
         if self.step % 256 == 0:
             self._forget()
         return out
 
-    def _find(self, row: int, tokens: np.ndarray, before: int, claimed: dict[int, Request]) -> Request:
-        """The request in `row` (none already `claimed` by another row this step)."""
-        taken = {id(r) for r in claimed.values()}
+    def _find(self, row: int, tokens: np.ndarray, before: int, taken: set[int]) -> Request:
+        """The request in `row` (none another row already took this step: `taken` holds their ids)."""
         req = self.slots.get(row)
         if (req is not None and id(req) not in taken and req.length == before
                 and req.text[-TAIL:] == tokens[max(before - TAIL, 0) : before].tolist()):
@@ -129,11 +130,11 @@ class RequestTracker:
         return self._new_request(tokens[:before].tolist())
 
     def _unkey(self, req: Request) -> None:
-        same = self.by_key.get(req.key())
+        same = self.by_key.get(req.key)
         if same is not None:
             same[:] = [r for r in same if r is not req]
             if not same:
-                del self.by_key[req.key()]
+                del self.by_key[req.key]
 
     def _new_request(self, prompt: list[int]) -> Request:
         key = (len(prompt), hash(tuple(prompt)))
