@@ -166,3 +166,18 @@ def test_prompt_of_one_token_and_tensor_input(qwen3_model):
     out = engine.generate(torch.tensor([[7], [7]]), SamplingParams(temperature=0, max_new_tokens=5))
     ref = qwen3_model.generate(torch.tensor([[7]]), do_sample=False, max_new_tokens=5, eos_token_id=1, pad_token_id=0)
     assert out.completion_ids == [ref[0, 1:].tolist()] * 2
+
+
+def test_an_empty_prompt_deep_in_the_dataset_is_named_up_front(tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from trainers import GraftGRPOTrainer
+
+    prompts = ["Q:1+2=\nA:"] * 9 + ["   "] + ["Q:3*4=\nA:"] * 6
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    with pytest.raises(ValueError, match="train_dataset row 9 has an empty prompt"):
+        GraftGRPOTrainer("unused-model-path", reward_funcs=[], args=args, train_dataset=Dataset.from_dict({"prompt": prompts}))
+    chats = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": ""}]]
+    with pytest.raises(ValueError, match="eval_dataset row 1"):
+        GraftGRPOTrainer("unused-model-path", reward_funcs=[], args=args, eval_dataset=Dataset.from_dict({"prompt": chats}))

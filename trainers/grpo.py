@@ -61,6 +61,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         on_vllm = self.graft_config.backend == "vllm"
         if args is not None:
             _check_grpo_args(args, on_vllm)
+        for name in ("train_dataset", "eval_dataset"):
+            _check_dataset_prompts(kwargs.get(name), name)
         if on_vllm:
             # TRL's own vLLM colocate path, its engine built with our proposer (trainers/vllm_backend.py)
             if args is None:
@@ -267,6 +269,21 @@ def _load_vllm_state(trainer: "GraftGRPOTrainer", checkpoint: str) -> None:
     path = f"{checkpoint}/{VLLM_STATE_DIR}"
     if trainer.graft_config.backend == "vllm" and trainer.graft_config.method != "ar" and os.path.isdir(path):
         load_proposer_state(trainer.vllm_generation.llm, path)
+
+
+def _check_dataset_prompts(dataset, name: str) -> None:
+    """An empty prompt fails only when it is sampled, steps later, and names a batch row: find it up
+    front and name its dataset row. (A dict of datasets is checked per split; streaming ones are not.)"""
+    if isinstance(dataset, dict):
+        for split, part in dataset.items():
+            _check_dataset_prompts(part, f"{name}[{split!r}]")
+        return
+    if dataset is None or not hasattr(dataset, "column_names") or "prompt" not in (dataset.column_names or []):
+        return
+    for row, prompt in enumerate(dataset["prompt"]):
+        text = prompt if isinstance(prompt, str) else "".join(str(m.get("content") or "") for m in prompt or [])
+        if not text.strip():
+            raise ValueError(f"{name} row {row} has an empty prompt: remove it or give it text")
 
 
 def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
