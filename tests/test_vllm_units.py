@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_graft.chain_budget import ChainDCut, StepCost, global_top_k_depths
+from rollout_graft.chain_budget import ChainDCut, FixedChains, StepCost, global_top_k_depths
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import RequestTracker
 from rollout_graft.vllm.plugin import expand_kernel_impl
@@ -198,3 +198,16 @@ def test_identical_siblings_that_move_stay_distinct_requests():
     batch.texts = [batch.texts[2], batch.texts[1]]  # row 0 (P2) finished; row 2 moves to slot 0
     x, y = batch.step(tracker, [[11], [11]])
     assert {id(x), id(y)} == {id(a), id(b)}
+
+
+def test_dcut_backs_off_while_plain_decoding_wins():
+    dear = ChainDCut(explore_every=0)
+    for i in range(40):
+        dear.observe_step(8, i % 33, 18.0 + 5.0 * (i % 33))
+    scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
+    asked = []
+    for _ in range(40):
+        if not dear.skip():
+            asked.append(dear.decide(scores).kept)
+    assert set(asked) == {0} and len(asked) < 10  # 1, 3, 7, 15, 15 … steps skipped between decisions
+    assert not any(FixedChains().skip() for _ in range(5))

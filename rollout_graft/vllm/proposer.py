@@ -95,9 +95,15 @@ class RLDraftProposer:
         new_requests = self._learn(reqs, sampled_token_ids)
         self._time_step(start, len(sampled_token_ids), new_requests)
         active = [r for r in reqs if r is not None]
+        out: list[list[int]] = [[] for _ in sampled_token_ids]
+        if self.policy.skip():  # D-cut backing off: a plain step, no chains drafted or scored
+            self._pending = (len(active), 0)
+            self.stats.steps += 1
+            self._last_call = time.perf_counter()
+            self.stats.propose_s += self._last_call - start
+            return out
         chains, scores = self._draft(active)
         decision = self.policy.decide(scores)
-        out: list[list[int]] = [[] for _ in sampled_token_ids]
         drafted = 0
         by_row = iter(range(len(active)))
         for i, req in enumerate(reqs):
