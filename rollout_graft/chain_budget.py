@@ -145,11 +145,12 @@ class ChainDCut:
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        if self.cost.samples < self.warmup:
+        if self.cost.samples < self.warmup:  # alternate full drafts and plain steps: the fit sees both
             k = proposed if self.decisions % 2 else 0
-        else:
-            rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
-            k = int(np.argmax(rates))
+            depths = global_top_k_depths(cal, k)
+            return ChainDecision(depths, proposed, int(depths.sum()), float(rows + gains[int(depths.sum())]))
+        rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
+        k = int(np.argmax(rates))
         if k == 0 and proposed:
             self.plain += 1
             self.idle += 1

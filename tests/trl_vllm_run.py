@@ -39,7 +39,7 @@ def trainer(out: Path, max_steps: int) -> GraftGRPOTrainer:
                       report_to="none", use_cpu=True, seed=0, vllm_gpu_memory_utilization=0.3,
                       vllm_max_model_length=256, lr_scheduler_type="constant")
     return GraftGRPOTrainer(str(TINY_TARGET), reward_funcs=[digit_reward], args=args,
-                            graft_config=GraftConfig(backend="vllm", num_speculative_tokens=4, recall=2),
+                            graft_config=GraftConfig(backend="vllm", num_speculative_tokens=4, recall=2, budget_policy="fixed"),
                             train_dataset=Dataset.from_dict({"prompt": prompts * 4}))
 
 
