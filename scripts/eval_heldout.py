@@ -14,7 +14,8 @@ decodes them. The prompts come from the recipe's `load_prompts` (its `--num_eval
 is the first rows of the same split), `--max-new-tokens` defaults to its `max_completion_length`.
 
 A fixed seed, thread count and device give identical results. The T=1 estimate itself is noisy:
-on the embedded target, seeds 0..7 give 23.4 % to 28.1 % (512 samples).
+on the embedded target, seeds 0..7 gave 23.4 % to 28.1 % (512 samples; measured with the sampler before
+seed-exact sampling, whose draws differ, so single-seed values moved, not the spread).
 """
 
 from __future__ import annotations
