@@ -15,7 +15,7 @@ is the first rows of the same split), `--max-new-tokens` defaults to its `max_co
 
 A fixed seed, thread count and device give identical results. The T=1 estimate itself is noisy:
 on the embedded target, seeds 0..7 gave 23.4 % to 28.1 % (512 samples; measured with the sampler before
-seed-exact sampling, whose draws differ, so single-seed values moved, not the spread).
+seed-exact sampling; with the new draws the value of each seed differs).
 """
 
 from __future__ import annotations
