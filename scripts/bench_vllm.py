@@ -6,13 +6,17 @@ order, on prompts no earlier repeat used — so no method recalls an earlier rep
 
     plain, plain-twin   vLLM without speculation (the twin is an A/A control: its ratio shows the noise)
     ngram@K             vLLM's prompt-lookup proposer
+    suffix@K            vLLM's suffix decoding (arctic-inference)
     ours@K              our proposer, fixed budget (every request drafts up to K)
     ours+dcut@K         our proposer with D-cut (depths up to K)
     oracle@K            drafts the recorded T=0 plain completion: what speculation can give here at all
     engine-ar, engine-retrieval+dcut   our own engine (HF forwards) on the same prompts
 
-Tokens/s are reported as the median over repeats of each run's ratio to `plain`'s run of the
-same repeat; MAT = emitted tokens / (emitted − accepted draft tokens), i.e. tokens per request-step.
+Each method runs in its own process next to its own `plain` (vLLM binds a process's threads, and
+several engines in one process slowed each other tenfold here; its Prometheus counters are
+process-wide). Tokens/s are reported as the median over repeats of each run's ratio to that
+process's `plain` run of the same repeat; MAT = emitted tokens / (emitted − accepted draft
+tokens), i.e. tokens per request-step.
 
     python scripts/bench_vllm.py --batches 1 8 64 --temperatures 1.0 0.0 --out docs/bench/vllm_tiny.json
 """
@@ -29,7 +33,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
@@ -84,6 +88,8 @@ def spec_for(method: str):
         return None
     if base == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    if base == "suffix":  # vLLM's suffix decoding (arctic-inference: see docs/BENCHMARKS.md for its build)
+        return {"method": "suffix", "num_speculative_tokens": k}
     if base == "ours":
         return speculative_config(k, "fixed")
     if base == "ours+dcut":
@@ -144,8 +150,12 @@ def build(methods: list[str], model: str, max_len: int, dtype: str):
 
     built = {}
     # vLLM's ngram proposer leaves numba objects behind that break the kernel-override scan of every
-    # later LLM built in this process: build it last
-    for m in sorted(methods, key=lambda m: m.startswith("ngram")):
+    # later LLM built in this process, and vLLM's Prometheus counters read the last-built engine's:
+    # build vLLM's own proposer (one at most) last
+    internal = [m for m in methods if m.startswith(("ngram", "suffix"))]
+    if len(internal) > 1:
+        raise SystemExit(f"one of vLLM's own proposers per run (its counters are process-wide), got {internal}")
+    for m in sorted(methods, key=lambda m: m in internal):
         if m.startswith("engine-"):
             cfg = EngineConfig(method="ar") if m == "engine-ar" else EngineConfig(method="retrieval", budget_policy="dcut")
             import torch
@@ -170,12 +180,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--in-process", action="store_true", help="run --methods here (the driver passes it)")
     args = ap.parse_args(argv)
+    if not args.in_process:
+        return drive(args, argv if argv is not None else sys.argv[1:])
     from vllm import SamplingParams
 
     sys.modules.setdefault("bench_vllm", sys.modules[__name__])  # vLLM imports the oracle from here
-    pool = [r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"] for r in read_jsonl(args.prompts)]
     built, tokenizer = build(args.methods, args.model, None, args.dtype)  # max_model_len: the model's
+    # chat prompts (real-prompts/) go through the model's chat template, as TRL sends them
+    pool = [r["prompt"] if isinstance(r["prompt"], str)
+            else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in read_jsonl(args.prompts)]
     results = {"command": " ".join(["python", "scripts/bench_vllm.py", *(argv or sys.argv[1:])]), "configs": []}
     rng, offset = random.Random(0), 0
     for temperature in args.temperatures:
@@ -204,6 +220,40 @@ def main(argv=None) -> dict:
     args.out.write_text(json.dumps(results, indent=1))
     print(markdown(results))
     return results
+
+
+def drive(args, argv: list[str]) -> dict:
+    """Run each method in a process of its own beside `plain`; merge their results."""
+    import subprocess
+    import tempfile
+
+    base = [a for a in argv]
+    i = base.index("--out")
+    del base[i : i + 2]
+    if "--methods" in base:  # drop the methods list: each child gets its own
+        j = base.index("--methods")
+        k = j + 1
+        while k < len(base) and not base[k].startswith("--"):
+            k += 1
+        del base[j:k]
+    merged = {"command": " ".join(["python", "scripts/bench_vllm.py", *argv]), "configs": []}
+    for m in [m for m in args.methods if m != "plain"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "out.json"
+            cmd = [sys.executable, __file__, *base, "--methods", "plain", m, "--out", str(out), "--in-process"]
+            subprocess.run(cmd, check=True)
+            part = json.loads(out.read_text())
+        for cfg in part["configs"]:
+            key = (cfg["batch"], cfg["temperature"])
+            same = next((c for c in merged["configs"] if (c["batch"], c["temperature"]) == key), None)
+            if same is None:
+                merged["configs"].append(cfg)
+            else:
+                same["methods"][m] = cfg["methods"][m]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(merged, indent=1))
+    print(markdown(merged))
+    return merged
 
 
 def summarize(runs: dict[str, list[dict]], batch: int, group: int, temperature: float) -> dict:
