@@ -108,7 +108,7 @@ class FixedChains:
     def observe_acceptance(self, scores: np.ndarray, depths: np.ndarray, accepted: np.ndarray) -> None:
         pass
 
-    def observe_step(self, rows: int, draft_tokens: int, ms: float) -> None:
+    def observe_step(self, rows: int, draft_tokens: int, ms: float, emitted: int) -> None:
         pass
 
     def skip(self) -> bool:
@@ -134,6 +134,7 @@ class ChainDCut:
         self.rows = 0  # rows of the last decision (for `explain`)
         self.idle = 0  # consecutive K = 0 decisions (explorations excluded)
         self.wait = 0  # steps left to skip drafting
+        self.measured: dict[tuple[int, bool], float] = {}  # (rows class, drafted) → tokens per ms, moving average
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
         cal = self.calibration(torch.from_numpy(scores.astype(np.float32))).numpy()
@@ -151,6 +152,8 @@ class ChainDCut:
             return ChainDecision(depths, proposed, int(depths.sum()), float(rows + gains[int(depths.sum())]))
         rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
         k = int(np.argmax(rates))
+        if k > 0 and not self.pays(rows):  # the fit says draft, the measured steps say plain was faster
+            k = 0
         if k == 0 and proposed:
             self.plain += 1
             self.idle += 1
@@ -177,8 +180,21 @@ class ChainDCut:
         acc = torch.from_numpy(pos < accepted.reshape(-1, 1))
         self.calibration.observe(torch.from_numpy(scores.astype(np.float32)), verified, acc)
 
-    def observe_step(self, rows: int, draft_tokens: int, ms: float) -> None:
+    def observe_step(self, rows: int, draft_tokens: int, ms: float, emitted: int) -> None:
+        """A step of `rows` requests that verified `draft_tokens` took `ms` (our proposer's time
+        included) and emitted `emitted` tokens."""
         self.cost.observe(rows, draft_tokens, ms)
+        key = (max(rows, 1).bit_length(), draft_tokens > 0)
+        rate = emitted / max(ms, 1e-6)
+        self.measured[key] = rate if key not in self.measured else 0.8 * self.measured[key] + 0.2 * rate
+
+    def pays(self, rows: int) -> bool:
+        """Whether steps that drafted emitted more tokens per ms than plain steps did, at this batch
+        size class (rows rounded down to a power of two); True until both were measured. It guards the
+        fit, whose costs can be confounded (in a rollout, draft tokens grow with the rows)."""
+        cls = max(rows, 1).bit_length()
+        spec, plain = self.measured.get((cls, True)), self.measured.get((cls, False))
+        return spec is None or plain is None or spec >= plain
 
     def explain(self) -> str:
         """Why D-cut verifies what it verifies: a draft token with acceptance p adds p tokens for

@@ -148,7 +148,7 @@ def test_dcut_verifies_drafts_only_where_they_pay():
     cheap, dear = ChainDCut(explore_every=0), ChainDCut(explore_every=0)
     for policy, per_draft in ((cheap, 0.01), (dear, 5.0)):  # a row's step: 18 ms / 8 = 2.25 ms
         for i in range(40):
-            policy.observe_step(8, i % 33, 10.0 + 1.0 * 8 + per_draft * (i % 33))
+            policy.observe_step(8, i % 33, 10.0 + 1.0 * 8 + per_draft * (i % 33), 8 + int(0.9 * (i % 33)))
         # calibrate: the drafts are accepted as their scores say
         policy.observe_acceptance(np.tile(scores[:1], (500, 1)), np.full(500, 4),
                                   np.random.default_rng(0).binomial(4, 0.9, 500))
@@ -203,7 +203,7 @@ def test_identical_siblings_that_move_stay_distinct_requests():
 def test_dcut_backs_off_while_plain_decoding_wins():
     dear = ChainDCut(explore_every=0)
     for i in range(40):
-        dear.observe_step(8, i % 33, 18.0 + 5.0 * (i % 33))
+        dear.observe_step(8, i % 33, 18.0 + 5.0 * (i % 33), 8 + (i % 33) // 2)
     scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
     asked = []
     for _ in range(40):
@@ -211,3 +211,16 @@ def test_dcut_backs_off_while_plain_decoding_wins():
             asked.append(dear.decide(scores).kept)
     assert set(asked) == {0} and len(asked) < 10  # 1, 3, 7, 15, 15 … steps skipped between decisions
     assert not any(FixedChains().skip() for _ in range(5))
+
+
+def test_measured_steps_overrule_a_fit_that_says_draft():
+    """The fit prices drafts as nearly free, but the steps that drafted emitted fewer tokens per ms
+    than plain ones (e.g. the proposer's own time): D-cut decodes plainly."""
+    policy = ChainDCut(explore_every=0)
+    for i in range(40):
+        draft = i % 33
+        policy.observe_step(8, draft, 18.0 + 0.01 * draft, 8)  # drafts cost nothing in the fit, but nothing was accepted
+    policy.observe_step(8, 32, 30.0, 9)  # a drafting step, measured slower per token
+    scores = np.tile(0.9 ** np.arange(1, 5), (8, 1))
+    assert not policy.pays(8) and policy.decide(scores).kept == 0
+    assert policy.pays(64)  # another batch-size class has not been measured: the fit decides there

@@ -82,6 +82,7 @@ class RLDraftProposer:
             self.load_prior(cfg.prior_path)
         self.stats = ProposerStats()
         self._last_call: float | None = None
+        self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._pending: tuple[int, int] | None = None  # (rows, draft tokens) of the step now running
 
     def load_model(self, *args, **kwargs) -> None:
@@ -92,8 +93,9 @@ class RLDraftProposer:
                 slot_mappings=None) -> list[list[int]]:
         start = time.perf_counter()
         reqs = self.tracker.rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        new_requests = self._learn(reqs, sampled_token_ids)
-        self._time_step(start, len(sampled_token_ids), new_requests)
+        new_requests, accepted = self._learn(reqs, sampled_token_ids)
+        self._time_step(start, new_requests, accepted)
+        self._last_start = start
         active = [r for r in reqs if r is not None]
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         if self.policy.skip():  # D-cut backing off: a plain step, no chains drafted or scored
@@ -123,19 +125,22 @@ class RLDraftProposer:
         self.stats.propose_s += self._last_call - start
         return out
 
-    def _time_step(self, now: float, rows: int, new_requests: bool) -> None:
-        """The step that ran since the last call verified the drafts returned then: feed its time to
-        the policy, unless it also prefilled (a new request) or followed an idle gap."""
-        if self._last_call is None or self._pending is None or new_requests:
+    def _time_step(self, now: float, new_requests: bool, accepted: int) -> None:
+        """The step since the last call verified the drafts returned then: feed its time (from the last
+        call's start: our own time included, a draft's cost is also ours) and the tokens it emitted to
+        the policy, unless it also prefilled (a new request)."""
+        if self._last_start is None or self._pending is None or new_requests:
             return
-        ms = 1000.0 * (now - self._last_call)
+        ms = 1000.0 * (now - self._last_start)
         self.stats.step_s += ms / 1000.0
-        self.policy.observe_step(*self._pending, ms)
+        rows, drafted = self._pending
+        self.policy.observe_step(rows, drafted, ms, rows + accepted)
 
-    def _learn(self, reqs: list[Request | None], sampled: list[list[int]]) -> bool:
-        """Acceptance of the drafts returned last step, and the new tokens into the prior.
-        Returns whether a request appeared for the first time (its prefill ran in this step)."""
-        new_requests = False
+    def _learn(self, reqs: list[Request | None], sampled: list[list[int]]) -> tuple[bool, int]:
+        """Acceptance of the drafts returned last step, and the new tokens into the prior. Returns
+        whether a request appeared for the first time (its prefill ran in this step) and the draft
+        tokens the step accepted."""
+        new_requests, accepted_total = False, 0
         verified: list[tuple[list[float], int, int]] = []  # (raw scores, depth, accepted)
         prev_tok, next_tok = [], []
         for req, new in zip(reqs, sampled):
@@ -149,6 +154,7 @@ class RLDraftProposer:
                 self.stats.drafts += 1
                 self.stats.draft_tokens += len(req.draft)
                 self.stats.accepted_tokens += accepted
+                accepted_total += accepted
                 req.draft = []
             text = req.text
             start = max(len(text) - len(new) - 1, 0)
@@ -163,7 +169,7 @@ class RLDraftProposer:
                                            np.array([a for _, _, a in verified]))
         if self.prior is not None and prev_tok:
             self._teach_prior(prev_tok, next_tok)
-        return new_requests
+        return new_requests, accepted_total
 
     def _teach_prior(self, prev_tok: list[int], next_tok: list[int]) -> None:
         tokens = torch.tensor(prev_tok, dtype=torch.long)
