@@ -39,6 +39,16 @@ def random_model(arch: str = "qwen3", vocab: int = 64, seed: int = 0, sharp: flo
     return model
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on shared cores extra threads cost many times
+    (use per module: `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(params=list(ARCHS))
 def arch_model(request):
     return random_model(request.param)

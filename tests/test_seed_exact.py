@@ -41,13 +41,7 @@ def test_uniforms_are_splitmix64_of_seed_row_position():
     assert abs(many.mean().item() - 0.5) < 0.01 and many.flatten().unique().numel() > 16_000
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; on shared cores extra threads cost many times."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

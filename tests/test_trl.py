@@ -18,13 +18,7 @@ from trainers import GraftConfig, GraftGRPOTrainer
 from trainers.config import PRIOR_FILE
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; on shared cores extra threads cost ~20x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def grpo_args(tmp_path, **overrides) -> GRPOConfig:

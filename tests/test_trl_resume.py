@@ -21,12 +21,7 @@ SPEED = ("rollout/mean_accepted_tokens", "rollout/verify_tokens_per_step", "roll
 """What D-cut's timing-driven widths may change: the speed, never the tokens."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run(out, graft, resume=None, **args):
