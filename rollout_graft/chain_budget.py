@@ -12,7 +12,8 @@ maximise expected emitted tokens per predicted step time:
 
 K = 0 (plain decoding) is always a candidate. After n consecutive K = 0 decisions the proposer drafts
 nothing for the next min(2^n, 16) − 1 steps without asking (`skip`): drafting and scoring chains
-that D-cut then cuts away cost 7-10 % of a tiny model's step on our CPU. Scores never increase along a chain, so the
+that D-cut then cuts away cost the tiny target 17–20 % of its wall time on our CPU without it
+(docs/BENCHMARKS.md, "vLLM backend"). Scores never increase along a chain, so the
 global top-K is a prefix of each chain: a depth per request (`global_top_k_depths`). The step
 time is measured between consecutive `propose` calls (vLLM's whole step: schedule, forward,
 sample, propose) and fitted by exponentially weighted least squares (`StepCost`); every

@@ -108,6 +108,12 @@ def best_first(n_slots: int, depth: int, width: int, rank_acceptance: tuple[floa
     return _finish([(new_index.get(nodes[i][0], -1), nodes[i][1], nodes[i][2]) for i in order])
 
 
+@lru_cache(maxsize=64)
+def chain(depth: int) -> Template:
+    """One path of `depth` rank-0 successors: the greedy chain (vLLM verifies chains only)."""
+    return _finish([(d - 1, 0, d + 1) for d in range(depth)])
+
+
 @lru_cache(maxsize=256)
 def make_template(cfg: TemplateConfig, n_slots: int) -> Template:
     """Template with at most `n_slots` nodes (cached: shapes repeat every step)."""

@@ -11,7 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollout_graft import DraftConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
+from conftest import load_script
+
+from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
 from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts
 from rollout_graft.sampling import row_keys, uniforms
 
@@ -53,14 +55,7 @@ def tiny():
     return tok, target, draft, [p for p in prompts for _ in range(4)]  # 3 groups of 4 rows
 
 
-SUFFIX = RetrievalConfig(suffix_depth=6)
-METHODS = {
-    "retrieval": dict(method="retrieval"),
-    "retrieval+suffix": dict(method="retrieval", retrieval=SUFFIX),
-    "retrieval+recall": dict(method="retrieval", retrieval=RetrievalConfig(suffix_depth=6, recall=8)),
-    "group_lead": dict(method="retrieval", group_lead=1, retrieval=SUFFIX),
-    "graft": dict(method="graft", draft=DraftConfig()),
-}
+METHODS = load_script("scripts/seed_exact.py").METHODS  # the configurations the large check counts
 PARAMS = SamplingParams(temperature=1.0, top_k=30, top_p=0.95, min_p=0.02, max_new_tokens=24, seed=7)
 
 

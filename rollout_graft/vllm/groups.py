@@ -64,8 +64,10 @@ class Request:
         return self.group.index.texts[self.text_id]
 
 
-def _row_key(tokens: np.ndarray, length: int) -> tuple[int, int]:
-    return length, hash(tuple(tokens[max(length - TAIL, 0) : length].tolist()))
+def _key(length: int, text: list[int]) -> tuple[int, int]:
+    """A request's identity between steps: its length and a hash of its last TAIL tokens (`text`
+    holds at least those; only they are read)."""
+    return length, hash(tuple(text[-TAIL:]))
 
 
 class RequestTracker:
@@ -111,7 +113,7 @@ class RequestTracker:
             req.group.index.extend(req.text_id, list(sampled[i]))
             req.length, req.seen = int(num_tokens[i]), self.step
             req.group.last_seen = self.step
-            req.key = (req.length, hash(tuple(req.text[-TAIL:])))
+            req.key = _key(req.length, req.text)
             self.by_key.setdefault(req.key, []).append(req)
         self.slots = slots
         if self.step % 256 == 0:
@@ -120,11 +122,11 @@ class RequestTracker:
 
     def _find(self, row: int, tokens: np.ndarray, before: int, taken: set[int]) -> Request:
         """The request in `row` (none another row already took this step: `taken` holds their ids)."""
+        tail = tokens[max(before - TAIL, 0) : before].tolist()
         req = self.slots.get(row)
-        if (req is not None and id(req) not in taken and req.length == before
-                and req.text[-TAIL:] == tokens[max(before - TAIL, 0) : before].tolist()):
+        if req is not None and id(req) not in taken and req.length == before and req.text[-TAIL:] == tail:
             return req
-        for req in self.by_key.get(_row_key(tokens, before), ()):
+        for req in self.by_key.get(_key(before, tail), ()):
             if id(req) not in taken:
                 return req
         return self._new_request(tokens[:before].tolist())

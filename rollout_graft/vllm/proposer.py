@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..adjacency import EMPTY, AdjacencyIndex
+from ..templates import chain
 from ..chain_budget import ChainDCut, FixedChains
 from .config import PROPOSER_CLASS, ChainConfig
 from .groups import Request, RequestTracker
@@ -81,7 +82,6 @@ class RLDraftProposer:
         if cfg.use_prior and cfg.prior_path:
             self.load_prior(cfg.prior_path)
         self.stats = ProposerStats()
-        self._last_call: float | None = None
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._pending: tuple[int, int] | None = None  # (rows, draft tokens) of the step now running
 
@@ -98,31 +98,22 @@ class RLDraftProposer:
         self._last_start = start
         active = [r for r in reqs if r is not None]
         out: list[list[int]] = [[] for _ in sampled_token_ids]
-        if self.policy.skip():  # D-cut backing off: a plain step, no chains drafted or scored
-            self._pending = (len(active), 0)
-            self.stats.steps += 1
-            self._last_call = time.perf_counter()
-            self.stats.propose_s += self._last_call - start
-            return out
-        chains, scores = self._draft(active)
-        decision = self.policy.decide(scores)
         drafted = 0
-        by_row = iter(range(len(active)))
-        for i, req in enumerate(reqs):
-            if req is None:
-                continue
-            j = next(by_row)
-            depth = int(decision.depths[j])
-            req.draft, req.draft_scores = chains[j][:depth], scores[j, :depth].tolist()
-            out[i] = req.draft
-            drafted += depth
+        if not self.policy.skip():  # D-cut backing off: a plain step, no chains drafted or scored
+            chains, scores = self._draft(active)
+            decision = self.policy.decide(scores)
+            rows = [i for i, req in enumerate(reqs) if req is not None]
+            for j, (i, req) in enumerate(zip(rows, active)):
+                depth = int(decision.depths[j])
+                req.draft, req.draft_scores = chains[j][:depth], scores[j, :depth].tolist()
+                out[i] = req.draft
+                drafted += depth
+            self.stats.proposed_tokens += decision.proposed
+            self.stats.kept_tokens += decision.kept
+            self.stats.plain_steps += int(decision.proposed > 0 and decision.kept == 0)
         self._pending = (len(active), drafted)
         self.stats.steps += 1
-        self.stats.proposed_tokens += decision.proposed
-        self.stats.kept_tokens += decision.kept
-        self.stats.plain_steps += int(decision.proposed > 0 and decision.kept == 0)
-        self._last_call = time.perf_counter()
-        self.stats.propose_s += self._last_call - start
+        self.stats.propose_s += time.perf_counter() - start
         return out
 
     def _time_step(self, now: float, new_requests: bool, accepted: int) -> None:
@@ -185,7 +176,7 @@ class RLDraftProposer:
         prior's weight, multiplied along the chain (D-cut calibrates them against acceptance)."""
         chains, scores = [], np.zeros((len(reqs), self.k))
         for j, req in enumerate(reqs):
-            room = min(self.k, self.max_model_len - req.length - 1)
+            room = self._room(req)
             if room <= 0:
                 chains.append([])
                 continue
@@ -198,31 +189,24 @@ class RLDraftProposer:
         return chains, scores
 
     def _extend_from_prior(self, reqs: list[Request], chains: list[list[int]], scores: np.ndarray) -> None:
-        """Chains shorter than their room continue with the prior's most likely successors."""
-        todo = [j for j, req in enumerate(reqs) if len(chains[j]) < min(self.k, self.max_model_len - req.length - 1)]
+        """Chains shorter than their room continue with the prior's most likely successors (its greedy
+        chain, `AdjacencyIndex.lookup`), their weights multiplied into the scores."""
+        todo = [j for j, req in enumerate(reqs) if len(chains[j]) < self._room(req)]
         if not todo:
             return
         roots = torch.tensor([(chains[j] or reqs[j].text)[-1] for j in todo], dtype=torch.long)
-        ids = torch.full((len(todo), self.k), EMPTY, dtype=torch.long)
-        probs = torch.zeros(len(todo), self.k)
-        cur = roots
-        for d in range(self.k):  # greedy chain: rank-0 successor of the previous token
-            nxt, p = self.prior.ids[0, cur.clamp(min=0), 0], self.prior.probs[0, cur.clamp(min=0), 0].float()
-            ok = (cur >= 0) & (nxt != EMPTY)
-            ids[:, d], probs[:, d] = torch.where(ok, nxt, EMPTY), torch.where(ok, p, 0.0)
-            cur = torch.where(ok, nxt, EMPTY)
-        ids, probs = ids.tolist(), probs.numpy()
+        found = self.prior.lookup(torch.zeros_like(roots), roots, chain(self.k))  # [len(todo), k], valid a prefix
+        tokens, lengths, score = found.tokens.tolist(), found.valid.sum(1).tolist(), found.score.numpy()
         for row, j in enumerate(todo):
-            room = min(self.k, self.max_model_len - reqs[j].length - 1)
             have = len(chains[j])
+            add = min(self._room(reqs[j]) - have, lengths[row])
             base = scores[j, have - 1] if have else 1.0
-            for d in range(room - have):
-                tok = ids[row][d]
-                if tok == EMPTY or probs[row, d] <= 0:
-                    break
-                base *= float(probs[row, d])
-                chains[j].append(tok)
-                scores[j, have + d] = base
+            chains[j].extend(tokens[row][:add])
+            scores[j, have : have + add] = base * score[row, :add]
+
+    def _room(self, req: Request) -> int:
+        """Draft tokens this request may take: the depth, and the context left (vLLM's max_model_len)."""
+        return min(self.k, self.max_model_len - req.length - 1)
 
     # ------------------------------------------------------------------ state
     def summary(self) -> dict:
