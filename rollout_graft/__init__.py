@@ -1,10 +1,10 @@
 """rollout_graft: lossless speculative rollouts for GRPO training."""
 
-from .config import DraftConfig, EngineConfig, RetrievalConfig, SamplingParams
+from .config import DCutConfig, DraftConfig, EngineConfig, RetrievalConfig, SamplingParams
 from .engine import RolloutEngine, RolloutOutput
 from .pruning import calibrate
 from .stats import RolloutStats
 
-__all__ = ["DraftConfig", "EngineConfig", "RetrievalConfig", "RolloutEngine", "RolloutOutput", "RolloutStats",
+__all__ = ["DCutConfig", "DraftConfig", "EngineConfig", "RetrievalConfig", "RolloutEngine", "RolloutOutput", "RolloutStats",
            "SamplingParams", "calibrate"]
 __version__ = "0.1.0"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .config import DCutConfig
 from .cost import CostModel
 from .tree import Draft
 
@@ -216,15 +217,15 @@ class DCut:
     tokens against the predicted step time.
     """
 
-    def __init__(self, cost: CostModel, ratios: tuple[float, ...], explore_every: int = 16,
-                 overhead: OverheadModel | None = None):
+    def __init__(self, cost: CostModel, config: DCutConfig | None = None, overhead: OverheadModel | None = None):
+        self.config = config = config or DCutConfig()
         self.cost = cost
-        self.ratios = tuple(sorted(set(ratios) | {0.0}))
+        self.ratios = tuple(sorted(set(config.ratios) | {0.0}))
         self._width_lists: dict[int, list[int]] = {}  # budget → its widths W = ρ·budget
         self.calibration = ScoreCalibration()
         self.overhead = overhead or OverheadModel()  # speculative steps: tree + walk + learning
         self.plain_overhead = OverheadModel()  # plain steps: one draw per row
-        self.explore_every = explore_every  # every n-th decision for ρ = 0 verifies the smallest W > 0 (calibration)
+        self.explore_every = config.explore_every  # every n-th decision for ρ = 0 verifies the smallest W > 0 (calibration)
         self.plain_decisions = 0  # ρ = 0 decisions so far (every explore_every-th explores)
         self.start_cap: int | None = None  # a new batch-size class's first proposal width (None: the smallest)
         self.idle = 0  # consecutive decisions for ρ = 0 (any batch size): the switch margin applies
@@ -235,7 +236,7 @@ class DCut:
 
     def rows_class(self, rows: int) -> RowsClass:
         """The state of this batch size's class (rows rounded down to a power of two)."""
-        key = max(rows, 1).bit_length()
+        key = max(rows, 1).bit_length() if self.config.per_class else 0
         if key not in self.classes:
             self.classes[key] = RowsClass(cap=self.start_cap)
         return self.classes[key]
@@ -253,7 +254,7 @@ class DCut:
         if state.wait > 0:
             state.wait -= 1
             return True
-        return state.plain > 0 and state.probe_ms > self.probe_credit
+        return state.plain > 0 and self.config.probe_share is not None and state.probe_ms > self.probe_credit
 
     def observe_step(self, rows: int, ms: float, probe: bool, emitted: int | None = None) -> None:
         """A whole step (propose + forward + walk + learning) of `rows` rows took `ms` and emitted
@@ -266,8 +267,10 @@ class DCut:
         at most PROBE_SHARE of the decoding time plus what speculation saved — across batch-size
         classes and rollouts, however dear a probe is next to a plain step — and where speculation
         pays (a small batch), probing is not held back."""
+        if self.config.probe_share is None:
+            return
         plain = self.step_ms(rows, 0)
-        self.probe_credit += PROBE_SHARE * ms
+        self.probe_credit += self.config.probe_share * ms
         if probe:
             self.probe_credit -= max(ms - plain, 0.0)
         elif emitted is not None and emitted > rows:
@@ -283,13 +286,14 @@ class DCut:
         only where speculation does not pay on average: at a small batch one row's weak draft
         decides the step, not whether the next steps propose."""
         state = self.rows_class(rows)
-        state.advantage = advantage if state.advantage is None else 0.8 * state.advantage + 0.2 * advantage
+        w = self.config.advantage_weight
+        state.advantage = advantage if state.advantage is None else (1 - w) * state.advantage + w * advantage
         if ratio > 0 or state.advantage > 1.0:
             self.idle = state.plain = state.wait = 0
             return
         self.idle += 1
         state.plain += 1
-        state.wait = min(2**state.plain, LONGEST_BACKOFF) - 1
+        state.wait = min(2**state.plain, self.config.longest_backoff) - 1 if self.config.longest_backoff else 0
 
     def observe(self, draft: Draft, accepted: torch.Tensor) -> None:
         """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
@@ -303,7 +307,7 @@ class DCut:
         forward is, from the wider ones). Wider forwards can be rare (D-cut's probes): kept as one
         ratio of their own, a slow spell during a probe would price speculation until the next."""
         predicted = self.cost.predict(rows, tokens_per_row)
-        if predicted <= 0 or ms <= 0:
+        if predicted <= 0 or ms <= 0 or not self.config.scale_forwards:
             return
         ratio = ms / predicted
         if tokens_per_row > 1:
@@ -353,6 +357,8 @@ class DCut:
 
     def _cap(self, widths: list[int], rows: int) -> int:
         smallest = next((w for w in widths if w > 0), 0)
+        if not self.config.slow_start:
+            return widths[-1]
         return max(self.rows_class(rows).cap or smallest, smallest)
 
     def proposal_budget(self, budget: int, rows: int) -> int:
@@ -434,7 +440,7 @@ class DCut:
         expected = [rows + (gains[i] if w else 0.0) for i, w in enumerate(widths)]
         rates = [e / self.step_ms(rows, w, widest) for e, w in zip(expected, widths)]
         spec = max(range(1, n), key=rates.__getitem__)  # the W > 0 closest to paying (widths[0] = 0, m > 0)
-        margin = SWITCH_MARGIN if self.idle > 0 else 1.0  # leaving plain decoding must pay by a margin
+        margin = self.config.switch_margin if self.idle > 0 else 1.0  # leaving plain decoding must pay by a margin
         i = spec if rates[spec] / margin > rates[0] else 0
         if widths[i] > cap > 0:  # verify no wider than the cap (a draft wider than the proposal budget)
             i = max(j for j, w in enumerate(widths) if w <= cap)

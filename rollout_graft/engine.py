@@ -166,7 +166,7 @@ class RolloutEngine:
         """The D-cut policy (profiles the cost model on first call), or None for 'fixed'."""
         if self.config.budget_policy == "dcut" and self.dcut is None:
             cost = CostModel.profile(self.model, refresh=self.config.cost_profile_refresh)
-            self.dcut = DCut(cost, self.config.dcut_ratios)
+            self.dcut = DCut(cost, self.config.dcut)
         return self.dcut
 
     # ------------------------------------------------------------------ input checks

@@ -13,6 +13,7 @@ plus plain Hugging Face `generate` (batched sampling, num_return_sequences=G).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import random
@@ -38,12 +39,18 @@ GRAFT_VARIANTS = ("dense-draft", "prune-only", "fixed-split", "graft", "graft+dc
 
 def variant(name: str, budget: int, prior: str | None, draft: str | None = None,
             thresholds: str | None = None) -> EngineConfig:
-    """The engine configuration called `name`; `name@N` is that configuration with budget N."""
+    """The engine configuration called `name`; `name@N` is that configuration with budget N, and
+    `name:field=value[:field=value]` sets fields of its `DCutConfig` (ablations: `retrieval+dcut:slow_start=False`)."""
+    name, *knobs = name.split(":")
     base, _, size = name.partition("@")
     known = variants(budget, prior, draft, thresholds)
     if base not in known:
         raise SystemExit(f"unknown method {name!r}; known: hf, {', '.join(known)} (optionally @<budget>)")
-    return replace(known[base], budget=int(size)) if size else known[base]
+    cfg = replace(known[base], budget=int(size)) if size else known[base]
+    if knobs:
+        fields = {k: ast.literal_eval(v) for k, _, v in (knob.partition("=") for knob in knobs)}
+        cfg = replace(cfg, dcut=replace(cfg.dcut, **fields))
+    return cfg
 
 
 def variants(budget: int, prior: str | None, draft: str | None = None, thresholds: str | None = None) -> dict[str, EngineConfig]:
@@ -214,7 +221,7 @@ def main(argv=None) -> dict:
                    tokenizer=tokenizer, budget=args.warmup_budget)
         warm_s = time.perf_counter() - start
         tau_file = None
-        if any(m.partition("@")[0] in GRAFT_VARIANTS for m in args.methods):
+        if any(m.split(":")[0].partition("@")[0] in GRAFT_VARIANTS for m in args.methods):
             tau_file = prior_file.replace(".safetensors", ".tau.json")
             calibrate_graft(model, tokenizer, warm_prompts, args.group_size, base, args.draft_model, prior_file, tau_file,
                             args.calibration)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import random_model
 
-from rollout_graft import EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
+from rollout_graft import DCutConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
 from rollout_graft.budget import PROBE_SHARE, DCut, OverheadModel, ScoreCalibration, keep_top_per_row
 from rollout_graft.cost import CostModel
 from rollout_graft.tree import Draft
@@ -46,7 +46,7 @@ def test_cut_is_ancestor_closed_even_with_ties():
 
 
 def trusting(cost, ratios=(0.25, 0.5, 1.0)) -> DCut:
-    dcut = DCut(cost, ratios, explore_every=0)
+    dcut = DCut(cost, DCutConfig(ratios=ratios, explore_every=0))
     dcut.calibration.prior_weight = 1e9  # trust the raw scores (no observations yet)
     dcut.start_cap = 1 << 20  # past the slow start
     return dcut
@@ -124,13 +124,13 @@ def test_width_follows_the_batch_size_as_it_drains():
 
 def test_slow_start_doubles_the_width():
     flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)  # the widest tree would win at once
-    dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)  # m = 4 → W ∈ {1, 2, 4}
+    dcut = DCut(flat, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # m = 4 → W ∈ {1, 2, 4}
     assert [dcut.decide(draft_with_scores(TREES))[1].kept for _ in range(4)] == [2, 4, 8, 8]  # W = 1, 2, 4, 4
 
 
 def test_proposal_budget_follows_the_slow_start_cap():
     flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)
-    dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)  # budget 8 → W ∈ {0, 2, 4, 8}
+    dcut = DCut(flat, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
     assert dcut.proposal_budget(8, 2) == 2  # nothing wider than the cap (the smallest width) can be chosen
     assert dcut.decide(draft_with_scores(TREES), 8)[1].kept == 4  # a 4-node draft: W = 2 per row, the cap binds
     assert dcut.proposal_budget(8, 2) == 4  # the cap doubled
@@ -178,7 +178,7 @@ def test_a_wide_tree_is_not_priced_like_a_narrow_probe():
     # budget 8 → W ∈ {0, 2, 4, 8}; forwards cost 1 ms at any width; a tree of width 2 was measured
     # at 1 ms beyond the forward (a probe), none wider yet
     flat = CostModel([1, 2, 64], [1, 2, 4, 9], [[1.0] * 4] * 3)
-    dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)
+    dcut = DCut(flat, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))
     dcut.calibration.prior_weight = 1e9
     dcut.start_cap = 8  # the step proposed the whole budget
     dcut.observe_overhead(2, 1.0, width=2)
@@ -199,7 +199,7 @@ def test_a_wide_tree_is_not_priced_like_a_narrow_probe():
 
 def test_a_growth_that_falls_back_waits_before_it_is_tried_again():
     flat = CostModel([1, 2, 64], [1, 2, 4, 9], [[1.0] * 4] * 3)
-    dcut = DCut(flat, (0.25, 0.5, 1.0), explore_every=0)  # budget 8 → W ∈ {0, 2, 4, 8}
+    dcut = DCut(flat, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
     dcut.calibration.prior_weight = 1e9
     dcut.observe_overhead(2, 1.0, width=2)
     dcut.observe_overhead(2, 3.0, width=4)  # the tree of width 4 costs 3 ms
@@ -220,7 +220,7 @@ def test_a_probe_proposes_wide_trees_where_they_cost_no_more():
     poor = draft_with_scores([CHAIN[:2]] * 2)
 
     def probe_width(overheads: dict[int, float]) -> int:
-        dcut = DCut(steep, (0.25, 0.5, 1.0), explore_every=0)  # budget 8 → W ∈ {0, 2, 4, 8}
+        dcut = DCut(steep, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
         for width, ms in overheads.items():
             dcut.observe_overhead(2, ms, width=width)
         assert dcut.decide(poor, 8)[1].ratio == 0.0

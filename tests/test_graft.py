@@ -8,7 +8,7 @@ from test_lossless import PROMPTS, assert_logprobs_match_recompute, chi2_pvalue,
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rollout_graft.proposers.graft as graft_module
-from rollout_graft import DraftConfig, EngineConfig, RolloutEngine, SamplingParams, calibrate
+from rollout_graft import DCutConfig, DraftConfig, EngineConfig, RolloutEngine, SamplingParams, calibrate
 from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts
 from rollout_graft.merge import keep_best, merge_trees, sibling_duplicates, token_paths
 from rollout_graft.proposers.drafter import check_same_vocabulary
@@ -242,8 +242,8 @@ def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, w
     prompts = [[5, 6, 7]] * 2 + [[9, 10]] * 2
     ar = RolloutEngine(qwen3_model).generate(prompts, greedy)
     engine = graft_engine(qwen3_model, qwen3_model, DraftConfig(prune=False, graft=False, top_k=1, beam=1, depth=6),
-                          budget=8, budget_policy="dcut", dcut_ratios=(1.0,))
-    engine.dcut = DCut(CostModel([1, 64], [1, 64], [[1e6, 1e6]] * 2), (1.0,), explore_every=0)  # verifying is free
+                          budget=8, budget_policy="dcut", dcut=DCutConfig(ratios=(1.0,)))
+    engine.dcut = DCut(CostModel([1, 64], [1, 64], [[1e6, 1e6]] * 2), DCutConfig(ratios=(1.0,), explore_every=0))  # verifying is free
     engine.dcut.start_cap = 8  # no slow start: every proposing step verifies the whole tree
     out = engine.generate(prompts, greedy)
     assert out.completion_ids == ar.completion_ids

@@ -9,7 +9,7 @@ from conftest import random_model
 from proposers import OracleProposer, RandomTreeProposer
 from scipy.stats import chisquare
 
-from rollout_graft import EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
+from rollout_graft import DCutConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [5, 6, 7, 8, 9], [3], [20, 21, 22, 23, 24, 25, 26], [10, 11]]
 MAX_NEW = 24
@@ -46,7 +46,7 @@ def test_greedy_retrieval_equals_ar(arch_model):
     for share, policy, suffix, lead in ((True, "fixed", 0, 0), (False, "fixed", 0, 0), (True, "dcut", 0, 0),
                                         (True, "fixed", 6, 0), (True, "fixed", 6, 1), (False, "dcut", 4, 1)):
         cfg = EngineConfig(method="retrieval", budget=16, retrieval=RetrievalConfig(share_in_group=share, suffix_depth=suffix),
-                           budget_policy=policy, dcut_ratios=(0.5, 1.0), group_lead=lead)
+                           budget_policy=policy, dcut=DCutConfig(ratios=(0.5, 1.0)), group_lead=lead)
         engine = RolloutEngine(arch_model, cfg)
         spec = engine.generate(PROMPTS, greedy)
         assert spec.completion_ids == ar.completion_ids and spec.finish_reasons == ar.finish_reasons
@@ -116,7 +116,7 @@ def _engines(model):
     yield "random-tree", RolloutEngine(model, EngineConfig(budget=42), proposer=RandomTreeProposer(16, 6, 2, seed=0))
     yield "retrieval", RolloutEngine(model, EngineConfig(method="retrieval", budget=30))
     yield "retrieval+dcut", RolloutEngine(model, EngineConfig(method="retrieval", budget=30, budget_policy="dcut",
-                                                              dcut_ratios=(0.5, 1.0)))
+                                                              dcut=DCutConfig(ratios=(0.5, 1.0))))
     yield "retrieval+suffix+lead", RolloutEngine(model, EngineConfig(method="retrieval", budget=30, group_lead=2,
                                                                      retrieval=RetrievalConfig(suffix_depth=4)))
     yield "retrieval+recall", RolloutEngine(model, EngineConfig(method="retrieval", budget=30,

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import load_script
 
-from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
+from rollout_graft import DCutConfig, EngineConfig, RolloutEngine, SamplingParams
 from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts
 from rollout_graft.sampling import row_keys, uniforms
 
@@ -65,7 +65,7 @@ def test_every_method_fresh_and_warm_emits_ar_tokens(tiny, policy):
     ar = RolloutEngine(target, tokenizer=tok).generate(rows, PARAMS)
     assert len({tuple(c) for c in ar.completion_ids}) > 3  # rows of one group are distinct streams (3 prompts)
     for name, kw in METHODS.items():
-        engine = RolloutEngine(target, EngineConfig(budget=24, budget_policy=policy, dcut_ratios=(0.5, 1.0), **kw),
+        engine = RolloutEngine(target, EngineConfig(budget=24, budget_policy=policy, dcut=DCutConfig(ratios=(0.5, 1.0)), **kw),
                                tokenizer=tok, draft_model=draft if name == "graft" else None)
         if policy == "dcut" and name == "group_lead":
             engine.speculative_share = 1.0  # D-cut runs waves only after a rollout that speculated
