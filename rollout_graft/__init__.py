@@ -2,7 +2,7 @@
 
 from .config import DCutConfig, DraftConfig, EngineConfig, RetrievalConfig, SamplingParams
 from .engine import RolloutEngine, RolloutOutput
-from .pruning import calibrate
+from .proposers.graft import calibrate
 from .stats import RolloutStats
 
 __all__ = ["DCutConfig", "DraftConfig", "EngineConfig", "RetrievalConfig", "RolloutEngine", "RolloutOutput", "RolloutStats",

@@ -5,11 +5,12 @@ depth d + 1). At checkpoint c the best cumulative confidence among the level's n
 with τ_c; below it the tree stops growing there, and the row's budget N is split by that stage:
 `split[c]` draft nodes, N − split[c] retrieval slots (never stopped: all N to the drafter).
 
-τ is calibrated from a warm-up run that replays every pruning stage at once: each step builds
+τ is calibrated from a warm-up run that replays every pruning stage at once
+(`GraftProposer.calibrate` runs it; this module holds the pure fitting functions): each step builds
 the tree every stage would give (same drafter expansion, cut at that stage's level, with that
 stage's split and grafted retrieval), verifies their union, and counts the tokens each stage's
-tree accepts along the verified walk (the walk's draws are shared, so this is each tree's own
-acceptance, exactly). Two objectives:
+tree accepts along the verified walk (`verify.accepted_along`: the walk's draws are shared, so
+this is each tree's own acceptance, exactly). Two objectives:
 
 - "accepted": τ maximises the mean accepted tokens when every row takes the stage its
   confidences select (coordinate ascent over confidence quantiles, from "never prune", ties to
@@ -29,8 +30,7 @@ from typing import Literal
 
 import torch
 
-from .config import DraftConfig, SamplingParams
-from .tree import Draft
+from .config import DraftConfig
 
 CalibrationObjective = Literal["accepted", "separation"]
 MIN_CALIBRATION_ROWS = 16
@@ -56,26 +56,6 @@ def draft_quota(stage: torch.Tensor, cfg: DraftConfig, budget: int) -> torch.Ten
         return torch.full_like(stage, min(budget, round(cfg.fixed_draft_nodes * scale)))
     table = [min(budget, round(n * scale)) for _, n in cfg.split] + [budget]  # stage → draft nodes
     return torch.tensor(table, dtype=torch.long, device=stage.device)[stage]
-
-
-def accepted_along(draft: Draft, path: torch.Tensor, n_path: torch.Tensor) -> torch.Tensor:
-    """Tokens of `path` a tree accepts: the longest prefix of the walk that is a chain from its root.
-
-    draft: [rows, m]; path: [rows, D] tokens of a verified walk (accepted + last draw); n_path: [rows].
-    Returns [rows] int64.
-    """
-    rows = path.shape[0]
-    cur = torch.full((rows,), -1, dtype=torch.long, device=path.device)  # -1 = the root
-    accepted = torch.zeros(rows, dtype=torch.long, device=path.device)
-    if draft.tokens.shape[1] == 0:
-        return accepted
-    alive = torch.ones(rows, dtype=torch.bool, device=path.device)
-    for j in range(path.shape[1]):
-        match = draft.valid & (draft.parents == cur.view(-1, 1)) & (draft.tokens == path[:, j : j + 1])  # [rows, m]
-        alive = alive & match.any(1) & (j < n_path)
-        cur = torch.where(alive, match.float().argmax(1), cur)
-        accepted += alive
-    return accepted
 
 
 def fit_thresholds(best: torch.Tensor, accepted: torch.Tensor, current: tuple[float, ...],
@@ -134,39 +114,26 @@ def load_thresholds(path: str | Path, checkpoints: tuple[int, ...]) -> tuple[flo
     data = json.loads(Path(path).read_text())
     if tuple(data["checkpoints"]) != tuple(checkpoints):
         raise ValueError(f"{path} was calibrated for checkpoints {data['checkpoints']} but the config uses "
-                         f"{list(checkpoints)}: re-run calibrate() with this config")
+                         f"{list(checkpoints)}: re-run the calibration (rollout_graft.calibrate) with this config")
     return tuple(float(t) for t in data["thresholds"])
 
 
-def calibrate(engine, prompts: list[list[int]], params: SamplingParams | None = None,
-              path: str | Path | None = None, objective: CalibrationObjective = "accepted") -> tuple[float, ...]:
-    """Fit τ from a warm-up rollout of `engine` (method "graft") over `prompts`, install it in the
-    engine's proposer and, when `path` is given, save it as JSON (load it with
-    `DraftConfig(thresholds_path=...)`). `objective`: see the module docstring. During the warm-up
-    every step verifies the union of all stages' trees (so it may exceed the budget); the outputs
-    are still exact target samples."""
-    proposer = engine.proposer
-    if not hasattr(proposer, "calibration_log"):
-        raise ValueError("calibrate() needs an engine built with EngineConfig(method='graft')")
-    if objective not in ("accepted", "separation"):
-        raise ValueError(f"unknown calibration objective {objective!r}; choose 'accepted' or 'separation'")
-    proposer.calibration_log = []
-    try:
-        engine.generate(prompts, params or SamplingParams())
-        best = torch.cat([b for b, _ in proposer.calibration_log])
-        accepted = torch.cat([a for _, a in proposer.calibration_log])
-    finally:
-        proposer.calibration_log = None
-    cfg = proposer.cfg
-    if objective == "accepted":
-        taus = fit_thresholds(best, accepted, proposer.thresholds)
-    else:
-        taus = separating_thresholds(best, accepted[:, -1], cfg.checkpoints, proposer.thresholds)
-    proposer.thresholds = taus
-    if path is not None:
-        stage = pruning_stage(best, taus)
-        save_thresholds(path, cfg.checkpoints, taus, objective=objective, observations=int(best.shape[0]),
-                        stage_accepted=accepted.float().mean(0).tolist(),  # per stage (last: never pruned)
-                        stage_share=torch.bincount(stage, minlength=len(taus) + 1).div(len(stage)).tolist(),
-                        calibrated_accepted=float(accepted.gather(1, stage.view(-1, 1)).float().mean()))
-    return taus
+def calibrated_thresholds(best: torch.Tensor, accepted: torch.Tensor, objective: CalibrationObjective,
+                          checkpoints: tuple[int, ...], current: tuple[float, ...]) -> tuple[float, ...]:
+    """τ for `objective` (see the module docstring) from a warm-up's observations.
+
+    best: [N, C] best confidence at each checkpoint; accepted: [N, C + 1] tokens the tree of each
+    stage accepted (last: never pruned); current: kept where there are too few observations.
+    """
+    if objective == "separation":
+        return separating_thresholds(best, accepted[:, -1], checkpoints, current)
+    return fit_thresholds(best, accepted, current)
+
+
+def calibration_summary(best: torch.Tensor, accepted: torch.Tensor, thresholds: tuple[float, ...]) -> dict:
+    """What a warm-up measured, saved beside τ: observations, mean tokens each stage's tree accepted
+    (last: never pruned), the share of rows each stage gets under τ, and the mean accepted under τ."""
+    stage = pruning_stage(best, thresholds)
+    return {"observations": int(best.shape[0]), "stage_accepted": accepted.float().mean(0).tolist(),
+            "stage_share": torch.bincount(stage, minlength=len(thresholds) + 1).div(len(stage)).tolist(),
+            "calibrated_accepted": float(accepted.gather(1, stage.view(-1, 1)).float().mean())}

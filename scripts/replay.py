@@ -10,7 +10,7 @@
 `run` needs no model: trees come from the real RetrievalProposer, acceptance from the recorded
 tokens, index updates from the recorded distributions of on-path positions only (the engine also
 learns from rejected nodes, so replay's MAT is lower than an engine run's: compare variants with
-each other). Exactness: see rollout_graft/replay.py. The JSON follows bench_rollout's layout
+each other). Exactness: see rollout_graft_tools/replay.py. The JSON follows bench_rollout's layout
 (`configs[*].methods[variant]`), so `scripts/report.py` renders it (MAT, acceptance histograms).
 """
 
@@ -31,8 +31,9 @@ from bench_rollout import load_prompts  # scripts/ is on sys.path when this runs
 from rollout_graft import EngineConfig, RetrievalConfig, SamplingParams
 from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET
 from rollout_graft.proposers import RetrievalProposer
-from rollout_graft.replay import Recording, record, replay, suffix_chain_bound
 from rollout_graft.templates import TemplateConfig
+from rollout_graft_tools.bounds import suffix_chain_bound
+from rollout_graft_tools.replay import Recording, record, replay
 
 
 def variants(base: RetrievalConfig) -> dict[str, RetrievalConfig]:

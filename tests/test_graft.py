@@ -12,8 +12,9 @@ from rollout_graft import DCutConfig, DraftConfig, EngineConfig, RolloutEngine, 
 from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts
 from rollout_graft.merge import keep_best, merge_trees, sibling_duplicates, token_paths
 from rollout_graft.proposers.drafter import check_same_vocabulary
-from rollout_graft.pruning import accepted_along, draft_quota, fit_thresholds, pruning_stage, separating_thresholds
+from rollout_graft.pruning import draft_quota, fit_thresholds, pruning_stage, separating_thresholds
 from rollout_graft.tree import DRAFT, RETRIEVAL, Draft
+from rollout_graft.verify import accepted_along
 
 MAX_NEW = 16
 VARIANTS = {  # the ablations are options of the one method

@@ -1,4 +1,4 @@
-"""Replay mode (rollout_graft.replay) against the real engine on the embedded tiny target."""
+"""Replay mode (rollout_graft_tools.replay) against the real engine on the embedded tiny target."""
 
 from dataclasses import replace
 
@@ -8,8 +8,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft import EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
 from rollout_graft.assets import TINY_TARGET, load_tiny_prompts
-from rollout_graft.replay import OnPathRetrievalProposer, Recording, record, replay, suffix_chain_bound
 from rollout_graft.templates import TemplateConfig
+from rollout_graft_tools.bounds import suffix_chain_bound
+from rollout_graft_tools.replay import OnPathRetrievalProposer, Recording, record, replay
 
 GROUP = 2
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=48, seed=0)

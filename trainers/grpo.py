@@ -245,10 +245,11 @@ class GraftGRPOTrainer(GRPOTrainer):
             if self.graft_config.save_prior and self.graft_config.method != "ar":
                 save_proposer_state(self.vllm_generation.llm, f"{output_dir or self.args.output_dir}/{VLLM_STATE_DIR}")
             return
-        proposer = getattr(self.rollout_engine, "proposer", None)
-        if (self.graft_config.save_prior and hasattr(proposer, "save_prior") and self.accelerator.is_main_process
-                and getattr(proposer, "retrieval", proposer) is not None):  # graft without retrieval has no prior
-            proposer.save_prior(f"{output_dir or self.args.output_dir}/{PRIOR_FILE}")
+        if not (self.graft_config.save_prior and self.accelerator.is_main_process and self.rollout_engine is not None):
+            return
+        prior = self.rollout_engine.proposer.adjacency_prior()  # None for "ar" and graft without retrieval
+        if prior is not None:
+            prior.save(f"{output_dir or self.args.output_dir}/{PRIOR_FILE}")
 
 
 @contextmanager

@@ -2,17 +2,21 @@
 
 The engine never branches on the kind of proposer: it calls `start` once per rollout, `activate`
 once per wave of rows, `propose` / `observe` / `advance` once per step, and `select_rows` when
-finished rows leave the batch.
+finished rows leave the batch. What a proposer keeps across rollouts is stated, not probed:
+`adjacency_prior` (None when it keeps no prior) and `reload_drafter` (ValueError without a drafter).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from ..adjacency import AdjacencyIndex
 from ..config import SamplingParams
+from ..runner import ModelRunner
 from ..tree import Draft, TreeBatch
 from ..verify import Acceptance
 
@@ -61,6 +65,25 @@ class Proposer(ABC):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Only `rows` [k] of the current batch stay active (others finished)."""
+
+    # ------------------------------------------------------------------ state kept across rollouts
+    def adjacency_prior(self) -> AdjacencyIndex | None:
+        """The global adjacency prior this proposer learns across rollouts (what `save_prior` writes
+        and `RetrievalConfig.prior_path` loads), or None when it keeps none."""
+        return None
+
+    def save_prior(self, path: str | Path) -> None:
+        """Write `adjacency_prior()` to `path` (safetensors); ValueError when there is none."""
+        prior = self.adjacency_prior()
+        if prior is None:
+            raise ValueError(f"{type(self).__name__} keeps no adjacency prior: use method 'retrieval', "
+                             "or 'graft' with DraftConfig(graft=True)")
+        prior.save(path)
+
+    def reload_drafter(self, source, target: ModelRunner, tokenizer=None) -> None:
+        """Swap in new draft-model weights between rollouts (method "graft"); ValueError here: this
+        proposer has no draft model."""
+        raise ValueError(f"{type(self).__name__} has no draft model to reload: use method='graft'")
 
 
 class NoProposer(Proposer):

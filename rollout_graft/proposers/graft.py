@@ -17,19 +17,27 @@ graft=False), prune-only (graft=False), fixed split (adaptive_split=False), full
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, get_args
 
 import torch
 
+from ..adjacency import AdjacencyIndex
 from ..config import DraftConfig, EngineConfig, SamplingParams
 from ..merge import keep_best, merge_trees
-from ..pruning import accepted_along, draft_quota, load_thresholds
+from ..pruning import (CalibrationObjective, calibrated_thresholds, calibration_summary, draft_quota, load_thresholds,
+                       save_thresholds)
 from ..runner import ModelRunner
 from ..tree import Draft, TreeBatch
-from ..verify import Acceptance
+from ..verify import Acceptance, accepted_along
 from .base import Proposer, StepContext
 from .drafter import DrafterProposer, check_same_vocabulary, load_draft_model
 from .retrieval import RetrievalProposer
+
+if TYPE_CHECKING:
+    from ..engine import RolloutEngine
 
 
 def _select_rows(draft: Draft, rows: torch.Tensor, width: int) -> Draft:
@@ -59,10 +67,10 @@ class GraftProposer(Proposer):
         self.cfg = cfg
         self.drafter = drafter
         self.retrieval = retrieval
-        self.thresholds = cfg.thresholds  # τ per checkpoint; `pruning.calibrate` replaces it
+        self.thresholds = cfg.thresholds  # τ per checkpoint; `calibrate` replaces it
         if cfg.thresholds_path:
             self.thresholds = load_thresholds(cfg.thresholds_path, cfg.checkpoints)
-        self.calibration_log: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # set by pruning.calibrate
+        self._calibration_log: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # during `calibrate`: (best, accepted) per step
         self.seconds: dict[str, float] = {}  # "draft", "graft": proposer time per phase, this rollout
         self._best: torch.Tensor | None = None  # calibration: [rows, C] confidences of this step
         self._stage_trees: list[Draft] = []  # calibration: the tree each stage would have verified
@@ -107,9 +115,9 @@ class GraftProposer(Proposer):
         self.drafter.observe(ctx, tree, logits, acceptance)
         if self.retrieval is not None:  # the group index learns exactly as for method "retrieval"
             self.retrieval.observe(ctx, tree, logits, acceptance)
-        if self.calibration_log is not None:  # tokens each stage's tree accepts along the verified walk
+        if self._calibration_log is not None:  # tokens each stage's tree accepts along the verified walk
             walk = [accepted_along(t, acceptance.emitted, acceptance.n_emitted) for t in self._stage_trees]
-            self.calibration_log.append((self._best.cpu(), torch.stack(walk, 1).cpu()))
+            self._calibration_log.append((self._best.cpu(), torch.stack(walk, 1).cpu()))
 
     def advance(self, emitted: torch.Tensor, n_emitted: list[int]) -> None:
         self.drafter.advance(emitted, n_emitted)
@@ -121,11 +129,32 @@ class GraftProposer(Proposer):
         if self.retrieval is not None:
             self.retrieval.select_rows(rows)
 
-    def save_prior(self, path) -> None:
-        """Save the global adjacency prior of the grafted retrieval (as method "retrieval" does)."""
-        if self.retrieval is None:
-            raise ValueError("this graft configuration has no retrieval (DraftConfig.graft=False): there is no prior to save")
-        self.retrieval.save_prior(path)
+    def adjacency_prior(self) -> AdjacencyIndex | None:
+        """The grafted retrieval's prior (None without grafting: DraftConfig.graft=False)."""
+        return None if self.retrieval is None else self.retrieval.adjacency_prior()
+
+    # ------------------------------------------------------------------ calibration
+    def calibrate(self, warm_up: Callable[[], object], objective: CalibrationObjective = "accepted",
+                  path: str | Path | None = None) -> tuple[float, ...]:
+        """Fit τ from a warm-up rollout and install it; save it as JSON when `path` is given (load it
+        with `DraftConfig(thresholds_path=...)`). warm_up(): runs a rollout through this proposer, e.g.
+        `lambda: engine.generate(prompts, params)`; each of its steps verifies the union of every
+        stage's tree (so it may exceed the budget), its outputs are still exact target samples.
+        objective: see `pruning`'s module docstring."""
+        if objective not in get_args(CalibrationObjective):
+            raise ValueError(f"unknown calibration objective {objective!r}; choose 'accepted' or 'separation'")
+        self._calibration_log = []
+        try:
+            warm_up()
+            best = torch.cat([b for b, _ in self._calibration_log])  # [N, C]
+            accepted = torch.cat([a for _, a in self._calibration_log])  # [N, C + 1]
+        finally:
+            self._calibration_log = None
+        self.thresholds = calibrated_thresholds(best, accepted, objective, self.cfg.checkpoints, self.thresholds)
+        if path is not None:
+            save_thresholds(path, self.cfg.checkpoints, self.thresholds, objective=objective,
+                            **calibration_summary(best, accepted, self.thresholds))
+        return self.thresholds
 
     # ------------------------------------------------------------------ step
     def _stop(self, checkpoint: int, best: torch.Tensor) -> torch.Tensor:
@@ -133,7 +162,7 @@ class GraftProposer(Proposer):
 
     def propose(self, ctx: StepContext) -> Draft:
         t0 = time.perf_counter()
-        calibrating = self.calibration_log is not None
+        calibrating = self._calibration_log is not None
         stop = self._stop if self.cfg.prune and not calibrating else None
         expansion = self.drafter.expand(ctx, stop)
         nodes = expansion.nodes.to(ctx.last_token.device)
@@ -142,7 +171,7 @@ class GraftProposer(Proposer):
         # the step's suffix chain, matched once for every retrieval tree size and stage below
         history = self.retrieval is not None and self.retrieval.history is not None
         self._chain = self.retrieval.suffix_chain() if history else None
-        if calibrating:  # warm-up: verify the union of every stage's tree (see pruning.calibrate)
+        if calibrating:  # warm-up: verify the union of every stage's tree (see `calibrate`)
             self._best, self._stage_trees = expansion.best, self._stage_trees_of(ctx, nodes)
             draft = self._stage_trees[0]
             for tree in self._stage_trees[1:]:
@@ -198,3 +227,12 @@ class GraftProposer(Proposer):
             use = (slots == n).view(-1, 1)
             out = Draft(**{f: torch.where(use, getattr(part, f), getattr(out, f)) for f in Draft.__slots__})
         return out
+
+
+def calibrate(engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams | None = None, path: str | Path | None = None,
+              objective: CalibrationObjective = "accepted") -> tuple[float, ...]:
+    """`GraftProposer.calibrate` for a `RolloutEngine` built with method "graft", with a warm-up
+    rollout of `engine` over `prompts` (rows, as `generate` takes them)."""
+    if not isinstance(engine.proposer, GraftProposer):
+        raise ValueError("calibrate() needs an engine built with EngineConfig(method='graft')")
+    return engine.proposer.calibrate(lambda: engine.generate(prompts, params or SamplingParams()), objective, path)

@@ -83,25 +83,9 @@ class RetrievalProposer(Proposer):
 
     def _learn_prompts(self, prompts, row_prompt, prompt_logits) -> None:
         lens = torch.tensor([len(p) - 1 for p in prompts], device=self.device)  # prefilled positions
-        width = prompt_logits.shape[1]
-        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
-        prev_ids = torch.full((len(prompts), width), -1, dtype=torch.long, device=self.device)
-        for g, p in enumerate(prompts):
-            ids[g, : len(p) - 1] = torch.tensor(p[:-1], device=self.device)
-            prev_ids[g, 1 : len(p) - 1] = torch.tensor(p[:-2], device=self.device)
-        mask = torch.arange(width, device=self.device).view(1, -1) < lens.view(-1, 1)  # [groups, width]
-        top_p, top_i = top_k_probs(prompt_logits[mask], self.index.k, self.temperature)  # [N, k]
-        groups = torch.arange(len(prompts), device=self.device).view(-1, 1).expand_as(mask)[mask]
-        toks, prev = ids[mask], prev_ids[mask]
-        decay = self.cfg.merge_decay
-        if self.cfg.share_in_group:
-            self.index.update_topk(groups, toks, top_i, top_p, decay, prev)
-        else:  # every row's own table learns its prompt
-            for row, g in enumerate(row_prompt.tolist()):
-                sel = groups == g
-                self.index.update_topk(torch.full_like(toks[sel], row), toks[sel], top_i[sel], top_p[sel], decay, prev[sel])
-        if self.cfg.update_prior:
-            self.prior.update_topk(torch.zeros_like(toks), toks, top_i, top_p, decay, prev)
+        mask = torch.arange(prompt_logits.shape[1], device=self.device).view(1, -1) < lens.view(-1, 1)  # [groups, width]
+        top_p, top_i = top_k_probs(prompt_logits[mask], self.index.k, self.temperature)  # [N, k], prompts in order
+        self.learn_prompts(prompts, row_prompt, top_i, top_p)
 
     def _remember(self) -> None:
         """Keep the last rollout's completions per prompt (`cfg.recall` most recent, LRU over prompts)."""
@@ -161,16 +145,42 @@ class RetrievalProposer(Proposer):
 
     def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
         top_p, top_i = top_k_probs(logits[tree.valid], self.index.k, self.temperature)  # [N, k] every verified node
-        toks = tree.tokens[tree.valid]
-        # the token before each node: its parent's token; before the root: the row's previous token
+        self.learn(tree, tree.valid, ctx.prev_token, top_i, top_p)
+
+    # ------------------------------------------------------------------ the learning rule (also replay's)
+    def learn(self, tree: TreeBatch, nodes: torch.Tensor, prev_token: torch.Tensor | None, top_i: torch.Tensor,
+              top_p: torch.Tensor) -> None:
+        """The active rows' tables (and, with `cfg.update_prior`, the prior) learn the successors of
+        `nodes` [rows, n] bool of `tree`: top_i, top_p [N, k] for the N nodes in row-major order. A
+        node's context is its parent's token; the root's is prev_token [rows] (None: unknown)."""
         parent_tok = tree.tokens.gather(1, tree.parents)
-        before_root = ctx.prev_token if ctx.prev_token is not None else torch.full_like(ctx.last_token, -1)
-        parent_tok[:, 0] = before_root
-        prev = parent_tok[tree.valid]
-        tables = self.row_table.view(-1, 1).expand_as(tree.tokens)[tree.valid]
+        parent_tok[:, 0] = prev_token if prev_token is not None else -1
+        toks, prev = tree.tokens[nodes], parent_tok[nodes]
+        tables = self.row_table.view(-1, 1).expand_as(tree.tokens)[nodes]
         self.index.update_topk(tables, toks, top_i, top_p, self.cfg.merge_decay, prev)
+        self._learn_prior(toks, prev, top_i, top_p)
+
+    def learn_prompts(self, prompts: list[list[int]], row_prompt: torch.Tensor, top_i: torch.Tensor,
+                      top_p: torch.Tensor) -> None:
+        """The prompts' own transitions: top_i, top_p [N, k] are the successors after every prompt
+        token but the last, prompts concatenated (N = Σ (len(p) - 1)). A group's table learns its
+        prompt once; without `share_in_group` every row's own table (row_prompt [rows]) learns it."""
+        toks = torch.tensor([t for p in prompts for t in p[:-1]], dtype=torch.long, device=self.device)
+        prev = torch.tensor([t for p in prompts for t in ([-1] + p[:-2])[: len(p) - 1]], dtype=torch.long,
+                            device=self.device)
+        groups = torch.tensor([g for g, p in enumerate(prompts) for _ in p[1:]], dtype=torch.long, device=self.device)
+        decay = self.cfg.merge_decay
+        if self.cfg.share_in_group:
+            self.index.update_topk(groups, toks, top_i, top_p, decay, prev)
+        else:
+            for row, g in enumerate(row_prompt.tolist()):
+                sel = groups == g
+                self.index.update_topk(torch.full_like(toks[sel], row), toks[sel], top_i[sel], top_p[sel], decay, prev[sel])
+        self._learn_prior(toks, prev, top_i, top_p)
+
+    def _learn_prior(self, toks: torch.Tensor, prev: torch.Tensor, top_i: torch.Tensor, top_p: torch.Tensor) -> None:
         if self.cfg.update_prior:
             self.prior.update_topk(torch.zeros_like(toks), toks, top_i, top_p, self.cfg.merge_decay, prev)
 
-    def save_prior(self, path) -> None:
-        self.prior.save(path)
+    def adjacency_prior(self) -> AdjacencyIndex:
+        return self.prior

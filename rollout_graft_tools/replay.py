@@ -4,8 +4,8 @@
 the top-k of the target's next-token distribution at every position, from one teacher-forced
 forward over prompt + completion. `replay` then steps all rows of the batch at once: each row's
 tree is built by a real `RetrievalProposer` exactly as the engine builds it, the walk of
-`verify.accept` runs with the recorded tokens as the target's draws, and the index learns from
-the recorded distributions.
+`verify.accept` (`verify.walk`) runs with the recorded tokens as the target's draws, and the index
+learns from the recorded distributions by the proposer's own rule (`RetrievalProposer.learn`).
 
 **When replay is exact.** `verify.accept` walks from the root while a child carries the target's
 draw, so a step's accepted length is the longest root-to-node path of the tree whose tokens equal
@@ -49,11 +49,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .config import EngineConfig, RetrievalConfig, SamplingParams
-from .engine import RolloutEngine
-from .proposers import RetrievalProposer, StepContext
-from .sampling import target_probs, top_k_probs
-from .tree import TreeBatch
+from rollout_graft.config import EngineConfig, RetrievalConfig, SamplingParams
+from rollout_graft.engine import RolloutEngine
+from rollout_graft.proposers import RetrievalProposer, StepContext
+from rollout_graft.sampling import target_probs, top_k_probs
+from rollout_graft.tree import TreeBatch
+from rollout_graft.verify import path_nodes, walk
 
 FORMAT = "rollout_graft.replay/1"
 
@@ -110,7 +111,7 @@ class Recording:
             meta = f.metadata() or {}
             if meta.get("format") != FORMAT:
                 raise ValueError(f"{path} is not a replay recording (format {meta.get('format')!r}, want {FORMAT!r}); "
-                                 "write one with rollout_graft.replay.record or `scripts/replay.py record`")
+                                 "write one with rollout_graft_tools.replay.record or `scripts/replay.py record`")
             t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         return Recording(**t, params=SamplingParams(**json.loads(meta["params"])), model=meta["model"],
                          vocab=int(meta["vocab"]), finish_reasons=json.loads(meta["finish_reasons"]))
@@ -185,12 +186,9 @@ class OnPathRetrievalProposer(RetrievalProposer):
         path = acceptance.path  # [rows, D+1]; slot j >= 1 carries emitted token j - 1
         stops = torch.isin(acceptance.emitted, self.stop_ids).long().cumsum(1)  # [rows, D+1]
         after_stop = torch.cat([torch.zeros_like(stops[:, :2]), stops[:, :-2]], 1) > 0  # a stop was emitted before
-        keep = torch.zeros_like(tree.valid)
-        rows = torch.arange(path.shape[0], device=path.device).view(-1, 1).expand_as(path)
-        ok = (path >= 0) & ~after_stop
-        keep[rows[ok], path[ok]] = True
-        on_path = TreeBatch(tree.tokens, tree.parents, tree.depth, tree.valid & keep, tree.max_depth)
-        super().observe(ctx, on_path, logits, acceptance)
+        nodes = path_nodes(path.masked_fill(after_stop, -1), tree.tokens.shape[1])  # [rows, n]
+        top_p, top_i = top_k_probs(logits[nodes], self.index.k, self.temperature)
+        self.learn(tree, nodes, ctx.prev_token, top_i, top_p)
 
 
 @dataclass(slots=True)
@@ -217,57 +215,6 @@ class ReplayResult:
                 "tokens": self.emitted_tokens, "verify_tokens_per_step": self.verify_tokens_per_step,
                 "accept_hist": list(self.accept_hist),
                 "row_mat": [sum(e) / len(e) for e in self.row_emitted], "row_steps_each": [len(e) for e in self.row_emitted]}
-
-
-def _walk(tree: TreeBatch, draws: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """The walk of `verify.accept` with given draws [rows, n] (the target's token at each node).
-    Returns [rows, max_depth + 1] node index of the accepted path (root first), -1 after its end."""
-    b, n = tree.tokens.shape
-    is_child = (tree.parents.unsqueeze(1) == torch.arange(n, device=draws.device).view(1, n, 1)) & tree.valid.unsqueeze(1)
-    is_child[:, :, 0] = False
-    match = is_child & (tree.tokens.unsqueeze(1) == draws.unsqueeze(2))  # [rows, n, n]
-    has_match, next_node = match.any(-1), match.float().argmax(-1)  # first matching child, as accept()
-    rows = torch.arange(b, device=draws.device)
-    cur = torch.zeros(b, dtype=torch.long, device=draws.device)
-    alive = torch.ones(b, dtype=torch.bool, device=draws.device)
-    path = [cur]
-    for _ in range(max_depth):
-        alive = alive & has_match[rows, cur]
-        cur = torch.where(alive, next_node[rows, cur], cur)
-        path.append(torch.where(alive, cur, -1))
-    return torch.stack(path, 1)
-
-
-def _learn(proposer: RetrievalProposer, tables, toks, prev, top_ids, top_probs, index: bool = True,
-           prior: bool = True) -> None:
-    """The proposer's index and prior update, as `RetrievalProposer.observe` makes it, from the
-    recorded top-K (descending, K ≥ the index's k). tables, toks, prev: [N]; top_ids, top_probs: [N, K]."""
-    cfg, k = proposer.cfg, proposer.index.k
-    top_i, top_p = top_ids[:, :k].long(), top_probs[:, :k].float()
-    if index:
-        proposer.index.update_topk(tables, toks, top_i, top_p, cfg.merge_decay, prev)
-    if prior and cfg.update_prior:
-        proposer.prior.update_topk(torch.zeros_like(toks), toks, top_i, top_p, cfg.merge_decay, prev)
-
-
-def _learn_prompts(proposer: RetrievalProposer, rec: Recording, dev: torch.device) -> None:
-    """What `RetrievalProposer.start` learns from the prefill logits, from the recorded prompts."""
-    toks, prev, groups = [], [], []
-    for g, p in enumerate(rec.prompts):
-        toks += p[:-1]
-        prev += ([-1] + p[:-2]) if len(p) > 1 else []
-        groups += [g] * (len(p) - 1)
-    if not toks:
-        return
-    toks, prev, groups = (torch.tensor(x, dtype=torch.long, device=dev) for x in (toks, prev, groups))
-    ids, probs = rec.prompt_top_ids.to(dev), rec.prompt_top_probs.to(dev)
-    if proposer.cfg.share_in_group:
-        _learn(proposer, groups, toks, prev, ids, probs)
-        return
-    for row, g in enumerate(rec.row_group.tolist()):  # every row's own table learns its prompt
-        sel = groups == g
-        _learn(proposer, torch.full_like(toks[sel], row), toks[sel], prev[sel], ids[sel], probs[sel], prior=False)
-    _learn(proposer, groups, toks, prev, ids, probs, index=False)
 
 
 def _as_config(config: EngineConfig | RetrievalConfig | None) -> EngineConfig:
@@ -301,7 +248,8 @@ def replay(recording: Recording | str | Path, config: EngineConfig | RetrievalCo
     group = rec.row_group.to(dev)
     prompts = rec.prompts
     proposer.start(prompts, group, None, params)
-    _learn_prompts(proposer, rec, dev)
+    k = proposer.index.k  # the index keeps the top k ≤ K of each recorded distribution
+    proposer.learn_prompts(prompts, group, rec.prompt_top_ids[:, :k].long().to(dev), rec.prompt_top_probs[:, :k].to(dev))
 
     completions = rec.completions
     lens = torch.tensor([len(c) for c in completions], device=dev)  # [rows]
@@ -310,7 +258,8 @@ def replay(recording: Recording | str | Path, config: EngineConfig | RetrievalCo
     for r, c in enumerate(completions):
         cont[r, : len(c)] = torch.tensor(c, device=dev)
     dist0 = rec.dist_offsets().to(dev)  # [rows]
-    top_ids, top_probs = rec.top_ids.to(dev), rec.top_probs.to(dev)
+    top_ids, top_probs = rec.top_ids[:, :k].long().to(dev), rec.top_probs[:, :k].to(dev)
+    slot = torch.arange(cfg.max_depth + 1, device=dev).view(1, -1)
 
     active = torch.arange(rec.rows, device=dev)  # original row of each active row
     last = torch.tensor([prompts[g][-1] for g in rec.row_group.tolist()], device=dev)
@@ -323,22 +272,16 @@ def replay(recording: Recording | str | Path, config: EngineConfig | RetrievalCo
         ctx = StepContext(last_token=last, length=length, group=group[active], remaining=params.max_new_tokens - g,
                           budget=cfg.budget, prev_token=prev)
         tree = TreeBatch.from_draft(last, proposer.propose(ctx))
-        max_depth = min(tree.max_depth, cfg.max_depth)
-        # the target's draw at a node of depth d on the recorded path is the recorded token g + d
-        draws = cont[active].gather(1, (g.view(-1, 1) + tree.depth).clamp(max=width - 1))
-        path = _walk(tree, draws, max_depth)  # [rows, D+1]
+        # the target's draw at level l of the walk is the recorded token g + l (-1 past the end: no match)
+        emit = cont[active].gather(1, g.view(-1, 1) + slot)  # [rows, D+1]
+        path, _ = walk(tree, lambda level, cur: emit[:, level], min(tree.max_depth, cfg.max_depth))  # [rows, ≤ D+1]
         accepted = (path >= 0).sum(1) - 1  # [rows] (≤ tokens left: no node matches past the end)
         emitted = torch.minimum(accepted + 1, lens[active] - g)  # the engine stops at the stop token
 
-        # learn from the on-path nodes (root + accepted), row-major and root first, as observe() orders them
-        on_path = path >= 0  # [rows, D+1]
-        node = path.clamp(min=0)
-        toks = tree.tokens.gather(1, node)  # [rows, D+1]
-        before = torch.cat([prev.view(-1, 1), toks[:, :-1]], 1)  # each path node's parent token
-        slot = torch.arange(path.shape[1], device=dev).view(1, -1)
-        pos = dist0[active].view(-1, 1) + g.view(-1, 1) + slot  # recorded distribution of each path node
-        tables = proposer.row_table.view(-1, 1).expand_as(toks)
-        _learn(proposer, tables[on_path], toks[on_path], before[on_path], top_ids[pos[on_path]], top_probs[pos[on_path]])
+        # learn from the on-path nodes (root + accepted) with their recorded distributions; node indices
+        # grow along a path, so the path's row-major order is the nodes' order `learn` expects
+        pos = dist0[active].view(-1, 1) + g.view(-1, 1) + slot[:, : path.shape[1]]  # [rows, ≤ D+1]
+        proposer.learn(tree, path_nodes(path, tree.tokens.shape[1]), prev, top_ids[pos[path >= 0]], top_probs[pos[path >= 0]])
 
         out.steps += 1
         out.row_steps += n_rows
@@ -349,7 +292,6 @@ def replay(recording: Recording | str | Path, config: EngineConfig | RetrievalCo
         out.emitted_tokens += int(emitted.sum())
 
         rows = torch.arange(n_rows, device=dev)
-        emit = cont[active].gather(1, g.view(-1, 1) + slot[:, : cfg.max_depth + 1])  # [rows, D+1] next recorded tokens
         proposer.advance(emit, emitted.tolist())
         prev = torch.where(accepted > 0, emit[rows, (accepted - 1).clamp(min=0)], last)
         last = emit[rows, accepted]
@@ -359,40 +301,3 @@ def replay(recording: Recording | str | Path, config: EngineConfig | RetrievalCo
             active, last, prev, length = active[keep], last[keep], prev[keep], length[keep]
             proposer.select_rows(keep)
     return out
-
-
-def suffix_chain_bound(recording: Recording | str | Path, source: str, depth: int = 8, max_match: int = 6) -> float:
-    """Tokens per step a lone suffix-chain drafter would reach on a recording: at every step a row
-    copies the `depth` tokens that followed the longest match (≤ `max_match` tokens) of its prompt +
-    completion so far, and accepts the prefix equal to its recorded continuation (+1 bonus).
-
-    source: where it may copy from — "own" (its own text), "siblings" (also its group's other rows,
-    up to the same position: rows in lock step) or "whole" (also those rows' whole completions: an
-    upper bound of what siblings that ran earlier could give). Pure Python, for analysis."""
-    if source not in ("own", "siblings", "whole"):
-        raise ValueError(f"source must be 'own', 'siblings' or 'whole', got {source!r}")
-    rec = recording if isinstance(recording, Recording) else Recording.load(recording)
-    prompts, comps, groups = rec.prompts, rec.completions, rec.row_group.tolist()
-
-    def chain(texts: list[list[int]], ctx: list[int]) -> list[int]:
-        for n in range(min(max_match, len(ctx)), 0, -1):
-            for text in texts:
-                for j in range(len(text) - n - 1, -1, -1):  # latest match first; a continuation must exist
-                    if text[j : j + n] == ctx[-n:]:
-                        return text[j + n : j + n + depth]
-        return []
-
-    steps = tokens = 0
-    for r, c in enumerate(comps):
-        p, i = prompts[groups[r]], 0
-        sibs = [s for s in range(len(comps)) if groups[s] == groups[r] and s != r]
-        while i < len(c):
-            ctx = p + c[:i]
-            texts = [ctx[:-1]]  # own text without its last token: the suffix itself is not a match
-            if source != "own":
-                texts += [p + (comps[s] if source == "whole" else comps[s][:i]) for s in sibs]
-            guess, a = chain(texts, ctx), 0
-            while a < len(guess) and i + a < len(c) - 1 and guess[a] == c[i + a]:
-                a += 1
-            steps, tokens, i = steps + 1, tokens + a + 1, i + a + 1
-    return tokens / max(steps, 1)
