@@ -20,22 +20,75 @@ than "ar". Why a per-row width rather than the paper's global top-K: see `DCut`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import torch
 
 from .config import DCutConfig
 from .cost import CostModel
+from .stats import StepTiming
 from .tree import Draft
 
 
 @dataclass(slots=True)
 class BudgetDecision:
-    ratio: float  # chosen ρ
-    kept: int  # candidate nodes kept (whole batch)
-    candidates: int  # candidate nodes proposed (whole batch)
-    expected_emitted: float  # predicted Σ emitted tokens of this step
+    ratio: float  # verified width / budget (a fixed budget verifies its whole draft: 1.0)
+    kept: int | None = None  # candidate nodes kept (whole batch; None: not counted)
+    candidates: int | None = None  # candidate nodes proposed (whole batch; None: not counted)
+    expected_emitted: float | None = None  # predicted Σ emitted tokens of this step (None: no prediction)
     probe: bool = False  # a tree was built and D-cut chose ρ = 0 (it verifies one only to explore)
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What a budget policy learns from after a step."""
+
+    rows: int
+    planned: int  # nodes per row the proposer was asked for (`plan`; 0: nothing proposed)
+    draft: Draft  # the verified (cut) draft
+    accepted: torch.Tensor  # [rows, m] bool: which of its nodes were accepted
+    forward_tokens: int  # tokens per row of the verify forward (1 + the widest row's nodes)
+    emitted: int  # tokens the step emitted (all rows)
+    decision: BudgetDecision
+    timing: StepTiming
+
+
+class BudgetPolicy(ABC):
+    """How much of each step's draft the target verifies. The engine calls, every step:
+
+        nodes = policy.plan(rows)             # how many candidate nodes per row to propose (0: none)
+        draft, decision = policy.cut(draft)   # the part of the draft to verify, and why
+        ... verify, accept, commit, learn ...
+        policy.observe(StepRecord(...))       # what the step verified, accepted and took
+    """
+
+    timed: bool = False
+    """Whether `observe` reads the step's wall times (the engine then synchronises a GPU per phase)."""
+
+    @abstractmethod
+    def plan(self, rows: int) -> int:
+        """Candidate nodes per row to propose this step, for `rows` active rows (0: decode plainly)."""
+
+    @abstractmethod
+    def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
+        """The part of `draft` the target verifies this step."""
+
+    def observe(self, step: StepRecord) -> None:
+        """Learn from the step just made."""
+
+
+class FixedBudget(BudgetPolicy):
+    """Every row verifies its proposer's whole draft of at most `budget` nodes."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+
+    def plan(self, rows: int) -> int:
+        return self.budget
+
+    def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
+        return draft, BudgetDecision(1.0)
 
 
 def _close(draft: Draft, valid: torch.Tensor) -> Draft:
@@ -205,7 +258,7 @@ class RowsClass:
     advantage: float | None = None  # moving average of the best W > 0's predicted speed over plain's (`DCut._track`)
 
 
-class DCut:
+class DCut(BudgetPolicy):
     """Chooses the verified width W = ρ·m per step (m: the per-sequence budget, W capped at the
     draft's width) from `ratios`, with a `CostModel` for the forward and an `OverheadModel` for the rest.
 
@@ -217,9 +270,14 @@ class DCut:
     tokens against the predicted step time.
     """
 
-    def __init__(self, cost: CostModel, config: DCutConfig | None = None, overhead: OverheadModel | None = None):
+    timed = True
+
+    def __init__(self, cost: CostModel, budget: int, config: DCutConfig | None = None,
+                 overhead: OverheadModel | None = None):
         self.config = config = config or DCutConfig()
         self.cost = cost
+        self.budget = budget  # the per-row budget the ratios refer to
+        self.planned = budget  # what the current step's `plan` asked the proposer for
         self.ratios = tuple(sorted(set(config.ratios) | {0.0}))
         self._width_lists: dict[int, list[int]] = {}  # budget → its widths W = ρ·budget
         self.calibration = ScoreCalibration()
@@ -233,6 +291,29 @@ class DCut:
         self.load_scale = 1.0  # measured / profiled verify forward, every forward (`observe_forward`)
         self.tree_scale = 1.0  # how much more than that a wider forward takes
         self.probe_credit = 0.0  # ms the probes may still cost (`observe_step`)
+
+    def plan(self, rows: int) -> int:
+        """0 while backing off (`skip_proposal`), else the widest width this step may choose."""
+        self.planned = 0 if self.skip_proposal(rows) else self.proposal_budget(self.budget, rows)
+        return self.planned
+
+    def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
+        if not self.planned:  # backing off: a plain step, not a decision
+            return draft, BudgetDecision(0.0, 0, 0, float(draft.tokens.shape[0]))
+        return self.decide(draft, self.budget)
+
+    def observe(self, step: StepRecord) -> None:
+        """Calibrate the scores on what was verified; price the forward, the rest of the step (a step
+        that proposed pays for its tree, also when D-cut then verified none of it), and the probes."""
+        if step.draft.tokens.shape[1]:
+            self.calibration.observe(step.draft.score, step.draft.valid, step.accepted)
+        t = step.timing
+        self.observe_forward(step.rows, float(step.forward_tokens), t.forward_ms)
+        if step.planned:
+            self.observe_overhead(step.rows, t.propose_ms + t.rest_ms, speculative=True, width=step.planned)
+        else:
+            self.observe_overhead(step.rows, t.rest_ms, speculative=False)
+        self.observe_step(step.rows, t.total_ms, step.decision.probe, step.emitted)
 
     def rows_class(self, rows: int) -> RowsClass:
         """The state of this batch size's class (rows rounded down to a power of two)."""
@@ -294,10 +375,6 @@ class DCut:
         self.idle += 1
         state.plain += 1
         state.wait = min(2**state.plain, self.config.longest_backoff) - 1 if self.config.longest_backoff else 0
-
-    def observe(self, draft: Draft, accepted: torch.Tensor) -> None:
-        """draft: the verified (cut) draft; accepted: [rows, m] bool accepted candidates."""
-        self.calibration.observe(draft.score, draft.valid, accepted)
 
     def observe_forward(self, rows: int, tokens_per_row: float, ms: float) -> None:
         """A verify forward measured by the engine: the profiled table is the best of a few timings

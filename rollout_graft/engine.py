@@ -10,20 +10,19 @@ from __future__ import annotations
 import numbers
 import secrets
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .budget import BudgetDecision, DCut
+from .budget import BudgetDecision, BudgetPolicy, DCut, FixedBudget, StepRecord
 from .config import EngineConfig, SamplingParams
 from .cost import CostModel
 from .proposers import GraftProposer, NoProposer, Proposer, RetrievalProposer, StepContext
 from .runner import ModelRunner
 from .sampling import check_finite, row_keys, uniforms
-from .stats import RolloutStats
+from .stats import RolloutStats, StepTimer
 from .tree import Draft, TreeBatch
 from .verify import Acceptance, accept
 
@@ -56,6 +55,18 @@ class _Rows:
             setattr(self, name, getattr(self, name).index_select(0, idx))
 
 
+@dataclass(slots=True)
+class _Run:
+    """One `generate` call: what it samples and what it returns so far (indexed by original row)."""
+
+    params: SamplingParams
+    stop_ids: set[int]
+    stats: RolloutStats
+    completions: list[list[int]]
+    logprobs: list[list[float]]
+    reasons: list[str]
+
+
 def _eos_ids(model: PreTrainedModel) -> set[int]:
     ids: set[int] = set()
     for cfg in (getattr(model, "generation_config", None), model.config):
@@ -86,9 +97,9 @@ def _token_row(i: int, row) -> list[int]:
 
 
 PLAIN_COMPACT_SLACK = 0.05
-"""With D-cut, a plain step compacts the KV cache when invalid slots exceed this fraction (the
-rejected nodes of its probes and earlier trees would slow every plain forward after them: +20 %
-per forward for +50 % slots on the tiny target)."""
+"""A step the budget policy chose to decode plainly (ρ = 0) compacts the KV cache when invalid slots
+exceed this fraction (the rejected nodes of its probes and earlier trees would slow every plain
+forward after them: +20 % per forward for +50 % slots on the tiny target)."""
 
 
 class RolloutEngine:
@@ -116,8 +127,8 @@ class RolloutEngine:
                 "pass the tokenizer that was trained with this model"
             )
         self.proposer = proposer or self._build_proposer(draft_model)
-        self.dcut: DCut | None = None  # built on first use: profiling takes a few seconds
-        self.speculative_share = 0.0  # D-cut: share of the last rollout's steps that verified a tree
+        self.policy: BudgetPolicy | None = None  # built on first use: D-cut's profiling takes a few seconds
+        self.speculative_share = 1.0  # share of the last rollout's steps that verified a tree (`_waves`)
         self.eos_ids = _eos_ids(model)
         self._lock = threading.Lock()  # one rollout at a time: the runner's cache and the proposer's state are per call
 
@@ -148,26 +159,21 @@ class RolloutEngine:
         """Method "graft": replace the drafter's weights (directory or model) before the next rollout,
         so a drafter that drifted from the policy can be refreshed; ValueError for other methods or
         a drafter whose vocabulary differs from the target's."""
-        if not hasattr(self.proposer, "reload_drafter"):
-            raise ValueError(f"method {self.config.method!r} has no draft model to reload: use method='graft'")
         with self._lock:  # not while another thread's rollout drafts with the old one
             self.proposer.reload_drafter(draft_model, self.runner, self.tokenizer)
 
-    def _clock(self) -> float:
-        """Wall time for the D-cut overhead model (waits for the device so GPU work is counted);
-        0 without D-cut, so plain and fixed-budget runs pay no device sync for it."""
-        if self.dcut is None:
-            return 0.0
-        if self.runner.device.type == "cuda":
-            torch.cuda.synchronize(self.runner.device)
-        return time.perf_counter()
+    def budget_policy(self) -> BudgetPolicy:
+        """The budget policy of `config.budget_policy` (D-cut profiles its cost model on first call)."""
+        if self.policy is None:
+            if self.config.budget_policy == "dcut":
+                cost = CostModel.profile(self.model, refresh=self.config.cost_profile_refresh)
+                self.policy = DCut(cost, self.config.budget, self.config.dcut)
+            else:
+                self.policy = FixedBudget(self.config.budget)
+        return self.policy
 
-    def budget_policy(self) -> DCut | None:
-        """The D-cut policy (profiles the cost model on first call), or None for 'fixed'."""
-        if self.config.budget_policy == "dcut" and self.dcut is None:
-            cost = CostModel.profile(self.model, refresh=self.config.cost_profile_refresh)
-            self.dcut = DCut(cost, self.config.dcut)
-        return self.dcut
+    def _sync(self) -> None:
+        torch.cuda.synchronize(self.runner.device)
 
     # ------------------------------------------------------------------ input checks
     def _check_prompts(self, prompt_ids, params: SamplingParams) -> list[list[int]]:
@@ -220,8 +226,9 @@ class RolloutEngine:
 
     def _generate(self, rows: list[list[int]], params: SamplingParams) -> RolloutOutput:
         seed = params.seed if params.seed is not None else secrets.randbits(64)
-        stop_ids = (set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids or [])
-        stats = RolloutStats()
+        run = _Run(params, (set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids or []),
+                   RolloutStats(), [[] for _ in rows], [[] for _ in rows], ["length"] * len(rows))
+        stats = run.stats
         device = self.runner.device
         self.budget_policy()
 
@@ -229,12 +236,9 @@ class RolloutEngine:
         row_group = [distinct.setdefault(tuple(p), len(distinct)) for p in rows]
         prompts = [list(p) for p in distinct]
         group = torch.tensor(row_group, dtype=torch.long, device=device)
-        completions: list[list[int]] = [[] for _ in rows]
-        logprobs: list[list[float]] = [[] for _ in rows]
-        reasons = ["length"] * len(rows)
         keys = row_keys(seed, len(rows), device)  # [rows]: row r's stream, the same in every wave
         waves = self._waves(row_group)
-        if len(waves) > 1 and type(self.proposer).activate is Proposer.activate:
+        if len(waves) > 1 and not self.proposer.resumes_rows:
             raise ValueError(f"group_lead needs a proposer that can resume rows (Proposer.activate); "
                              f"{type(self.proposer).__name__} cannot: set group_lead=0")
         try:
@@ -257,20 +261,20 @@ class RolloutEngine:
                     key=keys[wave],
                 )
                 while state.index:
-                    self._step(state, params, stats, stop_ids, completions, logprobs, reasons)
+                    self._step(state, run)
         finally:
             self.runner.release()
-        stats.emitted_tokens = sum(len(c) for c in completions)
+        stats.emitted_tokens = sum(len(c) for c in run.completions)
         if stats.budget_trace:
             self.speculative_share = sum(t["ratio"] > 0 for t in stats.budget_trace) / len(stats.budget_trace)
-        return RolloutOutput(completions, logprobs, reasons, stats, seed)
+        return RolloutOutput(run.completions, run.logprobs, run.reasons, stats, seed)
 
     def _waves(self, row_group: list[int]) -> list[list[int]]:
         """Rows in the order they run: all at once, or each group's first `group_lead` rows first
-        (with D-cut, only once the previous rollout speculated in at least half of its steps: the
-        waves add target forwards that only speculation can repay)."""
+        (only while the previous rollout verified trees in at least half of its steps: the waves add
+        target forwards that only speculation can repay; a D-cut that decodes plainly stops them)."""
         lead = self.config.group_lead
-        if lead <= 0 or (self.config.budget_policy == "dcut" and self.speculative_share < 0.5):
+        if lead <= 0 or self.speculative_share < 0.5:
             return [list(range(len(row_group)))]
         seen: dict[int, int] = {}
         rank = []  # position of each row within its group
@@ -280,101 +284,82 @@ class RolloutEngine:
         waves = [[r for r, k in enumerate(rank) if k < lead], [r for r, k in enumerate(rank) if k >= lead]]
         return [w for w in waves if w]
 
-    def _step(self, state: _Rows, params: SamplingParams, stats: RolloutStats, stop_ids: set[int],
-              completions: list[list[int]], logprobs: list[list[float]], reasons: list[str]) -> None:
-        ctx = StepContext(
-            last_token=state.last_token,
-            length=state.length,
-            group=state.group,
-            remaining=params.max_new_tokens - state.generated,
-            # with D-cut, no more than the widest width it may choose this step (small while backing off)
-            budget=self.config.budget if self.dcut is None else self.dcut.proposal_budget(self.config.budget, len(state.index)),
-            prev_token=state.prev_token,
-        )
-        start = self._clock()
-        skipped = self.dcut is not None and self.proposer.can_skip and self.dcut.skip_proposal(len(state.index))
-        with stats.timed("propose"):
-            draft, decision = self._propose(ctx, skipped)
+    def _step(self, state: _Rows, run: _Run) -> None:
+        """propose → cut → verify → accept → commit → learn → advance → observe."""
+        rows, policy, params = len(state.index), self.policy, run.params
+        timer = StepTimer(run.stats, self._sync if policy.timed and self.runner.device.type == "cuda" else None)
+        ctx = StepContext(last_token=state.last_token, length=state.length, group=state.group,
+                          remaining=params.max_new_tokens - state.generated, budget=policy.plan(rows),
+                          prev_token=state.prev_token)
+        with timer.phase("propose"):
+            draft = self.proposer.propose(ctx) if ctx.budget else Draft.empty(rows, state.last_token.device)
+            draft, decision = policy.cut(draft)
             tree = TreeBatch.from_draft(state.last_token, draft)
             tree.max_depth = min(tree.max_depth, self.config.max_depth)
             positions = (state.length - 1).unsqueeze(1) + tree.depth  # [rows, n]
             mask = tree.ancestor_mask()
-        proposed = self._clock()
-        with stats.timed("verify"):
+        with timer.phase("verify"):
             logits = self.runner.verify(tree.tokens, positions, mask)
-        verified = self._clock()
-        with stats.timed("accept"):
+        with timer.phase("accept"):
             check_finite(logits)
             levels = torch.arange(tree.max_depth + 1, device=state.key.device)  # level l emits completion position generated + l
             u = None if params.greedy else uniforms(state.key.unsqueeze(1), state.generated.unsqueeze(1) + levels)
             acc = accept(tree, logits, params, u)
             kept = acc.kept_nodes(tree.tokens.shape[1])
             self.runner.commit(kept)
-        with stats.timed("learn"):
-            if not skipped:
+        with timer.phase("learn"):
+            if ctx.budget:  # a step that proposed nothing has nothing to learn from
                 self.proposer.observe(ctx, tree, logits, acc)
-            if decision is not None and draft.tokens.shape[1]:
-                self.dcut.observe(draft, kept[:, 1:])
-        if self.dcut is not None:
-            # what a step spends beyond the profiled forward: a step that built a tree pays for it (when
-            # a plain step could skip it; also when D-cut then verified none of it — a probe), the walk
-            # and learning; a plain step its one draw
-            rows, done = len(state.index), self._clock()
-            self.dcut.observe_forward(rows, float(tree.tokens.shape[1]), 1000.0 * (verified - proposed))
-            if not skipped and (draft.tokens.shape[1] or self.proposer.can_skip):
-                tree_s = proposed - start if self.proposer.can_skip else 0.0
-                self.dcut.observe_overhead(rows, 1000.0 * (tree_s + done - verified), speculative=True, width=ctx.budget)
-            else:
-                self.dcut.observe_overhead(rows, 1000.0 * (done - verified), speculative=False)
-        with stats.timed("bookkeeping"):
-            emitted = self._advance(state, tree, acc, decision, params, stats, stop_ids, completions, logprobs, reasons)
-        if self.dcut is not None:
-            self.dcut.observe_step(rows, 1000.0 * (done - start), decision.probe, emitted)
+        with timer.phase("bookkeeping"):
+            emitted = self._advance(state, tree, acc, decision, run)
+        policy.observe(StepRecord(rows, ctx.budget, draft, kept[:, 1:], tree.tokens.shape[1], emitted, decision,
+                                  timer.timing))
 
-    def _propose(self, ctx: StepContext, skipped: bool) -> tuple[Draft, BudgetDecision | None]:
-        """This step's candidates, cut by D-cut when it is on (none when D-cut backed off)."""
-        if skipped:  # a plain step: no tree, nothing to learn
-            rows = ctx.last_token.shape[0]
-            return Draft.empty(rows, ctx.last_token.device), BudgetDecision(0.0, 0, 0, float(rows))
-        draft = self.proposer.propose(ctx)
-        if self.dcut is None:
-            return draft, None
-        return self.dcut.decide(draft, self.config.budget)
-
-    def _advance(self, state: _Rows, tree: TreeBatch, acc: Acceptance, decision: BudgetDecision | None, params: SamplingParams,
-                 stats: RolloutStats, stop_ids: set[int], completions: list[list[int]], logprobs: list[list[float]],
-                 reasons: list[str]) -> int:
-        """Host bookkeeping of one step: append emitted tokens, stop finished rows, move the state on.
-        Returns the tokens the step emitted (all rows, before stop tokens and length cut them)."""
-        width = acc.emitted.shape[1]
+    def _advance(self, state: _Rows, tree: TreeBatch, acc: Acceptance, decision: BudgetDecision, run: _Run) -> int:
+        """Host bookkeeping of one step: count it, append the emitted tokens, stop finished rows, move
+        the state on. Returns the tokens the step emitted (all rows, before stop tokens and length cut them)."""
+        rows, width = len(state.index), acc.emitted.shape[1]
         # one host transfer for the integers of the step: n_emitted, emitted tokens, verified-node count
         ints = torch.cat([acc.n_emitted, acc.emitted.flatten(), tree.valid.sum().view(1)]).tolist()
-        n_emit, flat, n_verified = ints[: len(state.index)], ints[len(state.index) : -1], ints[-1]
-        emitted = [flat[r * width : (r + 1) * width] for r in range(len(state.index))]
-        lps = acc.logprobs.tolist()
+        n_emit, flat, n_verified = ints[:rows], ints[rows:-1], ints[-1]
+        stats = run.stats
         stats.target_forwards += 1
-        stats.row_steps += len(state.index)
+        stats.row_steps += rows
         stats.verified_tokens += n_verified
-        if decision is not None:
-            stats.budget_trace.append({"rows": len(state.index), "ratio": decision.ratio, "kept": decision.kept,
-                                       "candidates": decision.candidates, "expected": decision.expected_emitted,
-                                       "actual": sum(n_emit)})
-        keep: list[int] = []
-        appended: list[int] = []  # tokens each row's completion took this step (stop and max_new_tokens applied)
-        for r, row in enumerate(state.index):
-            out, room = completions[row], params.max_new_tokens - len(completions[row])
-            before, done = len(out), False
-            for j in range(min(n_emit[r], room)):
-                out.append(emitted[r][j])
-                logprobs[row].append(lps[r][j])
-                if emitted[r][j] in stop_ids:
-                    reasons[row], done = "stop", True
-                    break
-            stats.count_emitted(len(out) - before)
-            appended.append(len(out) - before)
-            if not done and len(out) < params.max_new_tokens:
-                keep.append(r)
+        kept = n_verified - rows  # candidate nodes verified (the roots excluded)
+        stats.budget_trace.append({"rows": rows, "ratio": decision.ratio, "kept": kept,
+                                   "candidates": kept if decision.candidates is None else decision.candidates,
+                                   "expected": decision.expected_emitted, "actual": sum(n_emit)})
+        emitted = [flat[r * width : (r + 1) * width][: n_emit[r]] for r in range(rows)]
+        appended, keep = self._append(state, emitted, acc.logprobs.tolist(), run)
         self.proposer.advance(acc.emitted, appended)
+        self._move_on(state, acc, keep, plain=tree.tokens.shape[1] == 1 and decision.ratio == 0.0)
+        return sum(n_emit)
+
+    def _append(self, state: _Rows, emitted: list[list[int]], lps: list[list[float]], run: _Run) -> tuple[list[int], list[int]]:
+        """Append each row's emitted tokens to its completion, up to a stop token or max_new_tokens.
+        Returns the tokens each row took and the rows that go on."""
+        keep: list[int] = []
+        appended: list[int] = []
+        limit = run.params.max_new_tokens
+        for r, row in enumerate(state.index):
+            out = run.completions[row]
+            before, done = len(out), False
+            for j, token in enumerate(emitted[r][: limit - before]):
+                out.append(token)
+                run.logprobs[row].append(lps[r][j])
+                if token in run.stop_ids:
+                    run.reasons[row], done = "stop", True
+                    break
+            run.stats.count_emitted(len(out) - before)
+            appended.append(len(out) - before)
+            if not done and len(out) < limit:
+                keep.append(r)
+        return appended, keep
+
+    def _move_on(self, state: _Rows, acc: Acceptance, keep: list[int], plain: bool) -> None:
+        """Advance the rows' device state past the emitted tokens; drop finished rows (`keep`: the
+        rows that go on); compact the KV cache. plain: the budget policy chose to decode plainly."""
         rows = torch.arange(len(state.index), device=acc.n_emitted.device)
         before_last = acc.emitted[rows, (acc.n_emitted - 2).clamp(min=0)]
         state.prev_token = torch.where(acc.n_emitted > 1, before_last, state.last_token)
@@ -387,11 +372,10 @@ class RolloutEngine:
             self.runner.select_rows(rows_t)
             self.proposer.select_rows(rows_t)
         if state.index:
-            # a plain step (D-cut decoding plainly) reads every cached slot and adds no garbage: the
-            # rejected nodes of earlier trees cost each such step, so compact once at a small slack
+            # a plain step reads every cached slot and adds no garbage: the rejected nodes of earlier
+            # trees cost each such step, so compact once at a small slack
             max_cached = int(state.length.max()) - 1
-            if tree.tokens.shape[1] == 1 and self.dcut is not None:
+            if plain:
                 self.runner.maybe_compact(max_cached, PLAIN_COMPACT_SLACK, margin=0)
             else:
                 self.runner.maybe_compact(max_cached)
-        return sum(n_emit)

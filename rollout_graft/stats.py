@@ -4,6 +4,7 @@ counting the bonus/recovered token, so plain decoding has MAT = 1)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -15,7 +16,7 @@ class RolloutStats:
     emitted_tokens: int = 0  # completion tokens returned (after truncation at stop/length)
     verified_tokens: int = 0  # Σ tree nodes (root included) sent through the target
     seconds: dict[str, float] = field(default_factory=dict)  # per phase: prefill, propose, verify, accept, ...
-    budget_trace: list[dict] = field(default_factory=list)  # D-cut, per step: rows, ratio, kept, expected, actual
+    budget_trace: list[dict] = field(default_factory=list)  # per step: rows, ratio, kept, candidates, expected, actual
     accept_hist: list[int] = field(default_factory=list)  # [a]: row-steps that emitted a accepted + 1 bonus token
 
     def count_emitted(self, emitted: int) -> None:
@@ -27,7 +28,7 @@ class RolloutStats:
 
     @property
     def budget_ratio(self) -> float | None:
-        """Mean ρ chosen by D-cut (None without D-cut)."""
+        """Mean ρ the budget policy chose (verified width / budget; 1.0 for a fixed budget), None before a step."""
         if not self.budget_trace:
             return None
         return sum(t["ratio"] for t in self.budget_trace) / len(self.budget_trace)
@@ -69,3 +70,43 @@ class RolloutStats:
             "accept_hist": list(self.accept_hist),
             "seconds": dict(self.seconds),
         }
+
+
+@dataclass(slots=True)
+class StepTiming:
+    """Wall milliseconds of one engine step, by what the budget policy prices separately."""
+
+    propose_ms: float = 0.0  # proposing and cutting the draft, building the tree
+    forward_ms: float = 0.0  # the target's verify forward
+    rest_ms: float = 0.0  # accepting, learning, bookkeeping
+
+    @property
+    def total_ms(self) -> float:
+        return self.propose_ms + self.forward_ms + self.rest_ms
+
+
+PHASE_PART = {"propose": "propose_ms", "verify": "forward_ms", "accept": "rest_ms", "learn": "rest_ms",
+              "bookkeeping": "rest_ms"}
+"""Which `StepTiming` field each engine phase adds to."""
+
+
+class StepTimer:
+    """The one clock of an engine step: each phase's seconds go to the rollout's `RolloutStats` and
+    into this step's `StepTiming`. sync: called at the end of every phase (a GPU synchronize, so
+    device work is counted where it runs), or None."""
+
+    def __init__(self, stats: RolloutStats, sync: Callable[[], None] | None = None):
+        self.stats, self.sync, self.timing = stats, sync, StepTiming()
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync is not None:
+                self.sync()
+            seconds = time.perf_counter() - start
+            self.stats.seconds[name] = self.stats.seconds.get(name, 0.0) + seconds
+            part = PHASE_PART[name]
+            setattr(self.timing, part, getattr(self.timing, part) + 1000.0 * seconds)

@@ -127,7 +127,7 @@ def run_engine(model, tokenizer, cfg: EngineConfig, rows, params: SamplingParams
         "proposer_s": dict(getattr(engine.proposer, "seconds", {})),  # graft: "draft" (drafter) and "graft"
         "budget_ratio": s.budget_ratio,  # D-cut: mean ρ; the trace shows ρ as the batch drains
         "budget_trace": [(t["rows"], t["ratio"], t["kept"]) for t in s.budget_trace],
-        "dcut_expected_vs_actual": [sum(t["expected"] for t in s.budget_trace), sum(t["actual"] for t in s.budget_trace)],
+        "dcut_expected_vs_actual": [sum(t["expected"] or 0.0 for t in s.budget_trace), sum(t["actual"] for t in s.budget_trace)],
         "accept_hist": list(s.accept_hist),  # RolloutStats.count_emitted (empty unless the engine counts)
     }
 

@@ -46,7 +46,7 @@ def test_cut_is_ancestor_closed_even_with_ties():
 
 
 def trusting(cost, ratios=(0.25, 0.5, 1.0)) -> DCut:
-    dcut = DCut(cost, DCutConfig(ratios=ratios, explore_every=0))
+    dcut = DCut(cost, 4, DCutConfig(ratios=ratios, explore_every=0))
     dcut.calibration.prior_weight = 1e9  # trust the raw scores (no observations yet)
     dcut.start_cap = 1 << 20  # past the slow start
     return dcut
@@ -124,13 +124,13 @@ def test_width_follows_the_batch_size_as_it_drains():
 
 def test_slow_start_doubles_the_width():
     flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)  # the widest tree would win at once
-    dcut = DCut(flat, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # m = 4 → W ∈ {1, 2, 4}
+    dcut = DCut(flat, 8, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # m = 4 → W ∈ {1, 2, 4}
     assert [dcut.decide(draft_with_scores(TREES))[1].kept for _ in range(4)] == [2, 4, 8, 8]  # W = 1, 2, 4, 4
 
 
 def test_proposal_budget_follows_the_slow_start_cap():
     flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)
-    dcut = DCut(flat, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
+    dcut = DCut(flat, 8, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
     assert dcut.proposal_budget(8, 2) == 2  # nothing wider than the cap (the smallest width) can be chosen
     assert dcut.decide(draft_with_scores(TREES), 8)[1].kept == 4  # a 4-node draft: W = 2 per row, the cap binds
     assert dcut.proposal_budget(8, 2) == 4  # the cap doubled
@@ -178,7 +178,7 @@ def test_a_wide_tree_is_not_priced_like_a_narrow_probe():
     # budget 8 → W ∈ {0, 2, 4, 8}; forwards cost 1 ms at any width; a tree of width 2 was measured
     # at 1 ms beyond the forward (a probe), none wider yet
     flat = CostModel([1, 2, 64], [1, 2, 4, 9], [[1.0] * 4] * 3)
-    dcut = DCut(flat, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))
+    dcut = DCut(flat, 8, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))
     dcut.calibration.prior_weight = 1e9
     dcut.start_cap = 8  # the step proposed the whole budget
     dcut.observe_overhead(2, 1.0, width=2)
@@ -199,7 +199,7 @@ def test_a_wide_tree_is_not_priced_like_a_narrow_probe():
 
 def test_a_growth_that_falls_back_waits_before_it_is_tried_again():
     flat = CostModel([1, 2, 64], [1, 2, 4, 9], [[1.0] * 4] * 3)
-    dcut = DCut(flat, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
+    dcut = DCut(flat, 8, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
     dcut.calibration.prior_weight = 1e9
     dcut.observe_overhead(2, 1.0, width=2)
     dcut.observe_overhead(2, 3.0, width=4)  # the tree of width 4 costs 3 ms
@@ -220,7 +220,7 @@ def test_a_probe_proposes_wide_trees_where_they_cost_no_more():
     poor = draft_with_scores([CHAIN[:2]] * 2)
 
     def probe_width(overheads: dict[int, float]) -> int:
-        dcut = DCut(steep, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
+        dcut = DCut(steep, 8, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
         for width, ms in overheads.items():
             dcut.observe_overhead(2, ms, width=width)
         assert dcut.decide(poor, 8)[1].ratio == 0.0
@@ -342,19 +342,19 @@ def test_dcut_is_lossless_and_logs_decisions(tmp_path, monkeypatch):
     out = engine.generate(prompts, params)
     assert out.completion_ids == ar.completion_ids
     assert len(out.stats.budget_trace) == out.stats.target_forwards
-    assert engine.dcut.forward_scale != [1.0, 1.0]  # the engine measured its forwards
+    assert engine.policy.forward_scale != [1.0, 1.0]  # the engine measured its forwards
     assert out.stats.budget_ratio is not None
     assert list(tmp_path.glob("cost/*.json"))  # the profile is cached on disk
 
 
 def test_dcut_runs_lead_waves_only_after_a_rollout_that_speculated(qwen3_model):
-    """group_lead adds target forwards that only speculation repays: with D-cut, a rollout runs in
-    waves only when the previous one verified trees in at least half of its steps."""
+    """group_lead adds target forwards that only speculation repays: a rollout runs in waves only
+    when the previous one verified trees in at least half of its steps (the first one does)."""
     cfg = EngineConfig(method="retrieval", budget=8, group_lead=1, budget_policy="dcut",
                        retrieval=RetrievalConfig(suffix_depth=4))
     engine = RolloutEngine(qwen3_model, cfg)
     groups = [0, 0, 0, 1, 1, 1]
-    assert len(engine._waves(groups)) == 1  # nothing measured yet: one lock-step wave
+    assert len(engine._waves(groups)) == 2  # nothing measured yet
     out = engine.generate([[5, 6, 7]] * 3 + [[8, 9]] * 3, SamplingParams(temperature=1.0, max_new_tokens=12, seed=0))
     share = sum(t["ratio"] > 0 for t in out.stats.budget_trace) / len(out.stats.budget_trace)
     assert engine.speculative_share == pytest.approx(share)

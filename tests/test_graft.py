@@ -244,8 +244,9 @@ def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, w
     ar = RolloutEngine(qwen3_model).generate(prompts, greedy)
     engine = graft_engine(qwen3_model, qwen3_model, DraftConfig(prune=False, graft=False, top_k=1, beam=1, depth=6),
                           budget=8, budget_policy="dcut", dcut=DCutConfig(ratios=(1.0,)))
-    engine.dcut = DCut(CostModel([1, 64], [1, 64], [[1e6, 1e6]] * 2), DCutConfig(ratios=(1.0,), explore_every=0))  # verifying is free
-    engine.dcut.start_cap = 8  # no slow start: every proposing step verifies the whole tree
+    # verifying is free; no slow start: every proposing step verifies the whole tree
+    engine.policy = DCut(CostModel([1, 64], [1, 64], [[1e6, 1e6]] * 2), 8,
+                         DCutConfig(ratios=(1.0,), explore_every=0, slow_start=False))
     out = engine.generate(prompts, greedy)
     assert out.completion_ids == ar.completion_ids
     spec = [t for t in out.stats.budget_trace if t["ratio"] > 0]

@@ -49,8 +49,8 @@ class GraftGRPOTrainer(GRPOTrainer):
     `min_p`, `max_completion_length`); leave `use_vllm=False`.
 
     Logged per step, next to TRL's metrics: `rollout/tokens_per_s`, `rollout/mean_accepted_tokens`
-    (MAT), `rollout/verify_tokens_per_step`, `rollout/seconds` and, with a D-cut budget,
-    `rollout/budget_ratio`.
+    (MAT), `rollout/verify_tokens_per_step`, `rollout/seconds` and `rollout/budget_ratio` (the
+    verified share of the budget: D-cut's mean ρ; 1.0 for a fixed budget).
     """
 
     def __init__(self, model: str | PreTrainedModel, reward_funcs=None, args: GRPOConfig | None = None,
@@ -192,9 +192,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         self._log_metric("rollout/mean_accepted_tokens", stats.mean_accepted_tokens)
         self._log_metric("rollout/verify_tokens_per_step", stats.verify_tokens_per_step)
         self._log_metric("rollout/seconds", seconds)
-        budget_ratio = getattr(stats, "budget_ratio", None)  # set by D-cut budget policies only
-        if budget_ratio is not None:
-            self._log_metric("rollout/budget_ratio", budget_ratio)
+        if stats.budget_ratio is not None:  # None only for a rollout without steps
+            self._log_metric("rollout/budget_ratio", stats.budget_ratio)
 
     # ------------------------------------------------------------------ resume
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):

@@ -36,9 +36,9 @@ class StepContext:
 class Proposer(ABC):
     """A source of candidate trees."""
 
-    can_skip: bool = True
-    """Whether a step may go without `propose` (D-cut backing off); False for proposers whose state
-    must follow every step through `propose` (e.g. a drafter's KV cache)."""
+    resumes_rows: bool = False
+    """Whether `activate` can start a later wave of rows (`EngineConfig.group_lead`). Every proposer
+    lets a step go without `propose` (the budget policy decoding plainly): `advance` still sees its tokens."""
 
     def start(self, prompts: list[list[int]], row_prompt: torch.Tensor, prompt_logits: torch.Tensor | None,
               params: SamplingParams) -> None:

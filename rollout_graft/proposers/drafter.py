@@ -122,8 +122,6 @@ class DrafterProposer(Proposer):
         max_depth: the engine's deepest acceptable node.
     """
 
-    can_skip = True  # steps without propose() leave their tokens pending; the next propose() feeds them
-
     def __init__(self, cfg: DraftConfig, runner: ModelRunner, max_depth: int):
         self.cfg = cfg
         self.runner = runner

@@ -61,8 +61,6 @@ class GraftProposer(Proposer):
         retrieval: the group-shared `RetrievalProposer` (None when `cfg.graft` is False).
     """
 
-    can_skip = True  # D-cut may skip propose(): the drafter feeds the skipped steps' tokens on the next one
-
     def __init__(self, cfg: DraftConfig, drafter: DrafterProposer, retrieval: RetrievalProposer | None):
         self.cfg = cfg
         self.drafter = drafter

@@ -23,6 +23,8 @@ from .base import Proposer, StepContext
 
 
 class RetrievalProposer(Proposer):
+    resumes_rows = True  # a later wave of rows starts from the group's text so far
+
     def __init__(self, cfg: RetrievalConfig, vocab: int, device: torch.device | str):
         self.cfg = cfg
         self.vocab = vocab
