@@ -28,6 +28,7 @@ import torch
 from .config import DCutConfig
 from .cost import CostModel
 from .stats import StepTiming
+from .selection import keep_best
 from .tree import Draft
 
 
@@ -89,31 +90,6 @@ class FixedBudget(BudgetPolicy):
 
     def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
         return draft, BudgetDecision(1.0)
-
-
-def _close(draft: Draft, valid: torch.Tensor) -> Draft:
-    """Drop every node whose parent is dropped (an explicit pass, so exact score ties between a
-    parent and a child cannot break a tree)."""
-    par = draft.parents.clamp(min=0)
-    for _ in range(draft.max_depth):
-        valid = valid & torch.where(draft.parents < 0, True, valid.gather(1, par))
-    return Draft(draft.tokens, draft.parents, draft.depth, valid, draft.score, draft.source)
-
-
-def _key(draft: Draft) -> torch.Tensor:
-    """Selection key: score, ties broken towards shallower nodes (so a parent beats its child)."""
-    return draft.score.masked_fill(~draft.valid, -1.0) - draft.depth.float() * 1e-6
-
-
-def keep_top_per_row(draft: Draft, width: int) -> Draft:
-    """Keep each row's `width` highest-scoring valid nodes (ancestor-closed)."""
-    rows, m = draft.tokens.shape
-    if m == 0 or width >= m:
-        return draft
-    chosen = torch.zeros(rows, m, dtype=torch.bool, device=draft.tokens.device)
-    if width > 0:
-        chosen.scatter_(1, torch.topk(_key(draft), width, dim=1).indices, True)
-    return _close(draft, chosen & draft.valid)
 
 
 class ScoreCalibration:
@@ -265,7 +241,7 @@ class DCut(BudgetPolicy):
     The verify forward is a padded [rows, 1 + W] batch: its cost is set by its widest row. A global
     top-K (the D-cut paper's selection, made for token-packed engines) would pay for its widest row
     anyway, and the padding can be filled with every row's next-best nodes for free — so keeping
-    the global top-K and filling the padding *is* keeping each row's top-W (`keep_top_per_row`).
+    the global top-K and filling the padding *is* keeping each row's top-W (`selection.keep_best`).
     Which W is worth it is still a batch-wide decision: Σ over all rows of the expected accepted
     tokens against the predicted step time.
     """
@@ -535,5 +511,5 @@ class DCut(BudgetPolicy):
             if self.plain_decisions % self.explore_every == 0:
                 i, verified, n_kept = 1, widths[1], kept[1]
         if verified < widest:
-            draft = keep_top_per_row(draft, verified).compacted()
+            draft = keep_best(draft, verified)
         return draft, BudgetDecision(verified / budget, n_kept, candidates, expected[i], probe=width == 0)

@@ -1,7 +1,5 @@
-"""Tree surgery for grafting (DESIGN.md §2 steps 2–3): per-row top-N selection and tree union.
+"""Tree surgery for grafting (DESIGN.md §2 steps 2–3): tree union (selection: `selection.keep_best`).
 
-- `keep_best`: keep each row's `quota[row]` highest-scoring nodes. Scores are prefix products of
-  confidences ≤ 1, so a child never outscores its parent and the kept set is ancestor-closed.
 - `merge_trees`: the union of two trees per row, where nodes with the same token path are one
   node. The first tree's nodes all survive unchanged in shape (so the result ⊇ the first tree);
   a node of the second tree is dropped when its (merged parent, token) already exists, and its
@@ -13,26 +11,6 @@ from __future__ import annotations
 import torch
 
 from .tree import Draft
-
-
-def keep_best(draft: Draft, quota: torch.Tensor) -> Draft:
-    """Keep the `quota[row]` best valid nodes of every row (ties: shallower, then earlier, first).
-
-    draft: [rows, m], parents precede children; quota: [rows] int64. Returns a compacted Draft.
-    """
-    rows, m = draft.tokens.shape
-    if m == 0:
-        return draft
-    score = draft.score.masked_fill(~draft.valid, -1.0)
-    by_depth = torch.sort(draft.depth, dim=1, stable=True).indices  # [rows, m]
-    by_score = torch.sort(score.gather(1, by_depth), dim=1, descending=True, stable=True).indices
-    order = by_depth.gather(1, by_score)  # [rows, m] node ids, best first
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(m, device=order.device).expand(rows, m))
-    valid = draft.valid & (rank < quota.view(-1, 1))
-    # a parent always ranks before its child (score and depth order), so this only guards the invariant
-    parent_kept = torch.where(draft.parents < 0, True, valid.gather(1, draft.parents.clamp(min=0)))
-    assert bool((parent_kept | ~valid).all()), "keep_best broke ancestor closure"
-    return Draft(draft.tokens, draft.parents, draft.depth, valid, draft.score, draft.source).compacted()
 
 
 def _cat(first: Draft, second: Draft) -> Draft:

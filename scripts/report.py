@@ -172,6 +172,43 @@ def dcut_markdown(results: dict) -> str | None:
     return "\n".join(["| T | batch | method | steps verifying a tree | rows: widths verified |", "|---|---|---|---|---|", *lines])
 
 
+def pooled_time_share(m: dict, ar: dict) -> float | None:
+    """Wall time per token over every repeat, minus ar's, as a share of ar's (None without totals)."""
+    if not (m.get("wall_s_total") and ar.get("wall_s_total")):
+        return None
+    base = ar["wall_s_total"] / ar["tokens_total"]
+    return (m["wall_s_total"] / m["tokens_total"] - base) / base
+
+
+def ablation_markdown(results: dict) -> str | None:
+    """Methods named `BASE:knob=value` (a D-cut controller switched off) against BASE, per cell: what
+    switching it off changes in the method's own work per token and in its whole time per token
+    (pooled over repeats, % of ar's time per token), next to ar-twin's own deviation from ar (the
+    run's noise band: `ar-twin` is a second `ar`)."""
+    rows = []
+    for e in results["configs"]:
+        ms, ar = e["methods"], e["methods"].get("ar")
+        twin = ms.get("ar-twin")
+        if not ar or not twin:
+            continue
+        band = (own_phase_share(twin, ar, pooled=True), pooled_time_share(twin, ar))
+        for name, m in ms.items():
+            base, _, knob = name.partition(":")
+            if not knob or base not in ms:
+                continue
+            own = [own_phase_share(x, ar, pooled=True) for x in (ms[base], m)]
+            total = [pooled_time_share(x, ar) for x in (ms[base], m)]
+            if None in own + total + list(band):
+                continue
+            rows.append(f"| {e['batch']} | {base} | {knob} | {100 * (own[1] - own[0]):+.1f} | {100 * (total[1] - total[0]):+.1f} "
+                        f"| {100 * band[0]:+.1f} / {100 * band[1]:+.1f} |")
+    if not rows:
+        return None
+    head = ["| batch | method | switched off | Δ own work / token, % of ar | Δ time / token, % of ar | ar-twin − ar (own / time) |",
+            "|---|---|---|---|---|---|"]
+    return "\n".join(head + rows)
+
+
 def markdown(results: dict) -> str:
     """The main table: one row per (temperature, batch, method)."""
     lines = ["| T | batch | method | tokens/s (median) | × ar | × ar (best) | × ar (paired [IQR]) | × ar (CPU time) | MAT "
@@ -223,6 +260,10 @@ def render(path: Path, results: dict) -> str:
     dcut = dcut_markdown(results)
     if dcut:
         parts += ["", "D-cut in the median run, as the batch drains:", "", dcut]
+    ablation = ablation_markdown(results)
+    if ablation:
+        parts += ["", "D-cut controllers switched off, against the method with all of them (+: slower without it):",
+                  "", ablation]
     cost = cost_markdown(results)
     if cost:
         parts += ["", "Profiled verify forward, ms (rows × tokens per row):", "", cost]

@@ -7,7 +7,7 @@ import torch
 from conftest import random_model
 
 from rollout_graft import DCutConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
-from rollout_graft.budget import PROBE_SHARE, DCut, OverheadModel, ScoreCalibration, keep_top_per_row
+from rollout_graft.budget import PROBE_SHARE, DCut, OverheadModel, ScoreCalibration
 from rollout_graft.cost import CostModel
 from rollout_graft.tree import Draft
 
@@ -26,23 +26,6 @@ TREES = [
     [(-1, 0.9), (0, 0.8), (1, 0.7), (2, 0.5)],
     [(-1, 0.3), (-1, 0.2), (0, 0.1), (1, 0.05)],
 ]
-
-
-def test_per_row_top_w_keeps_each_rows_best_nodes():
-    kept = keep_top_per_row(draft_with_scores(TREES), width=2)
-    # row 0: .9 .8 (its chain's first two nodes); row 1: .3 .2 (its two depth-1 nodes)
-    assert kept.valid.tolist() == [[True, True, False, False], [True, True, False, False]]
-    assert keep_top_per_row(draft_with_scores(TREES), width=0).valid.sum() == 0
-
-
-def test_cut_is_ancestor_closed_even_with_ties():
-    # all three nodes tie; node 2 is node 1's child, so the shallower nodes 0 and 1 go first
-    trees = [[(-1, 0.5), (-1, 0.5), (1, 0.5)]]
-    kept = keep_top_per_row(draft_with_scores(trees), width=2)
-    assert kept.valid.tolist() == [[True, True, False]]
-    kept = keep_top_per_row(draft_with_scores([[(-1, 0.5), (0, 0.5), (1, 0.5)]]), width=2)
-    assert kept.valid.tolist() == [[True, True, False]]  # a chain of ties keeps its prefix
-    kept.compacted().validate()
 
 
 def trusting(cost, ratios=(0.25, 0.5, 1.0)) -> DCut:

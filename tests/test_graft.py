@@ -10,7 +10,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 import rollout_graft.proposers.graft as graft_module
 from rollout_graft import DCutConfig, DraftConfig, EngineConfig, RolloutEngine, SamplingParams, calibrate
 from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts
-from rollout_graft.merge import keep_best, merge_trees, sibling_duplicates, token_paths
+from rollout_graft.merge import merge_trees, sibling_duplicates, token_paths
+from rollout_graft.selection import keep_best
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.pruning import draft_quota, fit_thresholds, pruning_stage, separating_thresholds
 from rollout_graft.tree import DRAFT, RETRIEVAL, Draft
@@ -156,15 +157,6 @@ def test_drafter_stops_at_checkpoints(qwen3_model):
 
 
 # ---------------------------------------------------------------------- tree surgery
-def test_keep_best_is_per_row_and_ancestor_closed():
-    d = Draft.from_lists([[(10, -1), (11, -1), (12, 0), (13, 2)], [(20, -1), (21, 0)]])
-    d.score = torch.tensor([[0.5, 0.4, 0.3, 0.1], [0.9, 0.9, 0.0, 0.0]])
-    kept = keep_best(d, torch.tensor([3, 1]))
-    kept.validate()
-    assert kept.tokens[0].tolist()[:3] == [10, 11, 12] and kept.valid[0].tolist()[:3] == [True] * 3
-    assert kept.valid[1].tolist()[:2] == [True, False]  # equal scores: the parent (shallower) first
-
-
 def test_merge_trees_unions_identical_paths():
     # draft tree: root → 5 → 6 → 7 ; root → 8
     draft = Draft.from_lists([[(5, -1), (6, 0), (7, 1), (8, -1)]])

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..config import DraftConfig, SamplingParams
-from ..merge import keep_best
+from ..selection import keep_best
 from ..runner import ModelRunner
 from ..sampling import warp_logits
 from ..tree import DRAFT, Draft

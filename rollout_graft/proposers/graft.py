@@ -26,7 +26,8 @@ import torch
 
 from ..adjacency import AdjacencyIndex
 from ..config import DraftConfig, EngineConfig, SamplingParams
-from ..merge import keep_best, merge_trees
+from ..merge import merge_trees
+from ..selection import keep_best
 from ..pruning import (CalibrationObjective, calibrated_thresholds, calibration_summary, draft_quota, load_thresholds,
                        save_thresholds)
 from ..runner import ModelRunner

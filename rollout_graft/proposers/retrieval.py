@@ -14,7 +14,8 @@ import torch
 from ..adjacency import AdjacencyIndex
 from ..config import RetrievalConfig, SamplingParams
 from ..history import TokenHistory
-from ..merge import keep_best, merge_trees
+from ..merge import merge_trees
+from ..selection import keep_best
 from ..sampling import top_k_probs
 from ..templates import make_template
 from ..tree import RETRIEVAL, Draft, TreeBatch
