@@ -224,3 +224,68 @@ def test_measured_steps_overrule_a_fit_that_says_draft():
     scores = np.tile(0.9 ** np.arange(1, 5), (8, 1))
     assert not policy.pays(8) and policy.decide(scores).kept == 0
     assert policy.pays(64)  # another batch-size class has not been measured: the fit decides there
+
+
+def test_prior_chain_is_the_lookup_of_a_chain_template():
+    """The proposer's numpy greedy chain gives AdjacencyIndex.lookup's tokens, scores and lengths."""
+    from rollout_graft.adjacency import EMPTY, AdjacencyIndex
+    from rollout_graft.templates import chain
+    from rollout_graft.vllm.proposer import prior_chain
+
+    gen = torch.Generator().manual_seed(0)
+    prior = AdjacencyIndex.empty(1, 50, 4)
+    prior.ids[0] = torch.randint(0, 50, (50, 4), generator=gen)
+    prior.ids[0, torch.rand(50, generator=gen) < 0.3, 0] = EMPTY  # chains that stop early
+    prior.probs[0] = torch.rand(50, 4, generator=gen).half()
+    roots = np.arange(50)
+    tokens, score, lengths = prior_chain(prior, roots, 6)
+    ref = prior.lookup(torch.zeros(50, dtype=torch.long), torch.from_numpy(roots), chain(6))
+    assert np.array_equal(tokens, ref.tokens.numpy()) and np.array_equal(score, ref.score.numpy())
+    assert np.array_equal(lengths, ref.valid.sum(1).numpy())
+    assert lengths.min() == 0 and lengths.max() == 6 and ((lengths > 0) & (lengths < 6)).any()  # every case seen
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({}, ("c0b3334a0fe2cce0", 62, 2342, 1321)),
+    ({"share_in_group": False, "min_match": 2, "recall": 1}, ("870dc96dc3767086", 68, 2597, 1285)),
+])
+def test_proposer_drafts_the_same_tokens_as_before_the_vectorised_step(options, expected):
+    """A replayed persistent batch (scripts/profile_vllm_proposer.py: groups of 8, drafts accepted
+    up to their first wrong token, condensed rows, a preempted request every 5 steps, the same
+    prompts again in a later rollout) gives the drafts the per-row Python implementation gave
+    (its hash, recorded before the tracker, learning and drafting were vectorised; fixed budget)."""
+    import hashlib
+    import json
+
+    from conftest import load_script
+    from rollout_graft.vllm import proposer
+
+    bench = load_script("scripts/profile_vllm_proposer.py")
+    cls = type("Replayed", (proposer.RLDraftProposer,), {"config": ChainConfig(budget_policy="fixed", **options)})
+    prop = cls(bench.vllm_config(6, 64 + 48 + 10))  # a tight max_model_len: the room shrinks at the end
+    history = []
+    for seed in (0, 0, 1):
+        history += bench.replay(prop, 16, length=48, seed=seed, preempt_every=5)
+    digest = hashlib.sha256(json.dumps(history).encode()).hexdigest()[:16]
+    assert (digest, len(history), prop.stats.draft_tokens, prop.stats.accepted_tokens) == expected
+
+
+def test_teach_prior_writes_what_update_topk_writes():
+    """The proposer's numpy prior update gives update_topk's tables (one successor of weight 1 per
+    pair, older ones decayed), repeated tokens within a call included."""
+    from rollout_graft.adjacency import EMPTY, AdjacencyIndex
+    from rollout_graft.vllm.proposer import PRIOR_DECAY, PRIOR_K, teach_prior
+
+    ours, ref = AdjacencyIndex.empty(1, 40, PRIOR_K), AdjacencyIndex.empty(1, 40, PRIOR_K)
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        prev, nxt = rng.integers(0, 40, 30), rng.integers(0, 12, 30)  # few successors: rows fill and repeat
+        teach_prior(ours, prev, nxt, PRIOR_DECAY)
+        top_i = torch.full((30, PRIOR_K), EMPTY, dtype=torch.long)
+        top_i[:, 0] = torch.from_numpy(nxt)
+        top_p = torch.zeros(30, PRIOR_K)
+        top_p[:, 0] = 1.0
+        tokens = torch.from_numpy(prev)
+        ref.update_topk(torch.zeros_like(tokens), tokens, top_i, top_p, PRIOR_DECAY)
+    assert torch.equal(ours.ids, ref.ids) and torch.equal(ours.probs, ref.probs)
+    assert (ours.ids[0, :, PRIOR_K - 1] != EMPTY).any()  # full rows were merged

@@ -7,13 +7,19 @@ requests leave, vLLM condenses and reorders the batch, preempted requests come b
 So requests are recognised by their text:
 
 - a row whose slot holds a request with the same length and the same last `TAIL` tokens before
-  this step's tokens is that request (the fast path, O(TAIL) per row);
-- otherwise the request is looked up by (length, hash of its last `TAIL` tokens) among all known
-  requests (a moved or preempted-and-resumed row);
+  this step's tokens is that request (the fast path: one numpy comparison for the whole batch
+  against the lengths and tails kept per slot);
+- otherwise the request is looked up by (length, last `TAIL` tokens) among all known requests —
+  those that left the batch earlier first, then the last step's slots in row order — as one
+  pass over the rows in order would (a moved or preempted-and-resumed row);
 - otherwise it is new: its prompt is everything before the tokens it sampled in its first step
   (a request appears in `propose` first right after its prefill), and its group is the set of
   requests with the same prompt (length and hash of the prompt's tokens) — the G samples of one
   GRPO prompt, whatever other requests share the batch.
+
+Per step, the Python work per row is the fast path's bookkeeping and extending the request's
+text (`TextIndex.extend`, O(new tokens × n-gram lengths)); only moved, resumed and new rows are
+looked up one by one.
 
 Two siblings whose last TAIL tokens and lengths are equal at the same step may swap identities;
 their recent texts are then identical, so what either drafts from is unchanged in practice.
@@ -21,8 +27,10 @@ their recent texts are then identical, so what either drafts from is unchanged i
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -54,20 +62,19 @@ class Request:
     text_id: int  # its text in group.index
     length: int  # tokens committed (prompt + completion)
     draft: list[int] = field(default_factory=list)  # the chain proposed at its last step
-    draft_scores: list[float] = field(default_factory=list)  # raw confidence of each draft token (prefix products)
+    draft_scores: np.ndarray | None = None  # raw confidence of each draft token (prefix products)
     seen: int = 0  # step it was last seen
     created: int = 0  # step it was first seen (its prefill ran in that step)
-    key: tuple[int, int] | None = None  # (length, hash of the last TAIL tokens), as `RequestTracker.by_key` holds it
 
     @property
     def text(self) -> list[int]:
         return self.group.index.texts[self.text_id]
 
 
-def _key(length: int, text: list[int]) -> tuple[int, int]:
-    """A request's identity between steps: its length and a hash of its last TAIL tokens (`text`
-    holds at least those; only they are read)."""
-    return length, hash(tuple(text[-TAIL:]))
+def _tail_key(length: int, text: list[int]) -> tuple[int, tuple[int, ...]]:
+    """A request's identity between steps: its length and its last TAIL tokens (`text` holds at
+    least those; only they are read)."""
+    return length, tuple(text[-TAIL:])
 
 
 class RequestTracker:
@@ -76,6 +83,16 @@ class RequestTracker:
     A request of a prompt none of whose requests ran at the previous step starts a new rollout
     of that prompt (a later GRPO epoch): its group is rebuilt with the last `recall` completions
     of the previous rollout as read-only texts.
+
+    The per-step work is vectorised over the batch: the fast path (same slot, same length, same
+    last TAIL tokens) is one numpy comparison of every row's tail with the tails kept per slot
+    (`slot_len`, `slot_tail`); only rows that fail it (moved, resumed, new) and each request's
+    text extension run in Python. Requests that leave the batch are keyed in `away` by
+    (length, last TAIL tokens); requests of the last step's slots are compared in numpy.
+
+    After `rows`, the step's arrays are kept for the proposer: `active` (rows that sampled),
+    `num` (committed tokens per active row), `lens` (tokens sampled per active row), `flat`
+    (those tokens, concatenated) and `created` (a request appeared for the first time).
 
     Args:
         min_match, max_match: n-gram lengths of the groups' `TextIndex`.
@@ -91,52 +108,117 @@ class RequestTracker:
         self.max_groups = max_groups
         self.forget_after = forget_after
         self.groups: OrderedDict[tuple[int, int], Group] = OrderedDict()
-        self.slots: dict[int, Request] = {}  # row → request at the last step
-        self.by_key: dict[tuple[int, int], list[Request]] = {}  # (length, tail hash) → requests (identical siblings share a key)
+        self.slots: list[Request | None] = []  # row → request at the last step
+        self.slot_len = np.zeros(0, dtype=np.int64)  # row → its request's length after the last step (-1: none)
+        self.slot_tail = np.zeros((0, TAIL), dtype=np.int64)  # row → its last TAIL tokens, right-aligned, -1 before the text
+        self.away: dict[tuple[int, tuple[int, ...]], list[Request]] = {}  # requests that left the slots, by (length, tail)
         self.step = 0
+        self.active = np.zeros(0, dtype=np.int64)
+        self.num = self.lens = self.flat = np.zeros(0, dtype=np.int64)
+        self.created = False
 
     def rows(self, sampled: list[list[int]], num_tokens: np.ndarray, token_ids: np.ndarray) -> list[Request | None]:
         """The request of each row (None: nothing sampled this step — a prefill chunk or an empty
         slot), with this step's tokens appended to its text."""
         self.step += 1
-        out: list[Request | None] = []
-        slots: dict[int, Request] = {}
-        taken: set[int] = set()  # ids of the requests rows claimed this step
-        for i, new in enumerate(sampled):  # find every row's request before any text changes
-            req = self._find(i, token_ids[i], int(num_tokens[i]) - len(new), taken) if new else None
-            out.append(req)
-            if req is not None:
-                slots[i] = req
-                taken.add(id(req))
-        for i, req in slots.items():
-            self._unkey(req)
-            req.group.index.extend(req.text_id, list(sampled[i]))
-            req.length, req.seen = int(num_tokens[i]), self.step
-            req.group.last_seen = self.step
-            req.key = _key(req.length, req.text)
-            self.by_key.setdefault(req.key, []).append(req)
-        self.slots = slots
+        n = len(sampled)
+        lens = np.fromiter(map(len, sampled), dtype=np.int64, count=n)
+        active = np.flatnonzero(lens)
+        num = np.asarray(num_tokens[:n], dtype=np.int64)
+        before = num - lens
+        out: list[Request | None] = [None] * n
+        fast = np.zeros(n, dtype=bool)
+        # the fast path for every row at once: same slot, same length, same last TAIL tokens
+        m = min(n, len(self.slots))
+        rows = active[active < m]
+        rows = rows[self.slot_len[rows] == before[rows]]
+        if len(rows):
+            fast[rows[(self._tails(token_ids, rows, before[rows]) == self.slot_tail[rows]).all(1)]] = True
+        for i in np.flatnonzero(fast).tolist():
+            out[i] = self.slots[i]
+        slow = np.flatnonzero(lens.astype(bool) & ~fast).tolist()
+        self.created = False
+        if slow:
+            self._find_slow(slow, fast, out, token_ids, before)
+        # leavers: last step's requests no row claimed, keyed in `away` (in row order, as one pass keys them)
+        if len(self.slots):
+            claimed = {id(out[i]) for i in slow}
+            for j in np.flatnonzero(~fast[: len(self.slots)]).tolist() + list(range(n, len(self.slots))):
+                req = self.slots[j]
+                if req is not None and id(req) not in claimed:
+                    self.away.setdefault(_tail_key(req.length, req.text), []).append(req)
+        act = active.tolist()
+        new_lens = lens[active]
+        step = self.step
+        for i, length in zip(act, num[active].tolist()):
+            req = out[i]
+            req.group.index.extend(req.text_id, sampled[i])
+            req.length, req.seen = length, step
+            req.group.last_seen = step
+        self.slots = out
+        self.active, self.num, self.lens = active, num[active], new_lens
+        self.flat = np.fromiter(chain.from_iterable(sampled[i] for i in act), dtype=np.int64,
+                                count=int(new_lens.sum()))
+        self.slot_len = np.full(n, -1, dtype=np.int64)
+        self.slot_len[active] = self.num
+        self.slot_tail = np.full((n, TAIL), -1, dtype=np.int64)
+        if len(active):  # the text's last TAIL tokens: token_ids before this step's tokens, then those tokens
+            tails = self._tails(token_ids, active, self.num)
+            row = np.repeat(np.arange(len(active)), new_lens)
+            within = np.arange(len(self.flat)) - np.repeat(np.cumsum(new_lens) - new_lens, new_lens)
+            col = TAIL - new_lens[row] + within
+            keep = col >= 0
+            tails[row[keep], col[keep]] = self.flat[keep]
+            self.slot_tail[active] = tails
         if self.step % 256 == 0:
             self._forget()
         return out
 
-    def _find(self, row: int, tokens: np.ndarray, before: int, taken: set[int]) -> Request:
-        """The request in `row` (none another row already took this step: `taken` holds their ids)."""
-        tail = tokens[max(before - TAIL, 0) : before].tolist()
-        req = self.slots.get(row)
-        if req is not None and id(req) not in taken and req.length == before and req.text[-TAIL:] == tail:
-            return req
-        for req in self.by_key.get(_key(before, tail), ()):
-            if id(req) not in taken:
-                return req
-        return self._new_request(tokens[:before].tolist())
+    @staticmethod
+    def _tails(token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """token_ids[row, end - TAIL : end] per row, right-aligned, -1 before position 0: [rows, TAIL]."""
+        idx = ends.reshape(-1, 1) + np.arange(-TAIL, 0)
+        got = token_ids[rows.reshape(-1, 1), np.maximum(idx, 0)].astype(np.int64)
+        return np.where(idx >= 0, got, -1)
 
-    def _unkey(self, req: Request) -> None:
-        same = self.by_key.get(req.key)
-        if same is not None:
-            same[:] = [r for r in same if r is not req]
-            if not same:
-                del self.by_key[req.key]
+    def _find_slow(self, slow: list[int], fast: np.ndarray, out: list[Request | None], token_ids: np.ndarray,
+                   before: np.ndarray) -> None:
+        """Rows the fast path did not place, in row order, as one pass over all rows would: a row
+        takes the first request keyed (length, tail) — those that left the slots earlier first, then
+        the last step's slots in row order — that no earlier row took; a later row whose slot
+        request it takes falls back here too. Otherwise its request is new."""
+        taken: set[int] = set()  # requests slow rows took (fast rows hold their slot's request)
+        todo = list(slow)
+        heapq.heapify(todo)
+        while todo:
+            i = heapq.heappop(todo)
+            b = int(before[i])
+            key = (b, tuple(token_ids[i, max(b - TAIL, 0) : b].tolist()))
+            req = None
+            same = self.away.get(key)
+            if same:
+                req = next((r for r in same if id(r) not in taken), None)
+                if req is not None:
+                    same.remove(req)
+                    if not same:
+                        del self.away[key]
+            if req is None and len(self.slots):
+                tail = self._tails(token_ids, np.array([i]), np.array([b]))
+                for j in np.flatnonzero((self.slot_len == b) & (self.slot_tail == tail).all(1)).tolist():
+                    if j < len(fast) and fast[j]:
+                        if j < i:
+                            continue  # row j comes first and keeps its own request
+                        fast[j], out[j] = False, None  # this row comes first: row j looks again after it
+                        heapq.heappush(todo, j)
+                    elif id(self.slots[j]) in taken:
+                        continue
+                    req = self.slots[j]
+                    break
+            if req is None:
+                req = self._new_request(token_ids[i, :b].tolist())
+                self.created = True
+            out[i] = req
+            taken.add(id(req))
 
     def _new_request(self, prompt: list[int]) -> Request:
         key = (len(prompt), hash(tuple(prompt)))
@@ -168,9 +250,9 @@ class RequestTracker:
             self.groups.popitem(last=False)
 
     def _forget(self) -> None:
-        for key in list(self.by_key):
-            kept = [r for r in self.by_key[key] if self.step - r.seen <= self.forget_after]
+        for key in list(self.away):
+            kept = [r for r in self.away[key] if self.step - r.seen <= self.forget_after]
             if kept:
-                self.by_key[key] = kept
+                self.away[key] = kept
             else:
-                del self.by_key[key]
+                del self.away[key]

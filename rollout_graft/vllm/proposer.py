@@ -14,7 +14,13 @@ step here:
          → cut     (D-cut: one batch-wide budget of draft tokens, a depth per request)
 
 The step time vLLM spends around us (schedule, forward, sample) is measured between calls and
-fitted by the budget policy.
+fitted by the budget policy; every call into the policy is in `_budget`.
+
+Cost per step: numpy over the batch for finding requests, acceptance, scores and the prior (its
+update, `teach_prior`, and its chains, `prior_chain`: `AdjacencyIndex.update_topk` and `lookup` for
+this case without torch's fixed cost per call); Python per row only for extending its text's
+n-gram index and its suffix match (dict walks of a few n-grams each), never a pass over a row's
+history. `scripts/profile_vllm_proposer.py` measures it.
 """
 
 from __future__ import annotations
@@ -25,10 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..adjacency import EMPTY, AdjacencyIndex
-from ..templates import chain
 from ..chain_budget import ChainDCut, FixedChains
 from .config import PROPOSER_CLASS, ChainConfig
 from .groups import Request, RequestTracker
@@ -93,120 +97,143 @@ class RLDraftProposer:
                 slot_mappings=None) -> list[list[int]]:
         start = time.perf_counter()
         reqs = self.tracker.rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        new_requests, accepted = self._learn(reqs, sampled_token_ids)
-        self._time_step(start, new_requests, accepted)
+        active = [reqs[i] for i in self.tracker.active.tolist()]
+        acceptance, accepted = self._learn(active, token_ids_cpu)
+        step = self._step_time(start, len(active), accepted)
         self._last_start = start
-        active = [r for r in reqs if r is not None]
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         drafted = 0
-        if not self.policy.skip():  # D-cut backing off: a plain step, no chains drafted or scored
-            chains, scores = self._draft(active)
-            decision = self.policy.decide(scores)
-            rows = [i for i, req in enumerate(reqs) if req is not None]
-            for j, (i, req) in enumerate(zip(rows, active)):
-                depth = int(decision.depths[j])
-                req.draft, req.draft_scores = chains[j][:depth], scores[j, :depth].tolist()
-                out[i] = req.draft
-                drafted += depth
-            self.stats.proposed_tokens += decision.proposed
-            self.stats.kept_tokens += decision.kept
-            self.stats.plain_steps += int(decision.proposed > 0 and decision.kept == 0)
+        budget = self._budget(acceptance, step, lambda: self._draft(active))
+        if budget is not None:
+            chains, scores, depths = budget
+            for i, req, ch, sc, depth in zip(self.tracker.active.tolist(), active, chains, scores, depths.tolist()):
+                if depth:
+                    req.draft, req.draft_scores = ch[:depth], sc[:depth]
+                    out[i] = req.draft
+                    drafted += depth
         self._pending = (len(active), drafted)
         self.stats.steps += 1
         self.stats.propose_s += time.perf_counter() - start
         return out
 
-    def _time_step(self, now: float, new_requests: bool, accepted: int) -> None:
-        """The step since the last call verified the drafts returned then: feed its time (from the last
-        call's start: our own time included, a draft's cost is also ours) and the tokens it emitted to
-        the policy, unless it also prefilled (a new request)."""
-        if self._last_start is None or self._pending is None or new_requests:
-            return
+    def _budget(self, acceptance, step, draft):
+        """Every call into the budget policy, in one place (a new policy is swapped in here): what
+        the last step's drafts earned (`observe_acceptance`: raw scores, depths, accepted tokens) and
+        cost (`observe_step`: rows, draft tokens, ms, emitted tokens), then whether to draft at all
+        (`skip`: D-cut backing off, no chains drafted or scored) and how deep (`decide`). draft()
+        gives (chains, raw scores [rows, k]). Returns (chains, scores, depth per row), None for a
+        plain step."""
+        if acceptance is not None:
+            self.policy.observe_acceptance(*acceptance)
+        if step is not None:
+            self.policy.observe_step(*step)
+        if self.policy.skip():
+            return None
+        chains, scores = draft()
+        decision = self.policy.decide(scores)
+        self.stats.proposed_tokens += decision.proposed
+        self.stats.kept_tokens += decision.kept
+        self.stats.plain_steps += int(decision.proposed > 0 and decision.kept == 0)
+        return chains, scores, decision.depths
+
+    def _step_time(self, now: float, rows: int, accepted: int) -> tuple[int, int, float, int] | None:
+        """The step since the last call verified the drafts returned then: its time (from the last
+        call's start: our own time included, a draft's cost is also ours) and the tokens it emitted,
+        as (rows, draft tokens, ms, emitted) for the policy — None if it also prefilled (a new
+        request) or is the first."""
+        if self._last_start is None or self._pending is None or self.tracker.created:
+            return None
         ms = 1000.0 * (now - self._last_start)
         self.stats.step_s += ms / 1000.0
         rows, drafted = self._pending
-        self.policy.observe_step(rows, drafted, ms, rows + accepted)
+        return rows, drafted, ms, rows + accepted
 
-    def _learn(self, reqs: list[Request | None], sampled: list[list[int]]) -> tuple[bool, int]:
-        """Acceptance of the drafts returned last step, and the new tokens into the prior. Returns
-        whether a request appeared for the first time (its prefill ran in this step) and the draft
-        tokens the step accepted."""
-        new_requests, accepted_total = False, 0
-        verified: list[tuple[list[float], int, int]] = []  # (raw scores, depth, accepted)
-        prev_tok, next_tok = [], []
-        for req, new in zip(reqs, sampled):
-            if req is None:
-                continue
-            self.stats.rows += 1
-            new_requests |= req.created == self.tracker.step
-            if req.draft:
-                accepted = len(new) - 1
-                verified.append((req.draft_scores, len(req.draft), accepted))
-                self.stats.drafts += 1
-                self.stats.draft_tokens += len(req.draft)
-                self.stats.accepted_tokens += accepted
-                accepted_total += accepted
+    def _learn(self, reqs: list[Request], token_ids: np.ndarray) -> tuple[tuple | None, int]:
+        """Acceptance of the drafts returned last step, and the new tokens into the prior (numpy over
+        the batch; a Python pass only over the rows that drafted). Returns the acceptance for the
+        policy (raw scores [n, depth], depths [n], accepted [n]; None when nothing was drafted) and
+        the draft tokens the step accepted."""
+        tr = self.tracker
+        self.stats.rows += len(reqs)
+        drafted = [j for j, req in enumerate(reqs) if req.draft]
+        acceptance, accepted_total = None, 0
+        if drafted:
+            depths = np.array([len(reqs[j].draft) for j in drafted])
+            accepted = tr.lens[drafted] - 1
+            scores = np.zeros((len(drafted), int(depths.max())))
+            for row, j in enumerate(drafted):
+                req = reqs[j]
+                scores[row, : len(req.draft_scores)] = req.draft_scores
                 req.draft = []
-            text = req.text
-            start = max(len(text) - len(new) - 1, 0)
-            prev_tok.extend(text[start:-1])
-            next_tok.extend(text[start + 1 :])
-        if verified:
-            depth = max(d for _, d, _ in verified)
-            scores = np.zeros((len(verified), depth))
-            for i, (s, _, _) in enumerate(verified):
-                scores[i, : len(s)] = s
-            self.policy.observe_acceptance(scores, np.array([d for _, d, _ in verified]),
-                                           np.array([a for _, _, a in verified]))
-        if self.prior is not None and prev_tok:
-            self._teach_prior(prev_tok, next_tok)
-        return new_requests, accepted_total
+            acceptance = (scores, depths, accepted)
+            accepted_total = int(accepted.sum())
+            self.stats.drafts += len(drafted)
+            self.stats.draft_tokens += int(depths.sum())
+            self.stats.accepted_tokens += accepted_total
+        if self.prior is not None and len(tr.flat):
+            # (token before, token) for each new token: the first one's predecessor is the row's
+            # last committed token (the tracker matched it to the request's text)
+            starts = np.cumsum(tr.lens) - tr.lens
+            before = tr.num - tr.lens
+            prev = np.empty_like(tr.flat)
+            prev[1:] = tr.flat[:-1]
+            prev[starts] = token_ids[tr.active, np.maximum(before - 1, 0)]
+            keep = np.ones(len(prev), dtype=bool)
+            keep[starts[before == 0]] = False  # an empty prompt: its first token has no predecessor
+            self._teach_prior(prev[keep], tr.flat[keep])
+        return acceptance, accepted_total
 
-    def _teach_prior(self, prev_tok: list[int], next_tok: list[int]) -> None:
-        tokens = torch.tensor(prev_tok, dtype=torch.long)
-        top_i = torch.full((len(prev_tok), PRIOR_K), EMPTY, dtype=torch.long)
-        top_i[:, 0] = torch.tensor(next_tok, dtype=torch.long)
-        top_p = torch.zeros(len(prev_tok), PRIOR_K)
-        top_p[:, 0] = 1.0
-        self.prior.update_topk(torch.zeros_like(tokens), tokens, top_i, top_p, PRIOR_DECAY)
+    def _teach_prior(self, prev_tok: np.ndarray, next_tok: np.ndarray) -> None:
+        teach_prior(self.prior, prev_tok, next_tok, PRIOR_DECAY)
 
     def _draft(self, reqs: list[Request]) -> tuple[list[list[int]], np.ndarray]:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
         suffix-match tokens score (n / (n + 1))^depth for a match of n tokens, prior tokens the
-        prior's weight, multiplied along the chain (D-cut calibrates them against acceptance)."""
-        chains, scores = [], np.zeros((len(reqs), self.k))
-        for j, req in enumerate(reqs):
-            room = self._room(req)
-            if room <= 0:
+        prior's weight, multiplied along the chain (D-cut calibrates them against acceptance). The
+        suffix match is one dict walk per request (`TextIndex.match`); the scores and the prior's
+        extension are numpy over the batch."""
+        room = self._room(self.tracker.num)
+        shared = self.config.share_in_group
+        chains: list[list[int]] = []
+        matched = np.zeros(len(reqs))
+        for j, (req, r) in enumerate(zip(reqs, room.tolist())):
+            if r <= 0:
                 chains.append([])
                 continue
-            match = req.group.index.match(req.text_id, room, shared=self.config.share_in_group)
-            conf = match.length / (match.length + 1.0)
+            match = req.group.index.match(req.text_id, r, shared=shared)
             chains.append(match.chain)
-            scores[j, : len(match.chain)] = conf ** np.arange(1, len(match.chain) + 1)
+            matched[j] = match.length
+        have = np.fromiter(map(len, chains), dtype=np.int64, count=len(chains))
+        conf = matched / (matched + 1.0)
+        scores = conf.reshape(-1, 1) ** np.arange(1, self.k + 1)
+        scores[np.arange(self.k) >= have.reshape(-1, 1)] = 0.0
         if self.prior is not None:
-            self._extend_from_prior(reqs, chains, scores)
+            self._extend_from_prior(chains, scores, have, room)
         return chains, scores
 
-    def _extend_from_prior(self, reqs: list[Request], chains: list[list[int]], scores: np.ndarray) -> None:
+    def _extend_from_prior(self, chains: list[list[int]], scores: np.ndarray, have: np.ndarray, room: np.ndarray) -> None:
         """Chains shorter than their room continue with the prior's most likely successors (its greedy
-        chain, `AdjacencyIndex.lookup`), their weights multiplied into the scores."""
-        todo = [j for j, req in enumerate(reqs) if len(chains[j]) < self._room(req)]
-        if not todo:
+        chain, `prior_chain`), their weights multiplied into the scores."""
+        todo = np.flatnonzero(have < room)
+        if not len(todo):
             return
-        roots = torch.tensor([(chains[j] or reqs[j].text)[-1] for j in todo], dtype=torch.long)
-        found = self.prior.lookup(torch.zeros_like(roots), roots, chain(self.k))  # [len(todo), k], valid a prefix
-        tokens, lengths, score = found.tokens.tolist(), found.valid.sum(1).tolist(), found.score.numpy()
-        for row, j in enumerate(todo):
-            have = len(chains[j])
-            add = min(self._room(reqs[j]) - have, lengths[row])
-            base = scores[j, have - 1] if have else 1.0
-            chains[j].extend(tokens[row][:add])
-            scores[j, have : have + add] = base * score[row, :add]
+        tr = self.tracker
+        last = tr.flat[np.cumsum(tr.lens) - 1]  # each row's last token
+        roots = np.array([chains[j][-1] if chains[j] else last[j] for j in todo.tolist()], dtype=np.int64)
+        tokens, score, lengths = prior_chain(self.prior, roots, self.k)
+        h = have[todo]
+        add = np.minimum(room[todo] - h, lengths)
+        for j, row, a in zip(todo.tolist(), tokens.tolist(), add.tolist()):
+            chains[j].extend(row[:a])
+        base = np.where(h > 0, scores[todo, np.maximum(h - 1, 0)], 1.0)
+        src = np.arange(self.k) - h.reshape(-1, 1)  # column → position in the prior's chain
+        put = (src >= 0) & (src < add.reshape(-1, 1))
+        r, c = np.nonzero(put)
+        scores[todo[r], c] = base[r] * score[r, src[r, c]].astype(np.float64)
 
-    def _room(self, req: Request) -> int:
-        """Draft tokens this request may take: the depth, and the context left (vLLM's max_model_len)."""
-        return min(self.k, self.max_model_len - req.length - 1)
+    def _room(self, length: np.ndarray) -> np.ndarray:
+        """Draft tokens each request may take: the depth, and the context left (vLLM's max_model_len)."""
+        return np.minimum(self.k, self.max_model_len - length - 1)
 
     # ------------------------------------------------------------------ state
     def summary(self) -> dict:
@@ -240,6 +267,54 @@ class RLDraftProposer:
                              "use a prior saved for this model")
         # keep our k: the engine's prior keeps 8 successors per token from logits
         self.prior = AdjacencyIndex(prior.ids[:, :, :PRIOR_K].contiguous(), prior.probs[:, :, :PRIOR_K].contiguous())
+
+
+def prior_chain(prior: AdjacencyIndex, roots: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`prior.lookup(zeros, roots, templates.chain(depth))` in numpy for group 0, without torch's
+    per-level overhead (~3 ms a call here, whatever the rows): the rank-0 successor chain from
+    each root. Returns tokens [rows, depth] (int64, 0 past the end), scores [rows, depth] (float32
+    products of the successors' weights, 0 past the end) and each chain's length."""
+    ids = prior.ids[0, :, 0].numpy()
+    probs = prior.probs[0, :, 0].numpy()
+    rows = len(roots)
+    tokens = np.zeros((rows, depth), dtype=np.int64)
+    score = np.zeros((rows, depth), dtype=np.float32)
+    tok, valid, acc = roots, np.ones(rows, dtype=bool), np.ones(rows, dtype=np.float32)
+    lengths = np.zeros(rows, dtype=np.int64)  # valid levels are a prefix: a chain stops at its first unknown successor
+    for d in range(depth):
+        nxt = ids[tok]
+        valid = valid & (nxt != EMPTY)
+        acc = acc * probs[tok].astype(np.float32)
+        tok = np.where(valid, nxt, 0)
+        tokens[:, d] = tok
+        score[:, d] = np.where(valid, acc, 0.0)
+        lengths += valid
+    return tokens, score, lengths
+
+
+def teach_prior(prior: AdjacencyIndex, prev: np.ndarray, nxt: np.ndarray, decay: float) -> None:
+    """`prior.update_topk` for group 0 with one successor of weight 1 per pair (`nxt` follows
+    `prev`), in numpy on the tables' memory, without torch's fixed cost (~1 ms a call here): the
+    last pair of each token wins; its row becomes the successor with weight 1, then the row's
+    other successors in their order by weight, × decay, the lightest dropped. Same tables as
+    `update_topk` except the order of successors of equal weight, which torch's unstable sort
+    leaves open (rows this proposer writes never have two: weights are distinct powers of
+    `decay`)."""
+    ids = prior.ids[0].numpy()  # [V, k] views: writes land in the prior's tensors
+    probs = prior.probs[0].numpy()
+    k = ids.shape[1]
+    rows, last = np.unique(prev[::-1], return_index=True)
+    succ = nxt[::-1][last]
+    old_i = ids[rows]
+    old_p = np.where((old_i != EMPTY) & (old_i != succ.reshape(-1, 1)),
+                     probs[rows].astype(np.float32) * np.float32(decay), np.float32(-1.0))
+    order = np.argsort(-old_p, axis=1, kind="stable")[:, : k - 1]
+    kept_i = np.take_along_axis(old_i, order, 1)
+    kept_p = np.take_along_axis(old_p, order, 1)
+    new_i = np.concatenate([succ.reshape(-1, 1), np.where(kept_p < 0, EMPTY, kept_i)], 1)
+    new_p = np.concatenate([np.ones((len(rows), 1), dtype=np.float32), np.maximum(kept_p, 0.0)], 1)
+    ids[rows] = new_i
+    probs[rows] = new_p.astype(probs.dtype)
 
 
 def __getattr__(name: str):
