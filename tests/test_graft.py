@@ -8,9 +8,10 @@ from test_lossless import PROMPTS, assert_logprobs_match_recompute, chi2_pvalue,
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rollout_graft.proposers.graft as graft_module
-from rollout_graft import DCutConfig, DraftConfig, EngineConfig, RolloutEngine, SamplingParams, calibrate
+from rollout_graft import DraftConfig, EngineConfig, RolloutEngine, SamplingParams, calibrate
 from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts
 from rollout_graft.merge import merge_trees, sibling_duplicates, token_paths
+from rollout_graft.budget import BudgetDecision, BudgetPolicy
 from rollout_graft.selection import keep_best
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.pruning import draft_quota, fit_thresholds, pruning_stage, separating_thresholds
@@ -205,16 +206,27 @@ def test_graft_trees_within_budget_superset_and_well_formed(qwen3_model, monkeyp
     assert grafted > 0  # retrieval actually filled freed slots
 
 
+class Scripted(BudgetPolicy):
+    """Decodes plainly without proposing where `skips` says True, else verifies the whole draft."""
+
+    def __init__(self, budget: int, skips: list[bool]):
+        self.budget, self.skips = budget, iter(skips)
+
+    def plan(self, rows: int) -> int:
+        return 0 if next(self.skips) else self.budget
+
+    def cut(self, draft):
+        return draft, BudgetDecision(1.0 if draft.tokens.shape[1] else 0.0)
+
+
 @pytest.mark.parametrize("window", [64, 2])
 def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, window):
-    """D-cut may decode plainly without proposing (back-off): the drafter then feeds the skipped
+    """A budget policy may decode plainly without proposing (`plan` → 0): the drafter then feeds the skipped
     tokens on its next proposal, at most FEED_WINDOW of them. With the target as its own drafter,
     greedy, and the whole skipped span fed (window 64), every proposing step accepts its whole
     chain — a drafter whose cache fell out of step would not. With a window shorter than the span
     (2) its cache has gaps: drafts may be worse, the output is the same."""
     import rollout_graft.proposers.drafter as drafter_module
-    from rollout_graft.budget import DCut
-    from rollout_graft.cost import CostModel
 
     monkeypatch.setattr(drafter_module, "FEED_WINDOW", window)
     fed = []  # width of every block a proposal fed
@@ -228,17 +240,12 @@ def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, w
 
     monkeypatch.setattr(drafter_module.DrafterProposer, "_pending_block", spy)
 
-    pattern = iter(([True] * 3 + [False] * 2) * 100)  # 3 plain steps, then 2 proposing steps, …
-    monkeypatch.setattr(DCut, "skip_proposal", lambda self, rows=None: next(pattern))
-    monkeypatch.setattr(DCut, "observe_forward", lambda self, *a: None)  # keep the hand-made table as it is
     greedy = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
     prompts = [[5, 6, 7]] * 2 + [[9, 10]] * 2
     ar = RolloutEngine(qwen3_model).generate(prompts, greedy)
     engine = graft_engine(qwen3_model, qwen3_model, DraftConfig(prune=False, graft=False, top_k=1, beam=1, depth=6),
-                          budget=8, budget_policy="dcut", dcut=DCutConfig(ratios=(1.0,)))
-    # verifying is free; no slow start: every proposing step verifies the whole tree
-    engine.policy = DCut(CostModel([1, 64], [1, 64], [[1e6, 1e6]] * 2), 8,
-                         DCutConfig(ratios=(1.0,), explore_every=0, slow_start=False))
+                          budget=8)
+    engine.policy = Scripted(8, ([True] * 3 + [False] * 2) * 100)  # 3 plain steps, then 2 proposing steps, …
     out = engine.generate(prompts, greedy)
     assert out.completion_ids == ar.completion_ids
     spec = [t for t in out.stats.budget_trace if t["ratio"] > 0]
@@ -250,7 +257,6 @@ def test_drafter_catches_up_after_steps_dcut_skipped(qwen3_model, monkeypatch, w
 
 
 def test_drafter_pending_steps_collapse_when_rows_leave_and_prefill_waits_for_a_proposal(qwen3_model, monkeypatch):
-    from rollout_graft.budget import DCut
     from rollout_graft.proposers.drafter import DrafterProposer
     from rollout_graft.runner import ModelRunner
 
@@ -266,10 +272,10 @@ def test_drafter_pending_steps_collapse_when_rows_leave_and_prefill_waits_for_a_
     assert block.tolist() == [[-1, 7, 11, 12, 17], [10, 14, 15, 16, 20]] and n == [4, 5]
     assert drafter.runner.cache is None and drafter._row_prompt.tolist() == [0, 1]  # nothing prefilled yet
 
-    # a rollout D-cut decodes plainly throughout never runs the drafter
-    monkeypatch.setattr(DCut, "skip_proposal", lambda self, rows=None: True)
+    # a rollout whose budget policy decodes plainly throughout never runs the drafter
     greedy = SamplingParams(temperature=0, max_new_tokens=12)
-    engine = graft_engine(qwen3_model, small_draft(), budget_policy="dcut")
+    engine = graft_engine(qwen3_model, small_draft())
+    engine.policy = Scripted(8, [True] * 1000)
     out = engine.generate(PROMPTS, greedy)
     assert out.completion_ids == RolloutEngine(qwen3_model).generate(PROMPTS, greedy).completion_ids
     assert engine.proposer.drafter.runner.cache is None
