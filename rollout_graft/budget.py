@@ -38,7 +38,7 @@ class BudgetDecision:
     kept: int | None = None  # candidate nodes kept (whole batch; None: not counted)
     candidates: int | None = None  # candidate nodes proposed (whole batch; None: not counted)
     expected_emitted: float | None = None  # predicted Σ emitted tokens of this step (None: no prediction)
-    probe: bool = False  # a tree was built and D-cut chose ρ = 0 (it verifies one only to explore)
+    probe: bool = False  # a draft was proposed and D-cut chose ρ = 0 (the proposal only probed)
 
 
 @dataclass(slots=True)

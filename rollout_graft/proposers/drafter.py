@@ -34,11 +34,11 @@ from ..tree import DRAFT, Draft
 from .base import Proposer, StepContext
 
 FEED_WINDOW = 64
-"""Pending tokens a proposal feeds at most. After a D-cut back-off of more steps than this, the
-drafter's cache skips the older ones: its next drafts see the prompt, the text up to the back-off
-and the last FEED_WINDOW tokens (drafts may be a little worse; the output law does not change,
-the target verifies every token). Catching up a long back-off in full would cost a share of the
-skipped steps that no back-off length could shrink."""
+"""Pending tokens a proposal feeds at most. After more plain steps without a proposal than this (D-cut
+waiting for its next probe), the drafter's cache skips the older ones: its next drafts see the
+prompt, the text up to the last proposal and the last FEED_WINDOW tokens (drafts may be a little
+worse; the output law does not change, the target verifies every token). Catching up a long plain
+stretch in full would cost a share of the skipped steps that no probe spacing could shrink."""
 
 StopRule = Callable[[int, torch.Tensor], torch.Tensor]
 """(checkpoint index, best cumulative confidence [rows]) → [rows] bool: stop this row's tree here."""
@@ -173,7 +173,7 @@ class DrafterProposer(Proposer):
         return warp_logits(logits, self.params).softmax(-1)
 
     def _feed_pending(self, ctx: StepContext) -> torch.Tensor:
-        """Cache the pending tokens (a causal block per row; after a long D-cut back-off only the
+        """Cache the pending tokens (a causal block per row; after a long plain stretch only the
         last FEED_WINDOW of them), prefilling the prompts first at a rollout's first proposal;
         returns the root logits [rows, V]."""
         if self._row_prompt is not None:
