@@ -4,7 +4,7 @@
 (at a fixed cached context) and caches the table on disk, keyed by model, device, dtype and
 threads; `predict` interpolates it (bilinear; linear extrapolation past the grid's edge). The
 rest of a step (tree building, sampling along the walk, learning) depends on the proposer and is
-measured online (`TreeStepCost`). Profiling is bounded: a cell slower than
+measured online by `budget.OverheadModel`. Profiling is bounded: a cell slower than
 `cell_limit_ms` ends its row of the grid (the rest is extrapolated linearly in tokens), and fast
 cells are repeated, slow ones timed once.
 """
@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from .runner import ModelRunner
-from .stats import StepTiming
 
 DEFAULT_BATCHES = (1, 4, 16, 64)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
@@ -101,64 +100,6 @@ class CostModel:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(cost.to_json()))
         return cost
-
-
-class RowFit:
-    """y = a + b·rows, fitted by exponentially weighted least squares. Past the most rows measured
-    it predicts no less than proportionally to the rows: a fit made on a drained batch's tail (a
-    few rows, noisy) must not price a full batch's tree as cheap."""
-
-    def __init__(self, forget: float):
-        self.forget = forget
-        self.sums = [0.0] * 5  # Σw, Σw·x, Σw·y, Σw·x², Σw·x·y
-        self.most_rows = 0
-
-    def observe(self, rows: int, ms: float) -> None:
-        f = self.forget
-        w, sx, sy, sxx, sxy = (v * f for v in self.sums)
-        self.sums = [w + 1, sx + rows, sy + ms, sxx + rows * rows, sxy + rows * ms]
-        self.most_rows = max(self.most_rows, rows)
-
-    def predict(self, rows: int) -> float:
-        """Predicted ms at `rows` rows (0 before the first observation)."""
-        if self.most_rows == 0:
-            return 0.0
-        if rows > self.most_rows:
-            return max(self._fit(rows), self._fit(self.most_rows) * rows / self.most_rows)
-        return self._fit(rows)
-
-    def _fit(self, rows: int) -> float:
-        w, sx, sy, sxx, sxy = self.sums
-        var = sxx / w - (sx / w) ** 2
-        if var < 1e-6 * max(1.0, (sx / w) ** 2):  # one batch size seen so far: scale with the rows
-            return sy / max(sx, 1e-9) * rows
-        b = (sxy / w - sx * sy / w**2) / var
-        a = sy / w - b * sx / w
-        return max(a + b * rows, 0.0)
-
-
-class TreeStepCost:
-    """Predicted milliseconds of one engine step that verifies W nodes per row: the profiled verify
-    forward of 1 + W tokens per row, plus the time outside it — measured online as a + b·rows
-    (`RowFit`), one fit for steps that proposed a tree (building, cutting, walking and learning
-    from it; a step that proposed pays for its tree also when D-cut then verified none of it) and
-    one for plain steps (one draw per row)."""
-
-    def __init__(self, table: CostModel, forget: float = 0.9):
-        self.table = table
-        self.tree = RowFit(forget)
-        self.plain = RowFit(forget)
-
-    def observe(self, rows: int, proposed: bool, timing: StepTiming) -> None:
-        if proposed:
-            self.tree.observe(rows, timing.propose_ms + timing.rest_ms)
-        else:
-            self.plain.observe(rows, timing.rest_ms)
-
-    def step_ms(self, rows: int, width: int) -> float:
-        """A step of `rows` rows verifying `width` nodes each (0: a plain step, no tree proposed)."""
-        outside = self.tree if width > 0 else self.plain
-        return self.table.predict(rows, 1.0 + width) + outside.predict(rows)
 
 
 @torch.inference_mode()
