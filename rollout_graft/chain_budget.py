@@ -30,10 +30,6 @@ import torch
 
 from .budget import ScoreCalibration
 
-LONGEST_SKIP = 16
-"""Steps between D-cut's decisions at most while it decodes plainly (`ChainDCut.skip`)."""
-
-
 def global_top_k_depths(scores: np.ndarray, k: int) -> np.ndarray:
     """Depth per row of the batch's k best draft tokens. scores: [rows, depth], non-increasing
     along each row (0 where a row has no token). Returns [rows] int: how many of each row's
@@ -125,11 +121,12 @@ class ChainDCut:
     verifies one draft token per request; warmup: steps measured before the fit decides (they
     alternate full drafts and plain steps, so the fit sees both)."""
 
-    def __init__(self, explore_every: int = 16, warmup: int = 8):
+    def __init__(self, explore_every: int = 16, warmup: int = 8, longest_skip: int = 16):
         self.calibration = ScoreCalibration()
         self.cost = StepCost()
         self.explore_every = explore_every
         self.warmup = warmup
+        self.longest_skip = longest_skip  # steps between decisions at most while decoding plainly (`skip`)
         self.decisions = 0
         self.plain = 0  # K = 0 decisions so far
         self.rows = 0  # rows of the last decision (for `explain`)
@@ -158,7 +155,7 @@ class ChainDCut:
         if k == 0 and proposed:
             self.plain += 1
             self.idle += 1
-            self.wait = min(2**self.idle, LONGEST_SKIP) - 1
+            self.wait = min(2**self.idle, self.longest_skip) - 1
             if self.explore_every and self.plain % self.explore_every == 0:
                 k = min(rows, proposed)
         elif k > 0:

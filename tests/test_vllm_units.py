@@ -174,6 +174,19 @@ def test_speculative_config_round_trip_and_errors():
         speculative_config(budget_policy="tree")
     with pytest.raises(ValueError, match="max_match"):
         speculative_config(min_match=3, max_match=2)
+    with pytest.raises(ValueError, match="identity_tokens"):
+        speculative_config(identity_tokens=0)
+    with pytest.raises(ValueError, match="prior_decay"):
+        speculative_config(prior_decay=1.0)
+
+
+def test_tracker_and_index_take_their_sizes_from_the_config():
+    index = TextIndex(1, 2, keep=1)
+    index.add([5, 6, 7, 5, 6, 8])
+    assert index.table[(5, 6)] == ((0, 4),)  # only the newest occurrence kept
+    tracker = RequestTracker(tail=4, occurrences=1)
+    Batch([[1, 2, 3, 4, 5, 6]]).step(tracker, [[9]])
+    assert tracker.slot_tail.shape[1] == 4 and tracker.groups[next(iter(tracker.groups))].index.keep == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32])
@@ -274,7 +287,10 @@ def test_teach_prior_writes_what_update_topk_writes():
     """The proposer's numpy prior update gives update_topk's tables (one successor of weight 1 per
     pair, older ones decayed), repeated tokens within a call included."""
     from rollout_graft.adjacency import EMPTY, AdjacencyIndex
-    from rollout_graft.vllm.proposer import PRIOR_DECAY, PRIOR_K, teach_prior
+    from rollout_graft.vllm.config import ChainConfig
+    from rollout_graft.vllm.proposer import teach_prior
+
+    PRIOR_K, PRIOR_DECAY = ChainConfig().prior_successors, ChainConfig().prior_decay
 
     ours, ref = AdjacencyIndex.empty(1, 40, PRIOR_K), AdjacencyIndex.empty(1, 40, PRIOR_K)
     rng = np.random.default_rng(0)

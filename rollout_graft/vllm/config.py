@@ -38,6 +38,18 @@ class ChainConfig:
             emitted token, kept across rollouts) where the group's text has no continuation.
         prior_path: a saved prior (`.safetensors`, the engine's `graft_prior.safetensors` works) to start from.
         explore_every: D-cut: every n-th plain decision verifies one draft token per request.
+        longest_skip: D-cut: after n plain decisions in a row, the next min(2^n, longest_skip) − 1
+            steps draft nothing without asking (drafting chains D-cut then cuts away cost the tiny
+            target 17–20 % of its wall time without it; docs/BENCHMARKS.md, "vLLM backend").
+        prior_successors: successors per token kept in the global prior (the engine keeps
+            `RetrievalConfig.top_k` = 8 from logits; emitted text teaches fewer).
+        prior_decay: weight of a token's older successors when it is seen again (the engine's
+            `RetrievalConfig.merge_decay`).
+        occurrences: occurrences kept per n-gram in a group's text index (newest first): siblings
+            writing the same n-gram at once each add one, and the newest is often a sibling's
+            current end, which has no continuation yet.
+        identity_tokens: trailing tokens that identify a request between steps (with its length);
+            a request whose text is long enough to differ only before them could be taken for another.
     """
 
     budget_policy: ChainPolicy = "dcut"
@@ -49,13 +61,21 @@ class ChainConfig:
     use_prior: bool = True
     prior_path: str | None = None
     explore_every: int = 16
+    longest_skip: int = 16
+    prior_successors: int = 4
+    prior_decay: float = 0.5
+    occurrences: int = 4
+    identity_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.budget_policy not in ("fixed", "dcut"):
             raise ValueError(f"budget_policy must be 'fixed' or 'dcut', got {self.budget_policy!r}")
-        for name in ("min_match", "max_match", "recall_prompts"):
+        for name in ("min_match", "max_match", "recall_prompts", "longest_skip", "prior_successors", "occurrences",
+                     "identity_tokens"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if not 0.0 <= self.prior_decay < 1.0:
+            raise ValueError(f"prior_decay must be in [0, 1), got {self.prior_decay!r}")
         if self.max_match < self.min_match:
             raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
         for name in ("recall", "explore_every"):

@@ -6,10 +6,10 @@ step just sampled for it. It gets no request ids and no prompt lengths, and rows
 requests leave, vLLM condenses and reorders the batch, preempted requests come back recomputed.
 So requests are recognised by their text:
 
-- a row whose slot holds a request with the same length and the same last `TAIL` tokens before
-  this step's tokens is that request (the fast path: one numpy comparison for the whole batch
+- a row whose slot holds a request with the same length and the same last `tail` tokens
+  (`ChainConfig.identity_tokens`, 32) before this step's tokens is that request (the fast path: one numpy comparison for the whole batch
   against the lengths and tails kept per slot);
-- otherwise the request is looked up by (length, last `TAIL` tokens) among all known requests —
+- otherwise the request is looked up by (length, last `tail` tokens) among all known requests —
   those that left the batch earlier first, then the last step's slots in row order — as one
   pass over the rows in order would (a moved or preempted-and-resumed row);
 - otherwise it is new: its prompt is everything before the tokens it sampled in its first step
@@ -21,7 +21,7 @@ Per step, the Python work per row is the fast path's bookkeeping and extending t
 text (`TextIndex.extend`, O(new tokens × n-gram lengths)); only moved, resumed and new rows are
 looked up one by one.
 
-Two siblings whose last TAIL tokens and lengths are equal at the same step may swap identities;
+Two siblings whose last `tail` tokens and lengths are equal at the same step may swap identities;
 their recent texts are then identical, so what either drafts from is unchanged in practice.
 """
 
@@ -35,10 +35,6 @@ from itertools import chain
 import numpy as np
 
 from .text_index import TextIndex
-
-TAIL = 32
-"""Trailing tokens that identify a request between steps."""
-
 
 @dataclass(eq=False)
 class Group:
@@ -71,10 +67,10 @@ class Request:
         return self.group.index.texts[self.text_id]
 
 
-def _tail_key(length: int, text: list[int]) -> tuple[int, tuple[int, ...]]:
-    """A request's identity between steps: its length and its last TAIL tokens (`text` holds at
+def _tail_key(length: int, text: list[int], tail: int) -> tuple[int, tuple[int, ...]]:
+    """A request's identity between steps: its length and its last `tail` tokens (`text` holds at
     least those; only they are read)."""
-    return length, tuple(text[-TAIL:])
+    return length, tuple(text[-tail:])
 
 
 class RequestTracker:
@@ -85,10 +81,10 @@ class RequestTracker:
     of the previous rollout as read-only texts.
 
     The per-step work is vectorised over the batch: the fast path (same slot, same length, same
-    last TAIL tokens) is one numpy comparison of every row's tail with the tails kept per slot
+    last `tail` tokens) is one numpy comparison of every row's tail with the tails kept per slot
     (`slot_len`, `slot_tail`); only rows that fail it (moved, resumed, new) and each request's
     text extension run in Python. Requests that leave the batch are keyed in `away` by
-    (length, last TAIL tokens); requests of the last step's slots are compared in numpy.
+    (length, last `tail` tokens); requests of the last step's slots are compared in numpy.
 
     After `rows`, the step's arrays are kept for the proposer: `active` (rows that sampled),
     `num` (committed tokens per active row), `lens` (tokens sampled per active row), `flat`
@@ -97,20 +93,23 @@ class RequestTracker:
     Args:
         min_match, max_match: n-gram lengths of the groups' `TextIndex`.
         recall: completions of a prompt's previous rollout kept for its next one (0: none).
+        occurrences: occurrences kept per n-gram in each group's `TextIndex`.
+        tail: trailing tokens that identify a request between steps.
         max_groups: prompts remembered at most, least recently used dropped first.
         forget_after: steps after which a request not seen is dropped from the row maps (its
             text stays in its group).
     """
 
     def __init__(self, min_match: int = 1, max_match: int = 4, recall: int = 0, max_groups: int = 4096,
-                 forget_after: int = 4096):
+                 forget_after: int = 4096, occurrences: int = 4, tail: int = 32):
         self.min_match, self.max_match, self.recall = min_match, max_match, recall
+        self.occurrences, self.tail = occurrences, tail
         self.max_groups = max_groups
         self.forget_after = forget_after
         self.groups: OrderedDict[tuple[int, int], Group] = OrderedDict()
         self.slots: list[Request | None] = []  # row → request at the last step
         self.slot_len = np.zeros(0, dtype=np.int64)  # row → its request's length after the last step (-1: none)
-        self.slot_tail = np.zeros((0, TAIL), dtype=np.int64)  # row → its last TAIL tokens, right-aligned, -1 before the text
+        self.slot_tail = np.zeros((0, tail), dtype=np.int64)  # row → its last `tail` tokens, right-aligned, -1 before the text
         self.away: dict[tuple[int, tuple[int, ...]], list[Request]] = {}  # requests that left the slots, by (length, tail)
         self.step = 0
         self.active = np.zeros(0, dtype=np.int64)
@@ -128,7 +127,7 @@ class RequestTracker:
         before = num - lens
         out: list[Request | None] = [None] * n
         fast = np.zeros(n, dtype=bool)
-        # the fast path for every row at once: same slot, same length, same last TAIL tokens
+        # the fast path for every row at once: same slot, same length, same last `tail` tokens
         m = min(n, len(self.slots))
         rows = active[active < m]
         rows = rows[self.slot_len[rows] == before[rows]]
@@ -146,7 +145,7 @@ class RequestTracker:
             for j in np.flatnonzero(~fast[: len(self.slots)]).tolist() + list(range(n, len(self.slots))):
                 req = self.slots[j]
                 if req is not None and id(req) not in claimed:
-                    self.away.setdefault(_tail_key(req.length, req.text), []).append(req)
+                    self.away.setdefault(_tail_key(req.length, req.text, self.tail), []).append(req)
         act = active.tolist()
         new_lens = lens[active]
         step = self.step
@@ -161,12 +160,12 @@ class RequestTracker:
                                 count=int(new_lens.sum()))
         self.slot_len = np.full(n, -1, dtype=np.int64)
         self.slot_len[active] = self.num
-        self.slot_tail = np.full((n, TAIL), -1, dtype=np.int64)
-        if len(active):  # the text's last TAIL tokens: token_ids before this step's tokens, then those tokens
+        self.slot_tail = np.full((n, self.tail), -1, dtype=np.int64)
+        if len(active):  # the text's last `tail` tokens: token_ids before this step's tokens, then those tokens
             tails = self._tails(token_ids, active, self.num)
             row = np.repeat(np.arange(len(active)), new_lens)
             within = np.arange(len(self.flat)) - np.repeat(np.cumsum(new_lens) - new_lens, new_lens)
-            col = TAIL - new_lens[row] + within
+            col = self.tail - new_lens[row] + within
             keep = col >= 0
             tails[row[keep], col[keep]] = self.flat[keep]
             self.slot_tail[active] = tails
@@ -174,10 +173,9 @@ class RequestTracker:
             self._forget()
         return out
 
-    @staticmethod
-    def _tails(token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """token_ids[row, end - TAIL : end] per row, right-aligned, -1 before position 0: [rows, TAIL]."""
-        idx = ends.reshape(-1, 1) + np.arange(-TAIL, 0)
+    def _tails(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """token_ids[row, end - tail : end] per row, right-aligned, -1 before position 0: [rows, tail]."""
+        idx = ends.reshape(-1, 1) + np.arange(-self.tail, 0)
         got = token_ids[rows.reshape(-1, 1), np.maximum(idx, 0)].astype(np.int64)
         return np.where(idx >= 0, got, -1)
 
@@ -193,7 +191,7 @@ class RequestTracker:
         while todo:
             i = heapq.heappop(todo)
             b = int(before[i])
-            key = (b, tuple(token_ids[i, max(b - TAIL, 0) : b].tolist()))
+            key = (b, tuple(token_ids[i, max(b - self.tail, 0) : b].tolist()))
             req = None
             same = self.away.get(key)
             if same:
@@ -235,7 +233,7 @@ class RequestTracker:
         return Request(group, tid, len(prompt), seen=self.step, created=self.step)
 
     def _new_group(self, key: tuple[int, int], prompt: list[int], recalled: list[list[int]]) -> Group:
-        index = TextIndex(self.min_match, self.max_match)
+        index = TextIndex(self.min_match, self.max_match, self.occurrences)
         index.add(prompt)
         ids = [index.add(prompt + completion, indexed_from=len(prompt)) for completion in recalled]
         return Group(key, prompt, index, recalled=ids)

@@ -37,13 +37,6 @@ from ..chain_budget import ChainDCut, FixedChains
 from .config import PROPOSER_CLASS, ChainConfig
 from .groups import Request, RequestTracker
 
-PRIOR_K = 4
-"""Successors per token in the global prior (the engine keeps 8 from logits; text gives fewer)."""
-
-PRIOR_DECAY = 0.5
-"""Older successors' weight when a token's row is rewritten (the engine's merge decay)."""
-
-
 @dataclass
 class ProposerStats:
     """Counters since the proposer was built (`RLDraftProposer.stats`). drafts / draft_tokens /
@@ -80,9 +73,10 @@ class RLDraftProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         self.vocab = vllm_config.model_config.get_vocab_size()
         cfg = self.config
-        self.tracker = RequestTracker(cfg.min_match, cfg.max_match, cfg.recall, cfg.recall_prompts)
-        self.policy = ChainDCut(cfg.explore_every) if cfg.budget_policy == "dcut" else FixedChains()
-        self.prior = AdjacencyIndex.empty(1, self.vocab, PRIOR_K) if cfg.use_prior else None
+        self.tracker = RequestTracker(cfg.min_match, cfg.max_match, cfg.recall, cfg.recall_prompts,
+                                      occurrences=cfg.occurrences, tail=cfg.identity_tokens)
+        self.policy = ChainDCut(cfg.explore_every, longest_skip=cfg.longest_skip) if cfg.budget_policy == "dcut" else FixedChains()
+        self.prior = AdjacencyIndex.empty(1, self.vocab, cfg.prior_successors) if cfg.use_prior else None
         if cfg.use_prior and cfg.prior_path:
             self.load_prior(cfg.prior_path)
         self.stats = ProposerStats()
@@ -184,7 +178,7 @@ class RLDraftProposer:
         return acceptance, accepted_total
 
     def _teach_prior(self, prev_tok: np.ndarray, next_tok: np.ndarray) -> None:
-        teach_prior(self.prior, prev_tok, next_tok, PRIOR_DECAY)
+        teach_prior(self.prior, prev_tok, next_tok, self.config.prior_decay)
 
     def _draft(self, reqs: list[Request]) -> tuple[list[list[int]], np.ndarray]:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
@@ -266,7 +260,8 @@ class RLDraftProposer:
             raise ValueError(f"the prior {path} has {prior.vocab} rows but the model's vocabulary has {self.vocab}: "
                              "use a prior saved for this model")
         # keep our k: the engine's prior keeps 8 successors per token from logits
-        self.prior = AdjacencyIndex(prior.ids[:, :, :PRIOR_K].contiguous(), prior.probs[:, :, :PRIOR_K].contiguous())
+        k = self.config.prior_successors
+        self.prior = AdjacencyIndex(prior.ids[:, :, :k].contiguous(), prior.probs[:, :, :k].contiguous())
 
 
 def prior_chain(prior: AdjacencyIndex, roots: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -15,11 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KEEP = 4
-"""Occurrences kept per n-gram (newest first): siblings writing the same n-gram at the same time
-each add one, and the newest is often a sibling's current end, which has no continuation yet."""
-
-
 @dataclass(slots=True)
 class Match:
     chain: list[int]  # the continuation (at most `depth` tokens), [] when nothing matched
@@ -28,8 +23,11 @@ class Match:
 
 @dataclass
 class TextIndex:
+    """n-gram → its newest `keep` occurrences over a group's texts (`ChainConfig.occurrences`)."""
+
     min_match: int = 1
     max_match: int = 4
+    keep: int = 4
     texts: list[list[int]] = field(default_factory=list)  # every text of the group
     table: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = field(default_factory=dict)  # n-gram → ((text, end), …)
 
@@ -45,7 +43,7 @@ class TextIndex:
 
     def extend(self, tid: int, tokens: list[int]) -> None:
         """Append `tokens` to text `tid` and index the n-grams that end in them."""
-        text, table, lo, hi = self.texts[tid], self.table, self.min_match, self.max_match
+        text, table, lo, hi, keep = self.texts[tid], self.table, self.min_match, self.max_match, self.keep - 1
         for tok in tokens:
             text.append(tok)
             end = len(text) - 1
@@ -54,7 +52,7 @@ class TextIndex:
             occ = ((tid, end),)
             for n in range(lo, size + 1):
                 key = last[size - n :]
-                table[key] = occ + table.get(key, ())[: KEEP - 1]
+                table[key] = occ + table.get(key, ())[:keep]
 
     def match(self, tid: int, depth: int, shared: bool = True) -> Match:
         """The continuation of text `tid`'s longest suffix match (newest occurrence with a
