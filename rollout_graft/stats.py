@@ -50,11 +50,15 @@ class RolloutStats:
         return self.emitted_tokens / max(self.total_seconds, 1e-9)
 
     @contextmanager
-    def timed(self, phase: str):
+    def timed(self, phase: str, sync: Callable[[], None] | None = None):
+        """Add the block's wall seconds to `seconds[phase]`; sync (e.g. a GPU synchronize) is called
+        at its end, so device work is counted where it runs."""
         start = time.perf_counter()
         try:
             yield
         finally:
+            if sync is not None:
+                sync()
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
     def as_dict(self) -> dict[str, float]:
@@ -100,13 +104,8 @@ class StepTimer:
 
     @contextmanager
     def phase(self, name: str):
-        start = time.perf_counter()
-        try:
+        before = self.stats.seconds.get(name, 0.0)
+        with self.stats.timed(name, self.sync):
             yield
-        finally:
-            if self.sync is not None:
-                self.sync()
-            seconds = time.perf_counter() - start
-            self.stats.seconds[name] = self.stats.seconds.get(name, 0.0) + seconds
-            part = PHASE_PART[name]
-            setattr(self.timing, part, getattr(self.timing, part) + 1000.0 * seconds)
+        part = PHASE_PART[name]
+        setattr(self.timing, part, getattr(self.timing, part) + 1000.0 * (self.stats.seconds[name] - before))

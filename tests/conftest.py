@@ -11,6 +11,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from rollout_graft.tree import Draft
+
 torch.set_num_threads(2)
 
 ARCHS = {
@@ -18,6 +20,15 @@ ARCHS = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "llama": (LlamaConfig, LlamaForCausalLM),
 }
+
+
+def draft_with_scores(trees):
+    """trees: per row, list of (parent, score); tokens are 10 + node index."""
+    d = Draft.from_lists([[(10 + i, p) for i, (p, _) in enumerate(t)] for t in trees])
+    for r, t in enumerate(trees):
+        for i, (_, s) in enumerate(t):
+            d.score[r, i] = s
+    return d
 
 
 def random_model(arch: str = "qwen3", vocab: int = 64, seed: int = 0, sharp: float = 4.0):

@@ -4,21 +4,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import random_model
+from conftest import draft_with_scores, random_model
 
 from rollout_graft import DCutConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
 from rollout_graft.budget import PROBE_SHARE, DCut, OverheadModel, ScoreCalibration
 from rollout_graft.cost import CostModel
 from rollout_graft.tree import Draft
-
-
-def draft_with_scores(trees):
-    """trees: per row, list of (parent, score); tokens are 10 + node index."""
-    d = Draft.from_lists([[(10 + i, p) for i, (p, _) in enumerate(t)] for t in trees])
-    for r, t in enumerate(trees):
-        for i, (_, s) in enumerate(t):
-            d.score[r, i] = s
-    return d
 
 
 # row 0: a confident chain; row 1: a poor bushy tree

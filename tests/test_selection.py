@@ -3,17 +3,10 @@ padded tree forward) and the batch's global top K (vLLM's ragged chains)."""
 
 import torch
 
+from conftest import draft_with_scores
+
 from rollout_graft.selection import keep_best, keep_global_best
 from rollout_graft.tree import Draft
-
-
-def draft_with_scores(trees):
-    """trees: per row, list of (parent, score); tokens are 10 + node index."""
-    d = Draft.from_lists([[(10 + i, p) for i, (p, _) in enumerate(t)] for t in trees])
-    for r, t in enumerate(trees):
-        for i, (_, s) in enumerate(t):
-            d.score[r, i] = s
-    return d
 
 
 def kept_tokens(d: Draft) -> list[list[int]]:
