@@ -14,7 +14,7 @@ K = 0 (plain decoding) is always a candidate. After n consecutive K = 0 decision
 nothing for the next min(2^n, 16) − 1 steps without asking (`skip`): drafting and scoring chains
 that D-cut then cuts away cost the tiny target 17–20 % of its wall time on our CPU without it
 (docs/BENCHMARKS.md, "vLLM backend"). Scores never increase along a chain, so the
-global top-K is a prefix of each chain: a depth per request (`global_top_k_depths`). The step
+global top-K is a prefix of each chain: a depth per request (`selection.global_top_k_depths`). The step
 time is measured between consecutive `propose` calls (vLLM's whole step: schedule, forward,
 sample, propose) and fitted by exponentially weighted least squares (`StepCost`); every
 `explore_every`-th plain decision verifies one draft token per request so the fit keeps seeing
@@ -29,19 +29,7 @@ import numpy as np
 import torch
 
 from .budget import ScoreCalibration
-
-def global_top_k_depths(scores: np.ndarray, k: int) -> np.ndarray:
-    """Depth per row of the batch's k best draft tokens. scores: [rows, depth], non-increasing
-    along each row (0 where a row has no token). Returns [rows] int: how many of each row's
-    leading tokens are among the global top k (ties broken towards shallower tokens)."""
-    rows, depth = scores.shape
-    if k <= 0 or scores.size == 0:
-        return np.zeros(rows, dtype=np.int64)
-    flat = scores.reshape(-1)
-    # a shallower token wins a tie (its child cannot be kept without it)
-    order = np.lexsort((np.tile(np.arange(depth), rows), -flat))[: min(k, int((flat > 0).sum()))]
-    return np.bincount(order // depth, minlength=rows).astype(np.int64)
-
+from .selection import global_top_k_depths
 
 @dataclass
 class StepCost:

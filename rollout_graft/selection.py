@@ -1,9 +1,10 @@
 """Keeping a draft's best nodes, for both shapes of verification:
 
-- `keep_best`: each row's best `quota` nodes — our engine's padded [rows, 1 + W] tree forward, whose
-  cost is set by its widest row (per-row top-W);
-- `keep_global_best`: the batch's best `k` nodes over every (row, node) — vLLM's ragged chains,
-  whose step cost follows the number of scheduled tokens (the D-cut paper's global top-K).
+- `keep_best`: each row's best `quota` nodes of a draft tree — our engine's padded [rows, 1 + W]
+  tree forward, whose cost is set by its widest row (per-row top-W);
+- `global_top_k_depths`: the batch's best `k` tokens over every (request, depth) of draft chains —
+  vLLM's ragged chains, whose step cost follows the number of scheduled tokens (the D-cut paper's
+  global top-K); numpy, as the vLLM proposer's arrays are.
 
 A node's score (the prefix product of confidences along its path) never exceeds its parent's, and a
 tie goes to the shallower node, then to the earlier one — so a parent always ranks before its child
@@ -12,6 +13,7 @@ and the kept nodes stay ancestor-closed.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .tree import Draft
@@ -42,12 +44,14 @@ def keep_best(draft: Draft, quota: int | torch.Tensor) -> Draft:
     return _keep(draft, draft.valid & (_rank(score, draft.depth) < quota))
 
 
-def keep_global_best(draft: Draft, k: int) -> Draft:
-    """Keep the `k` best valid nodes of the whole batch (ties: shallower, then lower row and
-    index). Returns a compacted Draft."""
-    rows, m = draft.tokens.shape
-    if m == 0:
-        return draft
-    score = draft.score.masked_fill(~draft.valid, -1.0).reshape(1, -1)
-    rank = _rank(score, draft.depth.reshape(1, -1)).view(rows, m)
-    return _keep(draft, draft.valid & (rank < k))
+def global_top_k_depths(scores: np.ndarray, k: int) -> np.ndarray:
+    """Depth per row of the batch's k best draft tokens. scores: [rows, depth], non-increasing
+    along each row (0 where a row has no token). Returns [rows] int: how many of each row's
+    leading tokens are among the global top k (ties broken towards shallower tokens)."""
+    rows, depth = scores.shape
+    if k <= 0 or scores.size == 0:
+        return np.zeros(rows, dtype=np.int64)
+    flat = scores.reshape(-1)
+    # a shallower token wins a tie (its child cannot be kept without it)
+    order = np.lexsort((np.tile(np.arange(depth), rows), -flat))[: min(k, int((flat > 0).sum()))]
+    return np.bincount(order // depth, minlength=rows).astype(np.int64)

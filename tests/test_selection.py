@@ -1,11 +1,12 @@
 """Selection for both shapes of verification, on hand-made score tables: each row's top W (our
 padded tree forward) and the batch's global top K (vLLM's ragged chains)."""
 
+import numpy as np
 import torch
 
 from conftest import draft_with_scores
 
-from rollout_graft.selection import keep_best, keep_global_best
+from rollout_graft.selection import global_top_k_depths, keep_best
 from rollout_graft.tree import Draft
 
 
@@ -26,16 +27,6 @@ def test_per_row_top_w_keeps_each_rows_best_nodes():
     assert kept_tokens(keep_best(draft_with_scores(TREES), 0)) == [[], []]
 
 
-def test_global_top_k_keeps_the_batchs_best_nodes():
-    # the batch's scores, best first: .9 .8 .7 .5 (row 0) .3 .2 .1 .05 (row 1)
-    assert kept_tokens(keep_global_best(draft_with_scores(TREES), 3)) == [[10, 11, 12], []]
-    assert kept_tokens(keep_global_best(draft_with_scores(TREES), 6)) == [[10, 11, 12, 13], [10, 11]]
-    assert kept_tokens(keep_global_best(draft_with_scores(TREES), 0)) == [[], []]
-    # chains (vLLM's shape): a prefix of each chain, i.e. a depth per request
-    chains = [[(-1, 0.6), (0, 0.3)], [(-1, 0.5), (0, 0.45), (1, 0.4)]]
-    assert keep_global_best(draft_with_scores(chains), 3).valid.sum(1).tolist() == [1, 2]
-
-
 def test_ties_keep_ancestor_closure():
     # all three nodes tie; node 2 is node 1's child, so the shallower nodes 0 and 1 go first
     kept = keep_best(draft_with_scores([[(-1, 0.5), (-1, 0.5), (1, 0.5)]]), 2)
@@ -43,6 +34,19 @@ def test_ties_keep_ancestor_closure():
     chain = [[(-1, 0.5), (0, 0.5), (1, 0.5)]]
     assert kept_tokens(keep_best(draft_with_scores(chain), 2)) == [[10, 11]]  # a chain of ties keeps its prefix
     keep_best(draft_with_scores(chain), 2).validate()
-    # across rows, a tie goes to the shallower node: row 1's depth-1 node before row 0's depth-2 node
-    tied = [[(-1, 0.5), (0, 0.5)], [(-1, 0.5)]]
-    assert kept_tokens(keep_global_best(draft_with_scores(tied), 2)) == [[10], [10]]
+    # across rows (chains, vLLM's shape), a tie goes to the shallower token: row 1's first token before
+    # row 0's second
+    assert global_top_k_depths(np.array([[0.5, 0.5], [0.5, 0.0]]), 2).tolist() == [1, 1]
+
+
+def test_global_top_k_is_a_depth_per_row():
+    # scores non-increasing along each chain; 0 = no token
+    scores = np.array([[0.9, 0.8, 0.1, 0.0],
+                       [0.7, 0.6, 0.5, 0.4],
+                       [0.0, 0.0, 0.0, 0.0]])
+    assert global_top_k_depths(scores, 0).tolist() == [0, 0, 0]
+    assert global_top_k_depths(scores, 3).tolist() == [2, 1, 0]  # 0.9 0.8 0.7
+    assert global_top_k_depths(scores, 6).tolist() == [2, 4, 0]  # … 0.6 0.5 0.4
+    assert global_top_k_depths(scores, 100).tolist() == [3, 4, 0]  # every token, never a missing one
+    ties = np.array([[0.5, 0.5, 0.5]])
+    assert global_top_k_depths(ties, 2).tolist() == [2]

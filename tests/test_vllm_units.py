@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_graft.chain_budget import ChainDCut, FixedChains, StepCost, global_top_k_depths
+from rollout_graft.chain_budget import ChainDCut, FixedChains, StepCost
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import RequestTracker
 from rollout_graft.vllm.plugin import expand_kernel_impl
@@ -118,19 +118,6 @@ def test_text_index_prefers_the_longest_match_and_skips_its_own_end():
     d = index.add([1, 2, 3])
     assert index.match(d, 2).chain == [4, 9] and index.match(d, 2).length == 3
     assert index.match(a, 2).chain == [] and index.match(b, 2, shared=False).chain == []
-
-
-def test_global_top_k_is_a_depth_per_row():
-    # scores non-increasing along each chain; 0 = no token
-    scores = np.array([[0.9, 0.8, 0.1, 0.0],
-                       [0.7, 0.6, 0.5, 0.4],
-                       [0.0, 0.0, 0.0, 0.0]])
-    assert global_top_k_depths(scores, 0).tolist() == [0, 0, 0]
-    assert global_top_k_depths(scores, 3).tolist() == [2, 1, 0]  # 0.9 0.8 0.7
-    assert global_top_k_depths(scores, 6).tolist() == [2, 4, 0]  # … 0.6 0.5 0.4
-    assert global_top_k_depths(scores, 100).tolist() == [3, 4, 0]  # every token, never a missing one
-    ties = np.array([[0.5, 0.5, 0.5]])
-    assert global_top_k_depths(ties, 2).tolist() == [2]
 
 
 def test_step_cost_fit_recovers_a_linear_cost():
