@@ -317,8 +317,8 @@ class EngineConfig:
         group_lead: rows per group that generate first; the group's other rows start when they are
             done and can draft from the leaders' whole completions (`retrieval.suffix_depth`).
             0 = every row at once. Trades more target forwards (latency) for fewer verified
-            tokens per completion token; method "retrieval" only. With D-cut, a rollout runs in
-            waves only when the engine's previous rollout verified trees in at least half of its
+            tokens per completion token; method "retrieval" only. A rollout runs in waves only
+            when the engine's previous rollout (if any) verified trees in at least half of its
             steps: where D-cut decodes plainly, staggering would only add forwards.
     """
 
