@@ -5,8 +5,9 @@
 threads; `predict` interpolates it (bilinear; linear extrapolation past the grid's edge). The
 rest of a step (tree building, sampling along the walk, learning) depends on the proposer and is
 measured online by `budget.OverheadModel`. Profiling is bounded: a cell slower than
-`cell_limit_ms` ends its row of the grid (the rest is extrapolated linearly in tokens), and fast
-cells are repeated, slow ones timed once.
+`cell_limit_ms` ends its row of the grid (the rest is extrapolated linearly in tokens); cells
+faster than a quarter of it are timed again in whole passes over the grid and the best is kept
+(a busy spell distorts one pass, not a region of the table).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class CostModel:
         p = next(model.parameters())
         cfg = model.config
         ident = f"{getattr(cfg, 'name_or_path', '')}|{cfg.model_type}|{sum(x.numel() for x in model.parameters())}"
-        ident += f"|{p.device}|{p.dtype}|threads={torch.get_num_threads()}|forward-only"
+        ident += f"|{p.device}|{p.dtype}|threads={torch.get_num_threads()}|forward-only|passes"
         return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
     @staticmethod
@@ -82,24 +83,36 @@ class CostModel:
                 return cached
         runner = ModelRunner(model)
         _time_forward(runner, 1, 1, context, runner.vocab_size, 1)  # first-call allocations
-        table: list[list[float]] = []
-        for b in batches:
-            row: list[float] = []
-            for q in tokens:
-                too_big = b * q > max_tokens_per_forward or (row and row[-1] > cell_limit_ms)
-                if too_big and row:  # too slow to time cheaply: extrapolate linearly in tokens
-                    row.append(row[-1] * q / tokens[len(row) - 1])
-                    continue
-                ms = _time_forward(runner, b, q, context, runner.vocab_size, 1)
-                if ms < cell_limit_ms / 4 and repeats > 1:  # cheap: best of a few more
-                    ms = min(ms, _time_forward(runner, b, q, context, runner.vocab_size, repeats - 1))
-                row.append(ms)
-            table.append(row)
+        table = _grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms)
+        for _ in range(repeats - 1):  # cheap cells again, in whole passes: a busy spell of a shared
+            # machine then distorts one pass, not a region of the table, and the best of the passes is kept
+            again = _grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms / 4, table)
+            table = [[min(x, y) for x, y in zip(r1, r2)] for r1, r2 in zip(table, again)]
         cost = CostModel(list(batches), list(tokens), _monotone(table), key)
         if use_cache:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(cost.to_json()))
         return cost
+
+
+def _grid(runner: ModelRunner, batches, tokens, context: int, max_tokens_per_forward: int, cell_limit_ms: float,
+          known: list[list[float]] | None = None) -> list[list[float]]:
+    """One timing of every cell, batches × tokens per row. A cell over `max_tokens_per_forward`
+    tokens, or past a cell slower than `cell_limit_ms` in its row, is extrapolated linearly in tokens
+    (or, with `known`, taken from it)."""
+    table: list[list[float]] = []
+    for b, batch in enumerate(batches):
+        row: list[float] = []
+        for q in tokens:
+            too_big = batch * q > max_tokens_per_forward or (row and row[-1] > cell_limit_ms)
+            if too_big and known is not None:
+                row.append(known[b][len(row)])
+            elif too_big and row:
+                row.append(row[-1] * q / tokens[len(row) - 1])
+            else:
+                row.append(_time_forward(runner, batch, q, context, runner.vocab_size, 1))
+        table.append(row)
+    return table
 
 
 @torch.inference_mode()
