@@ -256,12 +256,11 @@ class DCut(BudgetPolicy):
         self.planned = budget  # what the current step's `plan` asked the proposer for
         self.ratios = tuple(sorted(set(config.ratios) | {0.0}))
         self._width_lists: dict[int, list[int]] = {}  # budget → its widths W = ρ·budget
-        self.calibration = ScoreCalibration()
+        self.calibration = ScoreCalibration(prior_weight=config.calibration_prior)
         self.overhead = overhead or OverheadModel()  # speculative steps: tree + walk + learning
         self.plain_overhead = OverheadModel()  # plain steps: one draw per row
         self.explore_every = config.explore_every  # every n-th decision for ρ = 0 verifies the smallest W > 0 (calibration)
         self.plain_decisions = 0  # ρ = 0 decisions so far (every explore_every-th explores)
-        self.start_cap: int | None = None  # a new batch-size class's first proposal width (None: the smallest)
         self.idle = 0  # consecutive decisions for ρ = 0 (any batch size): the switch margin applies
         self.classes: dict[int, RowsClass] = {}  # batch-size class → its proposal width and back-off
         self.load_scale = 1.0  # measured / profiled verify forward, every forward (`observe_forward`)
@@ -295,7 +294,7 @@ class DCut(BudgetPolicy):
         """The state of this batch size's class (rows rounded down to a power of two)."""
         key = max(rows, 1).bit_length() if self.config.per_class else 0
         if key not in self.classes:
-            self.classes[key] = RowsClass(cap=self.start_cap)
+            self.classes[key] = RowsClass()
         return self.classes[key]
 
     def skip_proposal(self, rows: int) -> bool:

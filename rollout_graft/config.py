@@ -274,6 +274,8 @@ class DCutConfig:
             rollout's own forwards (False: the table as profiled).
         per_class: keep width and back-off per batch-size class (rows rounded down to a power of
             two); False: one state for every batch size.
+        calibration_prior: how many verified nodes a raw score counts as in its calibration bin
+            before acceptance is observed there (large: trust the proposer's raw scores).
     """
 
     ratios: tuple[float, ...] = DEFAULT_DCUT_RATIOS
@@ -285,6 +287,7 @@ class DCutConfig:
     explore_every: int = 16
     scale_forwards: bool = True
     per_class: bool = True
+    calibration_prior: float = 4.0
 
     def __post_init__(self) -> None:
         self.ratios = tuple(self.ratios)
@@ -296,6 +299,8 @@ class DCutConfig:
             raise ValueError("DCutConfig.longest_backoff and explore_every must be >= 0 steps (0: off)")
         if self.probe_share is not None and not 0.0 < self.probe_share <= 1.0:
             raise ValueError(f"DCutConfig.probe_share must be in (0, 1] or None (off), got {self.probe_share}")
+        if self.calibration_prior <= 0:
+            raise ValueError(f"DCutConfig.calibration_prior must be > 0 verified nodes, got {self.calibration_prior}")
         if not 0.0 < self.advantage_weight <= 1.0:
             raise ValueError(f"DCutConfig.advantage_weight must be in (0, 1], got {self.advantage_weight}")
 

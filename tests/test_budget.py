@@ -19,11 +19,10 @@ TREES = [
 ]
 
 
-def trusting(cost, ratios=(0.25, 0.5, 1.0)) -> DCut:
-    dcut = DCut(cost, 4, DCutConfig(ratios=ratios, explore_every=0))
-    dcut.calibration.prior_weight = 1e9  # trust the raw scores (no observations yet)
-    dcut.start_cap = 1 << 20  # past the slow start
-    return dcut
+def trusting(cost, ratios=(0.25, 0.5, 1.0), **config) -> DCut:
+    """D-cut that trusts the raw scores (no observations yet), past the slow start."""
+    config = {"explore_every": 0, "calibration_prior": 1e9, "slow_start": False, **config}
+    return DCut(cost, 4, DCutConfig(ratios=ratios, **config))
 
 
 def test_width_choice_follows_the_cost_table():
@@ -48,11 +47,12 @@ def test_leaving_plain_decoding_needs_a_margin():
     slight = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.42, 3.0, 5.0]] * 3)  # W=1: 2.10, 5 % better than plain
     clear = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 3.0, 5.0]] * 3)  # W=1: 2.49, 24 % better
     assert trusting(slight).decide(draft_with_scores(TREES))[1].ratio == 0.25  # speculating: stays
+    poor = draft_with_scores([[(-1, 0.01)] * 4] * 2)
     after_plain = trusting(slight)
-    after_plain.idle = 1  # the last decision was plain decoding
+    assert after_plain.decide(poor)[1].ratio == 0.0  # the last decision was plain decoding
     assert after_plain.decide(draft_with_scores(TREES))[1].ratio == 0.0  # 5 % does not pay the switch
     after_plain = trusting(clear)
-    after_plain.idle = 1
+    assert after_plain.decide(poor)[1].ratio == 0.0
     assert after_plain.decide(draft_with_scores(TREES))[1].ratio == 0.25
 
 
@@ -152,9 +152,8 @@ def test_a_wide_tree_is_not_priced_like_a_narrow_probe():
     # budget 8 → W ∈ {0, 2, 4, 8}; forwards cost 1 ms at any width; a tree of width 2 was measured
     # at 1 ms beyond the forward (a probe), none wider yet
     flat = CostModel([1, 2, 64], [1, 2, 4, 9], [[1.0] * 4] * 3)
-    dcut = DCut(flat, 8, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))
-    dcut.calibration.prior_weight = 1e9
-    dcut.start_cap = 8  # the step proposed the whole budget
+    dcut = DCut(flat, 8, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0, calibration_prior=1e9))
+    dcut.rows_class(2).cap = 8  # the step proposed the whole budget
     dcut.observe_overhead(2, 1.0, width=2)
     _, decision = dcut.decide(draft_with_scores([CHAIN] * 2), 8)
     # W=0 → 2/1 = 2 ; W=2 → (2 + 2·1.5)/(1+1) = 2.5 ; W=4 → (2 + 2·2.34)/(1+2) = 2.23 ;
@@ -173,8 +172,7 @@ def test_a_wide_tree_is_not_priced_like_a_narrow_probe():
 
 def test_a_growth_that_falls_back_waits_before_it_is_tried_again():
     flat = CostModel([1, 2, 64], [1, 2, 4, 9], [[1.0] * 4] * 3)
-    dcut = DCut(flat, 8, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0))  # budget 8 → W ∈ {0, 2, 4, 8}
-    dcut.calibration.prior_weight = 1e9
+    dcut = DCut(flat, 8, DCutConfig(ratios=(0.25, 0.5, 1.0), explore_every=0, calibration_prior=1e9))  # W ∈ {0, 2, 4, 8}
     dcut.observe_overhead(2, 1.0, width=2)
     dcut.observe_overhead(2, 3.0, width=4)  # the tree of width 4 costs 3 ms
     narrow, wide = [CHAIN[:2]] * 2, [CHAIN[:2] + [(1, 0.3), (2, 0.2)]] * 2
@@ -208,8 +206,8 @@ def test_a_probe_proposes_wide_trees_where_they_cost_no_more():
 def test_backoff_doubles_and_is_kept_per_batch_size():
     steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # a plain step: 1 ms; speculation never pays
 
-    def backoffs(decisions: int = 12) -> tuple[DCut, list[int]]:
-        dcut, trace = trusting(steep), []
+    def backoffs(decisions: int = 12, **config) -> tuple[DCut, list[int]]:
+        dcut, trace = trusting(steep, **config), []
         for _ in range(decisions):
             assert dcut.decide(draft_with_scores(TREES))[1].ratio == 0.0
             trace.append(dcut.rows_class(2).wait)
@@ -220,8 +218,7 @@ def test_backoff_doubles_and_is_kept_per_batch_size():
     dcut, _ = backoffs()
     dcut.decide(Draft.empty(2, "cpu"))  # a step with nothing to propose keeps the back-off's length
     assert dcut.rows_class(2).wait == 63
-    dcut, _ = backoffs(decisions=5)  # 2 rows, backing off 31 steps
-    dcut.probe_credit = 1e9  # probes are affordable: only the back-off decides here
+    dcut, _ = backoffs(decisions=5, probe_share=None)  # 2 rows, backing off 31 steps; no probe credit: only the back-off decides here
     assert dcut.skip_proposal(2) and dcut.rows_class(3).wait == 30  # 2 and 3 rows: one class
     assert not dcut.skip_proposal(1)  # 1 row: a class without a back-off probes now
     dcut.decide(draft_with_scores(TREES[:1]))  # … and backs off there for 1 step
@@ -266,7 +263,7 @@ def test_probes_that_find_nothing_cost_at_most_their_share_of_the_time():
     assert waste <= share * (plain_ms + probe_ms) + 2 * 9.0  # ≤ 1 % of the time (+ what the credit may bank)
     assert probes >= share * (plain_ms + probe_ms) / 9.0 - 2  # … and it keeps probing at that rate
     # a probe as dear as a plain step is affordable every 1 / 1 % = 100 steps
-    dcut = trusting(steep)
+    dcut = trusting(steep, slow_start=True)  # the probe proposes the smallest width, W = 1
     assert dcut.decide(draft_with_scores(TREES))[1].probe
     dcut.observe_step(2, 1.0, probe=True)  # the probe cost no more than a plain step
     assert dcut.rows_class(2).probe_ms == pytest.approx(1.0)  # W = 1: a 2 ms forward, no tree cost
@@ -278,7 +275,7 @@ def test_probes_that_find_nothing_cost_at_most_their_share_of_the_time():
     assert 0.97 / share <= waited <= 1 / share
     # where speculation pays, what it saved funds the probes: a speculative step of 2 rows that
     # emitted 6 tokens in 2 ms saved 3 plain steps (3 ms) − 2 ms = 1 ms — the probe goes at once
-    dcut.probe_credit = 0.0
+    dcut.observe_step(2, 2.0, probe=True)  # a probe 1 ms dearer than a plain step spends the credit
     assert dcut.skip_proposal(2)
     dcut.observe_step(2, 2.0, probe=False, emitted=6)
     assert dcut.probe_credit >= 1.0 and not dcut.skip_proposal(2)
@@ -286,8 +283,7 @@ def test_probes_that_find_nothing_cost_at_most_their_share_of_the_time():
 
 def test_exploration_verifies_the_smallest_width_and_keeps_backing_off():
     steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # speculation never pays
-    dcut = trusting(steep)
-    dcut.explore_every = 2  # every 2nd plain decision verifies the smallest W > 0
+    dcut = trusting(steep, explore_every=2)  # every 2nd plain decision verifies the smallest W > 0
     cut, decision = dcut.decide(draft_with_scores(TREES))  # m = 4: W ∈ {0, 1, 2, 4}
     assert decision.ratio == 0.0 and decision.probe and not bool(cut.valid.any())
     cut, decision = dcut.decide(draft_with_scores(TREES))
