@@ -253,56 +253,32 @@ class DraftConfig:
 
 @dataclass(slots=True)
 class DCutConfig:
-    """D-cut's settings (`budget.DCut`), each typed and documented once.
+    """D-cut's settings (`budget.DCut`). Knobs that an ablation showed do not matter beyond the
+    benchmark's noise were removed (docs/BENCHMARKS.md, "D-cut ablation"; DESIGN.md states the rule).
 
     Args:
         ratios: the ρ values D-cut chooses from: verified width W = ρ · budget nodes per row
             (ρ = 0, plain decoding, is always added).
-        switch_margin: after a plain step, speculation resumes only when predicted this many times
-            faster (1.0: no margin).
-        slow_start: a batch-size class proposes the smallest width first and doubles it while the
-            widest proposed width is chosen; False: every speculative step proposes the whole budget.
-        longest_backoff: after n plain decisions in a row, the next min(2^n, longest_backoff) − 1
-            steps decode plainly without proposing (0: propose and decide every step).
-        probe_share: a probe after a back-off waits until the probes' cost stays below this share of
-            the decoding time (plus what speculation saved); None: probe whenever the back-off ends.
-        advantage_weight: weight of the newest step in the moving average of speculation's predicted
-            advantage that decides whether a plain decision starts a back-off (1.0: this step only).
-        explore_every: every n-th plain decision verifies the smallest width anyway, so the score
-            calibration keeps learning (0: never).
-        scale_forwards: scale the profiled forward table by the measured/profiled ratio of the
-            rollout's own forwards (False: the table as profiled).
-        per_class: keep width and back-off per batch-size class (rows rounded down to a power of
-            two); False: one state for every batch size.
+        probe_share: after a plain decision, the next proposal (a probe) waits until probes that
+            find nothing would have cost at most this share of the decoding time, plus what
+            speculation saved. Switched off (every step proposing), `graft` spent 12-17 % more of
+            `ar`'s time per token on its own work at batch 8-64.
         calibration_prior: how many verified nodes a raw score counts as in its calibration bin
-            before acceptance is observed there (large: trust the proposer's raw scores).
+            before acceptance is observed (large: trust the proposer's raw scores).
     """
 
     ratios: tuple[float, ...] = DEFAULT_DCUT_RATIOS
-    switch_margin: float = 1.1
-    slow_start: bool = True
-    longest_backoff: int = 64
-    probe_share: float | None = 0.01
-    advantage_weight: float = 0.2
-    explore_every: int = 16
-    scale_forwards: bool = True
-    per_class: bool = True
+    probe_share: float = 0.01
     calibration_prior: float = 4.0
 
     def __post_init__(self) -> None:
         self.ratios = tuple(self.ratios)
         if not self.ratios or any(not 0.0 <= r <= 1.0 for r in self.ratios):
             raise ValueError(f"DCutConfig.ratios must be fractions in [0, 1], got {self.ratios}")
-        if self.switch_margin < 1.0:
-            raise ValueError(f"DCutConfig.switch_margin must be >= 1.0 (1.0: no margin), got {self.switch_margin}")
-        if self.longest_backoff < 0 or self.explore_every < 0:
-            raise ValueError("DCutConfig.longest_backoff and explore_every must be >= 0 steps (0: off)")
-        if self.probe_share is not None and not 0.0 < self.probe_share <= 1.0:
-            raise ValueError(f"DCutConfig.probe_share must be in (0, 1] or None (off), got {self.probe_share}")
+        if not 0.0 < self.probe_share <= 1.0:
+            raise ValueError(f"DCutConfig.probe_share must be in (0, 1], got {self.probe_share}")
         if self.calibration_prior <= 0:
             raise ValueError(f"DCutConfig.calibration_prior must be > 0 verified nodes, got {self.calibration_prior}")
-        if not 0.0 < self.advantage_weight <= 1.0:
-            raise ValueError(f"DCutConfig.advantage_weight must be in (0, 1], got {self.advantage_weight}")
 
 
 @dataclass(slots=True)

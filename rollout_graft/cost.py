@@ -4,7 +4,7 @@
 (at a fixed cached context) and caches the table on disk, keyed by model, device, dtype and
 threads; `predict` interpolates it (bilinear; linear extrapolation past the grid's edge). The
 rest of a step (tree building, sampling along the walk, learning) depends on the proposer and is
-measured online by `budget.OverheadModel`. Profiling is bounded: a cell slower than
+measured online (`TreeStepCost`). Profiling is bounded: a cell slower than
 `cell_limit_ms` ends its row of the grid (the rest is extrapolated linearly in tokens); cells
 faster than a quarter of it are timed again in whole passes over the grid and the best is kept
 (a busy spell distorts one pass, not a region of the table).
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .runner import ModelRunner
+from .stats import StepTiming
 
 DEFAULT_BATCHES = (1, 4, 16, 64)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
@@ -93,6 +94,123 @@ class CostModel:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(cost.to_json()))
         return cost
+
+
+class RowFit:
+    """y = a + b·rows, fitted by exponentially weighted least squares. Past the most rows measured
+    it predicts no less than proportionally to the rows: a fit made on a drained batch's tail (a
+    few rows, noisy) must not price a full batch's tree as cheap."""
+
+    def __init__(self, forget: float):
+        self.forget = forget
+        self.sums = [0.0] * 5  # Σw, Σw·x, Σw·y, Σw·x², Σw·x·y
+        self.most_rows = 0
+
+    def observe(self, rows: int, ms: float) -> None:
+        f = self.forget
+        w, sx, sy, sxx, sxy = (v * f for v in self.sums)
+        self.sums = [w + 1, sx + rows, sy + ms, sxx + rows * rows, sxy + rows * ms]
+        self.most_rows = max(self.most_rows, rows)
+
+    def predict(self, rows: int) -> float:
+        """Predicted ms at `rows` rows (0 before the first observation)."""
+        if self.most_rows == 0:
+            return 0.0
+        if rows > self.most_rows:
+            return max(self._fit(rows), self._fit(self.most_rows) * rows / self.most_rows)
+        return self._fit(rows)
+
+    def _fit(self, rows: int) -> float:
+        w, sx, sy, sxx, sxy = self.sums
+        var = sxx / w - (sx / w) ** 2
+        if var < 1e-6 * max(1.0, (sx / w) ** 2):  # one batch size seen so far: scale with the rows
+            return sy / max(sx, 1e-9) * rows
+        b = (sxy / w - sx * sy / w**2) / var
+        a = sy / w - b * sx / w
+        return max(a + b * rows, 0.0)
+
+
+class WidthFit:
+    """ms outside the forward of steps that proposed a tree, per proposal width (nodes per row the
+    proposer was asked for: a drafter expands up to that many levels, every proposer scores and
+    cuts that many nodes): a `RowFit` per width seen. A width not seen yet is interpolated between
+    the nearest seen ones; above the widest it follows the slope of the two widest (proportionally
+    when one was seen: never an under-estimate of a drafter's extra levels); below the narrowest
+    it is the narrowest's."""
+
+    def __init__(self, forget: float = 0.9):
+        self.forget = forget
+        self.fits: dict[int, RowFit] = {}
+
+    def observe(self, rows: int, width: int, ms: float) -> None:
+        self.fits.setdefault(width, RowFit(self.forget)).observe(rows, ms)
+
+    def predict(self, rows: int, width: int) -> float:
+        if width in self.fits or not self.fits:
+            return self.fits[width].predict(rows) if self.fits else 0.0
+        below = sorted(w for w in self.fits if w < width)
+        above = sorted(w for w in self.fits if w > width)
+        if not below:
+            return self.fits[above[0]].predict(rows)
+        w1, y1 = below[-1], self.fits[below[-1]].predict(rows)
+        if above:
+            w2, y2 = above[0], self.fits[above[0]].predict(rows)
+            return y1 + (y2 - y1) * (width - w1) / (w2 - w1)
+        if len(below) == 1:
+            return y1 * width / w1
+        w0, y0 = below[-2], self.fits[below[-2]].predict(rows)
+        return y1 + max((y1 - y0) / (w1 - w0), 0.0) * (width - w1)
+
+
+class TreeStepCost:
+    """Predicted milliseconds of one engine step of `rows` rows that proposed trees of P nodes per
+    row and verifies W of them: the verify forward of 1 + W tokens per row, plus the time outside it.
+
+    Forward: the profiled table × what the rollout's own forwards measure. The table is a best-of
+    on an idle device, profiled once (and cached); a rollout's forwards run in its caches, allocator
+    and neighbours. Two moving averages correct it: `load_scale` (measured / profiled, moved by
+    every forward) and `tree_scale` (how much slower than that a wider forward is, moved by the
+    wider ones: they can be rare, so a slow spell during one passes mostly into the load scale,
+    which the next plain forwards bring back).
+    Outside the forward: for steps that proposed, per proposal width (`WidthFit`: building, cutting,
+    walking and learning from the tree; a step that proposed pays for its tree also when D-cut then
+    verified none of it); for plain steps (one draw per row) a + b·rows (`RowFit`)."""
+
+    def __init__(self, table: CostModel, forget: float = 0.9):
+        self.table = table
+        self.load_scale = 1.0
+        self.tree_scale = 1.0
+        self.tree = WidthFit(forget)
+        self.plain = RowFit(forget)
+
+    def observe(self, rows: int, forward_tokens: int, proposed: int, timing: StepTiming) -> None:
+        """A step measured by the engine: `proposed` nodes per row asked of the proposer (0: none)."""
+        self._observe_forward(rows, forward_tokens, timing.forward_ms)
+        if proposed:
+            self.tree.observe(rows, proposed, timing.propose_ms + timing.rest_ms)
+        else:
+            self.plain.observe(rows, timing.rest_ms)
+
+    def _observe_forward(self, rows: int, tokens_per_row: int, ms: float) -> None:
+        if ms <= 0:
+            return
+        ratio = ms / self.table.predict(rows, tokens_per_row)
+        if tokens_per_row > 1:
+            self.load_scale = 0.9 * self.load_scale + 0.1 * ratio / self.tree_scale
+            self.tree_scale = 0.95 * self.tree_scale + 0.05 * ratio / self.load_scale
+        else:
+            self.load_scale = 0.9 * self.load_scale + 0.1 * ratio
+
+    def forward_ms(self, rows: int, tokens_per_row: int) -> float:
+        """Predicted verify forward: the table × the measured scale of such forwards."""
+        scale = self.load_scale * (self.tree_scale if tokens_per_row > 1 else 1.0)
+        return self.table.predict(rows, tokens_per_row) * scale
+
+    def step_ms(self, rows: int, verified: int, proposed: int) -> float:
+        """A step of `rows` rows that proposed `proposed` nodes per row (0: a plain step, no tree)
+        and verifies `verified` of them."""
+        outside = self.tree.predict(rows, proposed) if proposed else self.plain.predict(rows)
+        return self.forward_ms(rows, 1 + verified) + outside
 
 
 def _grid(runner: ModelRunner, batches, tokens, context: int, max_tokens_per_forward: int, cell_limit_ms: float,
