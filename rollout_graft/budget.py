@@ -131,6 +131,32 @@ class ScoreCalibration:
         return float((mid * self.seen).sum()), float(self.accepted.sum())
 
 
+@dataclass(slots=True)
+class ProbeCredit:
+    """How long a budget policy that decided plain decoding waits before proposing again (a probe:
+    the draft is built, and may again be cut to nothing). Every step earns `share` of its time, a
+    speculative step also what it saved against plain steps for the same tokens; a probe spends
+    what it cost beyond a plain step. So probes that find nothing cost at most `share` of the
+    decoding time plus what speculation saved — however dear a probe is next to a plain step —
+    and where speculation pays (a small batch) probing is not held back. Both backends' D-cut use it."""
+
+    share: float
+    ms: float = 0.0  # what the probes may still cost
+
+    def earn(self, step_ms: float, saved_ms: float = 0.0) -> None:
+        self.ms += self.share * step_ms + max(saved_ms, 0.0)
+
+    def spend(self, extra_ms: float) -> None:
+        self.ms -= max(extra_ms, 0.0)
+
+    def bank_at_most(self, ms: float) -> None:
+        """A long spell of paying speculation banks no more than `ms` (two probes)."""
+        self.ms = min(self.ms, ms)
+
+    def affords(self, probe_ms: float) -> bool:
+        return self.ms >= probe_ms
+
+
 class DCut(BudgetPolicy):
     """Chooses the verified width W per step (module docstring). budget: the per-row budget the
     ratios refer to, and the widest proposal.
@@ -153,13 +179,13 @@ class DCut(BudgetPolicy):
         self.planned = self.proposal  # what this step's `plan` asked the proposer for
         self.plain = False  # the last decision was plain decoding: the next proposal is a probe
         self.widest = budget  # nodes of the widest row in the last draft (what a probe is expected to verify at most)
-        self.credit = 0.0  # ms the probes may still cost
+        self.probes = ProbeCredit(config.probe_share)
 
     def plan(self, rows: int) -> int:
         """The proposal width (`_next_proposal`), or — after a plain decision — 0 until a probe at
         this batch size is affordable (as rows finish, a probe gets cheaper: a drained batch's tail
         probes sooner)."""
-        self.planned = 0 if self.plain and self.probe_ms(rows) > self.credit else self.proposal
+        self.planned = 0 if self.plain and not self.probes.affords(self.probe_ms(rows)) else self.proposal
         return self.planned
 
     def probe_ms(self, rows: int) -> float:
@@ -215,18 +241,15 @@ class DCut(BudgetPolicy):
             self.proposal = max(width, self.widths[1])
 
     def observe(self, step: StepRecord) -> None:
-        """Calibrate the scores on what was verified, time the step, and keep the probe credit: every
-        step adds `probe_share` of its time, a speculative step also what it saved against plain
-        steps for the same tokens; a probe that decoded plainly takes what it cost beyond a plain
-        step. So probes that find nothing cost at most `probe_share` of the decoding time plus what
-        speculation saved, and where speculation pays (a small batch) probing is not held back."""
+        """Calibrate the scores on what was verified, time the step, and keep the probe credit
+        (`ProbeCredit`: a probe spends what it cost beyond a plain step)."""
         if step.draft.tokens.shape[1]:
             self.calibration.observe(step.draft.score, step.draft.valid, step.accepted)
         self.cost.observe(step.rows, step.forward_tokens, step.planned, step.timing)
         ms, plain = step.timing.total_ms, self.cost.step_ms(step.rows, 0, 0)
-        self.credit += self.config.probe_share * ms
         if step.decision.probe:
-            self.credit -= max(ms - plain, 0.0)
-        elif step.emitted > step.rows:
-            self.credit += max(plain * step.emitted / step.rows - ms, 0.0)
-        self.credit = min(self.credit, 2.0 * self.probe_ms(step.rows))  # a long spell of paying speculation banks two probes
+            self.probes.earn(ms)
+            self.probes.spend(ms - plain)
+        else:  # a speculative step also earns what it saved
+            self.probes.earn(ms, plain * step.emitted / step.rows - ms if step.emitted > step.rows else 0.0)
+        self.probes.bank_at_most(2.0 * self.probe_ms(step.rows))

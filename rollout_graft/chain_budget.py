@@ -2,7 +2,8 @@
 
 vLLM verifies one chain per request and packs every scheduled token of the batch into one
 forward, so its step time follows the number of scheduled tokens — the setting of the D-cut
-paper itself. Each step D-cut takes every request's chain with the score of each draft token
+paper itself. The policies implement the engine's `BudgetPolicy` (plan → cut → observe) over
+`Chains`. Each step `ChainDCut` takes every request's chain with the score of each draft token
 (the prefix product of confidences, calibrated against observed acceptance by the same
 `ScoreCalibration` as the engine's D-cut), keeps the batch's global top-K tokens, and picks K to
 maximise expected emitted tokens per predicted step time:
@@ -10,15 +11,14 @@ maximise expected emitted tokens per predicted step time:
     E[emitted | K] = rows + Σ_{top-K tokens} score        (one bonus/recovered token per row)
     time(K)        = a + b_rows · rows + b_draft · K      (fitted online to vLLM's measured steps)
 
-K = 0 (plain decoding) is always a candidate. After n consecutive K = 0 decisions the proposer drafts
-nothing for the next min(2^n, 16) − 1 steps without asking (`skip`): drafting and scoring chains
-that D-cut then cuts away cost the tiny target 17–20 % of its wall time on our CPU without it
-(docs/BENCHMARKS.md, "vLLM backend"). Scores never increase along a chain, so the
-global top-K is a prefix of each chain: a depth per request (`selection.global_top_k_depths`). The step
-time is measured between consecutive `propose` calls (vLLM's whole step: schedule, forward,
-sample, propose) and fitted by exponentially weighted least squares (`StepCost`); every
-`explore_every`-th plain decision verifies one draft token per request so the fit keeps seeing
-what a draft token costs.
+K = 0 (plain decoding) is always a candidate. After a plain decision the proposer drafts nothing
+until the next draft (a probe) is affordable: the engine's `ProbeCredit`, charged with the
+proposer's own drafting time (the only extra a probe cut to K = 0 costs vLLM's step). Scores never
+increase along a chain, so the global top-K is a prefix of each chain: a depth per request
+(`selection.global_top_k_depths`). The step time is measured between consecutive `propose` calls
+(vLLM's whole step: schedule, forward, sample, propose) and fitted by exponentially weighted least
+squares (`StepCost`); every `explore_every`-th plain decision verifies one draft token per request
+so the fit keeps seeing what a draft token costs.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .budget import ScoreCalibration
+from .budget import BudgetDecision, BudgetPolicy, ProbeCredit, ScoreCalibration
+from .cost import RowFit
 from .selection import global_top_k_depths
+
 
 @dataclass
 class StepCost:
@@ -76,57 +78,84 @@ class StepCost:
 
 
 @dataclass(slots=True)
-class ChainDecision:
-    depths: np.ndarray  # [rows] draft tokens kept per row
-    proposed: int  # draft tokens proposed (whole batch)
-    kept: int  # draft tokens kept
-    expected: float  # predicted emitted tokens of the step
+class Chains:
+    """One draft chain per request and the raw score of each of its tokens ([rows, depth], 0 past
+    the chain's end; non-increasing along a chain)."""
+
+    tokens: list[list[int]]
+    scores: np.ndarray
+
+    @property
+    def depths(self) -> np.ndarray:
+        return (self.scores > 0).sum(1)
+
+    def cut(self, depths: np.ndarray) -> Chains:
+        """Each chain's first `depths[i]` tokens."""
+        keep = np.arange(self.scores.shape[1]).reshape(1, -1) < depths.reshape(-1, 1)
+        return Chains([t[:d] for t, d in zip(self.tokens, depths.tolist())], np.where(keep, self.scores, 0.0))
 
 
-class FixedChains:
-    """Every request verifies its whole chain (up to `num_speculative_tokens`)."""
+@dataclass(slots=True)
+class ChainStep:
+    """What a chain policy learns from, after vLLM verified the chains of the last step."""
 
-    def decide(self, scores: np.ndarray) -> ChainDecision:
-        depths = (scores > 0).sum(1)
-        return ChainDecision(depths, int(depths.sum()), int(depths.sum()), float(len(depths) + scores.sum()))
+    rows: int  # requests in the step
+    planned: int  # depth the proposer was asked for (`plan`; 0: nothing drafted)
+    drafted: int  # draft tokens returned to vLLM (whole batch)
+    draft_ms: float  # the proposer's drafting and cutting time
+    decision: BudgetDecision | None  # None: nothing drafted
+    verified: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # raw scores [n, depth], depths [n], accepted [n] of the rows that drafted
+    ms: float | None  # the whole step (our own time included); None: not timed (it also prefilled)
+    emitted: int  # tokens the step emitted (all requests)
 
-    def observe_acceptance(self, scores: np.ndarray, depths: np.ndarray, accepted: np.ndarray) -> None:
-        pass
 
-    def observe_step(self, rows: int, draft_tokens: int, ms: float, emitted: int) -> None:
-        pass
+class FixedChains(BudgetPolicy):
+    """Every request verifies its whole chain (up to the proposer's depth)."""
 
-    def skip(self) -> bool:
-        """Whether this step drafts nothing without asking (never: a fixed budget always drafts)."""
-        return False
+    def __init__(self, depth: int):
+        self.depth = depth
+
+    def plan(self, rows: int) -> int:
+        return self.depth
+
+    def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
+        kept = int(draft.depths.sum())
+        return draft, BudgetDecision(1.0, kept, kept, float(len(draft.tokens) + draft.scores.sum()))
 
     def explain(self) -> str:
         return "fixed budget: every request verifies its whole draft chain"
 
 
-class ChainDCut:
-    """D-cut for chains (see the module docstring). explore_every: every n-th decision for K = 0
-    verifies one draft token per request; warmup: steps measured before the fit decides (they
-    alternate full drafts and plain steps, so the fit sees both)."""
+class ChainDCut(BudgetPolicy):
+    """D-cut for chains (see the module docstring). depth: the deepest chain (vLLM's
+    `num_speculative_tokens`); explore_every: every n-th decision for K = 0 verifies one draft
+    token per request; warmup: steps measured before the fit decides (they alternate full drafts
+    and plain steps, so the fit sees both); probe_share: `ProbeCredit.share`."""
 
-    def __init__(self, explore_every: int = 16, warmup: int = 8, longest_skip: int = 16):
+    def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01):
+        self.depth = depth
         self.calibration = ScoreCalibration()
         self.cost = StepCost()
+        self.draft_cost = RowFit(0.9)  # the proposer's drafting time per step (what a probe costs)
+        self.probes = ProbeCredit(probe_share)
         self.explore_every = explore_every
         self.warmup = warmup
-        self.longest_skip = longest_skip  # steps between decisions at most while decoding plainly (`skip`)
         self.decisions = 0
-        self.plain = 0  # K = 0 decisions so far
+        self.plain_decisions = 0  # K = 0 decisions so far (every explore_every-th explores)
+        self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.rows = 0  # rows of the last decision (for `explain`)
-        self.idle = 0  # consecutive K = 0 decisions (explorations excluded)
-        self.wait = 0  # steps left to skip drafting
-        self.measured: dict[tuple[int, bool], float] = {}  # (rows class, drafted) → tokens per ms, moving average
+        self.measured: dict[tuple[int, bool], np.ndarray] = {}  # (rows class, drafted) → EW Σ [tokens, ms]
+
+    def plan(self, rows: int) -> int:
+        """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
+        return 0 if self.plain and not self.probes.affords(self.draft_cost.predict(rows)) else self.depth
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
         cal = self.calibration(torch.from_numpy(scores.astype(np.float32))).numpy()
         return np.where(scores > 0, np.minimum.accumulate(cal, axis=1), 0.0)  # stays non-increasing
 
-    def decide(self, scores: np.ndarray) -> ChainDecision:
+    def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
+        scores = draft.scores
         rows = self.rows = scores.shape[0]
         self.decisions += 1
         proposed = int((scores > 0).sum())
@@ -134,53 +163,52 @@ class ChainDCut:
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
         if self.cost.samples < self.warmup:  # alternate full drafts and plain steps: the fit sees both
             k = proposed if self.decisions % 2 else 0
-            depths = global_top_k_depths(cal, k)
-            return ChainDecision(depths, proposed, int(depths.sum()), float(rows + gains[int(depths.sum())]))
-        rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
-        k = int(np.argmax(rates))
-        if k > 0 and not self.pays(rows):  # the fit says draft, the measured steps say plain was faster
-            k = 0
-        if k == 0 and proposed:
-            self.plain += 1
-            self.idle += 1
-            self.wait = min(2**self.idle, self.longest_skip) - 1
-            if self.explore_every and self.plain % self.explore_every == 0:
-                k = min(rows, proposed)
-        elif k > 0:
-            self.idle = 0
+            self.plain = False
+        else:
+            rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
+            k = int(np.argmax(rates))
+            if k > 0 and not self.pays(rows):  # the fit says draft, the measured steps say plain was faster
+                k = 0
+            self.plain = k == 0
+            if self.plain:
+                self.plain_decisions += 1
+                if self.explore_every and self.plain_decisions % self.explore_every == 0:
+                    k = min(rows, proposed)
         depths = global_top_k_depths(cal, k)
-        return ChainDecision(depths, proposed, int(depths.sum()), float(rows + gains[int(depths.sum())]))
+        kept = int(depths.sum())
+        decision = BudgetDecision(kept / max(rows * self.depth, 1), kept, proposed, float(rows + gains[kept]),
+                                  probe=self.plain)
+        return draft.cut(depths), decision
 
-    def skip(self) -> bool:
-        """Whether this step drafts nothing without asking (backing off after K = 0 decisions)."""
-        if self.wait > 0:
-            self.wait -= 1
-            return True
-        return False
-
-    def observe_acceptance(self, scores: np.ndarray, depths: np.ndarray, accepted: np.ndarray) -> None:
-        """scores: [n, depth] raw scores of verified chains; depths: [n] tokens verified; accepted:
-        [n] tokens accepted."""
-        pos = np.arange(scores.shape[1]).reshape(1, -1)
-        verified = torch.from_numpy(pos < depths.reshape(-1, 1))
-        acc = torch.from_numpy(pos < accepted.reshape(-1, 1))
-        self.calibration.observe(torch.from_numpy(scores.astype(np.float32)), verified, acc)
-
-    def observe_step(self, rows: int, draft_tokens: int, ms: float, emitted: int) -> None:
-        """A step of `rows` requests that verified `draft_tokens` took `ms` (our proposer's time
-        included) and emitted `emitted` tokens."""
-        self.cost.observe(rows, draft_tokens, ms)
-        key = (max(rows, 1).bit_length(), draft_tokens > 0)
-        rate = emitted / max(ms, 1e-6)
-        self.measured[key] = rate if key not in self.measured else 0.8 * self.measured[key] + 0.2 * rate
+    def observe(self, step: ChainStep) -> None:
+        """Calibrate on what vLLM accepted, fit the step time, price the drafting, keep the probe credit."""
+        if step.verified is not None:
+            scores, depths, accepted = step.verified
+            pos = np.arange(scores.shape[1]).reshape(1, -1)
+            verified = torch.from_numpy(pos < depths.reshape(-1, 1))
+            acc = torch.from_numpy(pos < accepted.reshape(-1, 1))
+            self.calibration.observe(torch.from_numpy(scores.astype(np.float32)), verified, acc)
+        if step.planned:
+            self.draft_cost.observe(step.rows, step.draft_ms)
+        if step.decision is not None and step.decision.probe:
+            self.probes.spend(step.draft_ms)
+        if step.ms is not None:
+            self.cost.observe(step.rows, step.drafted, step.ms)
+            key = (max(step.rows, 1).bit_length(), step.drafted > 0)
+            self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([step.emitted, step.ms])
+            saved = float(self.cost.predict(step.rows, 0)) * step.emitted / step.rows - step.ms if step.drafted else 0.0
+            self.probes.earn(step.ms, saved)
+        self.probes.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def pays(self, rows: int) -> bool:
         """Whether steps that drafted emitted more tokens per ms than plain steps did, at this batch
-        size class (rows rounded down to a power of two); True until both were measured. It guards the
-        fit, whose costs can be confounded (in a rollout, draft tokens grow with the rows)."""
+        size class (rows rounded down to a power of two; tokens per ms as the ratio of exponentially
+        weighted sums, so one slow step weighs by its time, not as one rate among few); True until
+        both were measured. It guards the fit, whose costs can be confounded (in a rollout, draft
+        tokens grow with the rows)."""
         cls = max(rows, 1).bit_length()
         spec, plain = self.measured.get((cls, True)), self.measured.get((cls, False))
-        return spec is None or plain is None or spec >= plain
+        return spec is None or plain is None or spec[0] / spec[1] >= plain[0] / plain[1]
 
     def explain(self) -> str:
         """Why D-cut verifies what it verifies: a draft token with acceptance p adds p tokens for

@@ -40,7 +40,7 @@ GRAFT_VARIANTS = ("dense-draft", "prune-only", "fixed-split", "graft", "graft+dc
 def variant(name: str, budget: int, prior: str | None, draft: str | None = None,
             thresholds: str | None = None) -> EngineConfig:
     """The engine configuration called `name`; `name@N` is that configuration with budget N, and
-    `name:field=value[:field=value]` sets fields of its `DCutConfig` (ablations: `retrieval+dcut:slow_start=False`)."""
+    `name:field=value[:field=value]` sets fields of its `DCutConfig` (ablations: `retrieval+dcut:probe_share=0.05`)."""
     name, *knobs = name.split(":")
     base, _, size = name.partition("@")
     known = variants(budget, prior, draft, thresholds)

@@ -10,6 +10,8 @@ order, on prompts no earlier repeat used — so no method recalls an earlier rep
     ours@K              our proposer, fixed budget (every request drafts up to K)
     ours+dcut@K         our proposer with D-cut (depths up to K)
     oracle@K            drafts the recorded T=0 plain completion: what speculation can give here at all
+    empty@K             drafts nothing: vLLM's speculative path with empty drafts, the floor of a
+                        proposer that decodes plainly
     engine-ar, engine-retrieval+dcut   our own engine (HF forwards) on the same prompts
 
 Each method runs in its own process next to its own `plain` (vLLM binds a process's threads, and
@@ -77,6 +79,20 @@ class OracleProposer:
         return out
 
 
+class EmptyProposer:
+    """Drafts nothing: vLLM's speculative decoding with every draft empty — the floor of any
+    proposer that decides to decode plainly (vLLM cannot switch speculation off per step)."""
+
+    def __init__(self, vllm_config):
+        self.counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        return [[] for _ in sampled_token_ids]
+
+
 def _oracle_counts(worker) -> dict:
     return dict(worker.model_runner.drafter.counts)
 
@@ -96,6 +112,8 @@ def spec_for(method: str):
         return speculative_config(k, "dcut")
     if base == "oracle":
         return {"method": "custom_class", "model": "bench_vllm.OracleProposer", "num_speculative_tokens": k}
+    if base == "empty":
+        return {"method": "custom_class", "model": "bench_vllm.EmptyProposer", "num_speculative_tokens": k}
     raise SystemExit(f"unknown method {method!r}")
 
 
@@ -105,7 +123,7 @@ def counters(llm, method: str) -> dict:
     proposer's counts equal vLLM's: tests/test_vllm.py)."""
     if method.startswith("ours"):
         return {k: proposer_summary(llm)[k] for k in COUNTERS.values()}
-    if method.startswith("oracle"):
+    if method.startswith(("oracle", "empty")):
         return llm.collective_rpc(_oracle_counts)[0]
     got = {COUNTERS[m.name]: m.value for m in llm.get_metrics() if m.name in COUNTERS}
     return {k: got.get(k, 0) for k in COUNTERS.values()}

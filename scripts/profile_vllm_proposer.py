@@ -176,7 +176,7 @@ class Parts:
         proposer.tracker.rows = self._wrap(proposer.tracker.rows, "tracker")
         proposer._draft = self._wrap(proposer._draft, "draft")
         proposer._learn = self._wrap(proposer._learn, "learn", learn=True)
-        for name in ("decide", "skip", "observe_acceptance", "observe_step"):
+        for name in ("plan", "cut", "observe"):
             setattr(proposer.policy, name, self._wrap(getattr(proposer.policy, name), "policy"))
 
     def _wrap(self, fn, part, learn=False):

@@ -169,7 +169,7 @@ def test_where_speculation_pays_what_it_saved_funds_the_probes():
     for policy in (paid, unpaid):  # a poor draft: a probe that decoded plainly, 0.2 ms dearer than a plain step
         assert step(policy, poor, ms=1.2)[1].probe
     # the next probe (a W = 1 forward) costs more than the share of the time banked, less than what was saved
-    assert unpaid.credit < unpaid.probe_ms(2) <= paid.credit
+    assert unpaid.probes.ms < unpaid.probe_ms(2) <= paid.probes.ms
     assert paid.plan(2) == 1  # what speculation saved pays for the next probe at once …
     assert unpaid.plan(2) == 0  # … where nothing was saved, the probe waits for its credit
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_graft.chain_budget import ChainDCut, FixedChains, StepCost
+from rollout_graft.budget import BudgetDecision
+from rollout_graft.chain_budget import ChainDCut, Chains, ChainStep, FixedChains, StepCost
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import RequestTracker
 from rollout_graft.vllm.plugin import expand_kernel_impl
@@ -130,17 +131,31 @@ def test_step_cost_fit_recovers_a_linear_cost():
     assert a == pytest.approx(5.0, abs=0.2) and b_rows == pytest.approx(0.5, abs=0.02) and b_draft == pytest.approx(0.1, abs=0.01)
 
 
+def chains(scores: np.ndarray) -> Chains:
+    """Chains of made-up tokens with these raw scores."""
+    return Chains([list(range(int((row > 0).sum()))) for row in scores], scores)
+
+
+def timed(policy, rows: int, drafted: int, ms: float, emitted: int, draft_ms: float = 0.0, verified=None) -> None:
+    """The policy observes a step vLLM took (`ms`) after drafting `drafted` tokens."""
+    decision = BudgetDecision(0.0, drafted, drafted, float(emitted), probe=False)
+    policy.observe(ChainStep(rows, 4, drafted, draft_ms, decision, verified, ms, emitted))
+
+
 def test_dcut_verifies_drafts_only_where_they_pay():
     scores = np.tile(0.9 ** np.arange(1, 5), (8, 1))  # 8 rows × 4 tokens
-    cheap, dear = ChainDCut(explore_every=0), ChainDCut(explore_every=0)
+    cheap, dear = ChainDCut(4, explore_every=0), ChainDCut(4, explore_every=0)
     for policy, per_draft in ((cheap, 0.01), (dear, 5.0)):  # a row's step: 18 ms / 8 = 2.25 ms
         for i in range(40):
-            policy.observe_step(8, i % 33, 10.0 + 1.0 * 8 + per_draft * (i % 33), 8 + int(0.9 * (i % 33)))
+            timed(policy, 8, i % 33, 10.0 + 1.0 * 8 + per_draft * (i % 33), 8 + int(0.9 * (i % 33)))
         # calibrate: the drafts are accepted as their scores say
-        policy.observe_acceptance(np.tile(scores[:1], (500, 1)), np.full(500, 4),
-                                  np.random.default_rng(0).binomial(4, 0.9, 500))
-    assert cheap.decide(scores).kept == 32
-    assert dear.decide(scores).kept == 0
+        timed(policy, 8, 0, None, 8, verified=(np.tile(scores[:1], (500, 1)), np.full(500, 4),
+                                               np.random.default_rng(0).binomial(4, 0.9, 500)))
+    assert cheap.plan(8) == 4
+    cut, decision = cheap.cut(chains(scores))
+    assert decision.kept == 32 and cut.depths.tolist() == [4] * 8 and not decision.probe
+    cut, decision = dear.cut(chains(scores))
+    assert decision.kept == 0 and decision.probe and cut.tokens == [[]] * 8
 
 
 def test_speculative_config_round_trip_and_errors():
@@ -201,28 +216,40 @@ def test_identical_siblings_that_move_stay_distinct_requests():
 
 
 def test_dcut_backs_off_while_plain_decoding_wins():
-    dear = ChainDCut(explore_every=0)
+    """After a plain decision, drafting again (a probe) waits until the probe credit affords the
+    proposer's drafting time: probes that find nothing cost ~1 % of the time."""
+    dear = ChainDCut(4, explore_every=0)
     for i in range(40):
-        dear.observe_step(8, i % 33, 18.0 + 5.0 * (i % 33), 8 + (i % 33) // 2)
+        timed(dear, 8, i % 33, 18.0 + 5.0 * (i % 33), 8 + (i % 33) // 2)
     scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
-    asked = []
-    for _ in range(40):
-        if not dear.skip():
-            asked.append(dear.decide(scores).kept)
-    assert set(asked) == {0} and len(asked) < 10  # 1, 3, 7, 15, 15 … steps skipped between decisions
-    assert not any(FixedChains().skip() for _ in range(5))
+    probes = steps = 0
+    for _ in range(400):
+        steps += 1
+        planned = dear.plan(8)
+        if planned:
+            probes += 1
+            cut, decision = dear.cut(chains(scores))
+            assert decision.kept == 0 and decision.probe
+            dear.observe(ChainStep(8, planned, 0, 2.0, decision, None, 20.0, 8))  # drafting took 2 ms of a 20 ms step
+        else:
+            dear.observe(ChainStep(8, 0, 0, 0.0, None, None, 18.0, 8))
+    assert 400 * 18.0 * 0.01 / 2.0 - 3 <= probes <= 400 * 20.0 * 0.01 / 2.0 + 3  # 1 % of the time, 2 ms a probe
+    fixed = FixedChains(4)
+    assert all(fixed.plan(8) == 4 for _ in range(5))
+    cut, decision = fixed.cut(chains(scores))
+    assert decision.kept == 32 and decision.ratio == 1.0
 
 
 def test_measured_steps_overrule_a_fit_that_says_draft():
     """The fit prices drafts as nearly free, but the steps that drafted emitted fewer tokens per ms
     than plain ones (e.g. the proposer's own time): D-cut decodes plainly."""
-    policy = ChainDCut(explore_every=0)
+    policy = ChainDCut(4, explore_every=0)
     for i in range(40):
         draft = i % 33
-        policy.observe_step(8, draft, 18.0 + 0.01 * draft, 8)  # drafts cost nothing in the fit, but nothing was accepted
-    policy.observe_step(8, 32, 30.0, 9)  # a drafting step, measured slower per token
+        timed(policy, 8, draft, 18.0 + 0.01 * draft, 8)  # drafts cost nothing in the fit, but nothing was accepted
+    timed(policy, 8, 32, 30.0, 9)  # a drafting step, measured slower per token
     scores = np.tile(0.9 ** np.arange(1, 5), (8, 1))
-    assert not policy.pays(8) and policy.decide(scores).kept == 0
+    assert not policy.pays(8) and policy.cut(chains(scores))[1].kept == 0
     assert policy.pays(64)  # another batch-size class has not been measured: the fit decides there
 
 

@@ -38,9 +38,11 @@ class ChainConfig:
             emitted token, kept across rollouts) where the group's text has no continuation.
         prior_path: a saved prior (`.safetensors`, the engine's `graft_prior.safetensors` works) to start from.
         explore_every: D-cut: every n-th plain decision verifies one draft token per request.
-        longest_skip: D-cut: after n plain decisions in a row, the next min(2^n, longest_skip) − 1
-            steps draft nothing without asking (drafting chains D-cut then cuts away cost the tiny
-            target 17–20 % of its wall time without it; docs/BENCHMARKS.md, "vLLM backend").
+        probe_share: D-cut: after a plain decision, nothing is drafted until drafting again (a probe)
+            is affordable: probes that find nothing cost at most this share of the time (plus what
+            speculation saved; the engine's `DCutConfig.probe_share`). Drafting chains D-cut then
+            cuts away cost the tiny target 17–20 % of its wall time without such a back-off
+            (docs/BENCHMARKS.md, "vLLM backend").
         prior_successors: successors per token kept in the global prior (the engine keeps
             `RetrievalConfig.top_k` = 8 from logits; emitted text teaches fewer).
         prior_decay: weight of a token's older successors when it is seen again (the engine's
@@ -61,7 +63,7 @@ class ChainConfig:
     use_prior: bool = True
     prior_path: str | None = None
     explore_every: int = 16
-    longest_skip: int = 16
+    probe_share: float = 0.01
     prior_successors: int = 4
     prior_decay: float = 0.5
     occurrences: int = 4
@@ -70,10 +72,12 @@ class ChainConfig:
     def __post_init__(self) -> None:
         if self.budget_policy not in ("fixed", "dcut"):
             raise ValueError(f"budget_policy must be 'fixed' or 'dcut', got {self.budget_policy!r}")
-        for name in ("min_match", "max_match", "recall_prompts", "longest_skip", "prior_successors", "occurrences",
+        for name in ("min_match", "max_match", "recall_prompts", "prior_successors", "occurrences",
                      "identity_tokens"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if isinstance(self.probe_share, bool) or not isinstance(self.probe_share, (int, float)) or not 0.0 < self.probe_share <= 1.0:
+            raise ValueError(f"probe_share must be a number in (0, 1], got {self.probe_share!r}")
         if not 0.0 <= self.prior_decay < 1.0:
             raise ValueError(f"prior_decay must be in [0, 1), got {self.prior_decay!r}")
         if self.max_match < self.min_match:

@@ -14,7 +14,9 @@ step here:
          → cut     (D-cut: one batch-wide budget of draft tokens, a depth per request)
 
 The step time vLLM spends around us (schedule, forward, sample) is measured between calls and
-fitted by the budget policy; every call into the policy is in `_budget`.
+fitted by the budget policy, which is the engine's interface over chains (`chain_budget`): each
+step `plan` (how deep to draft; 0: not at all), `cut` (the depths verified) and, at the next call,
+`observe` (what the step verified, accepted and took: `_observe`).
 
 Cost per step: numpy over the batch for finding requests, acceptance, scores and the prior (its
 update, `teach_prior`, and its chains, `prior_chain`: `AdjacencyIndex.update_topk` and `lookup` for
@@ -33,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..adjacency import EMPTY, AdjacencyIndex
-from ..chain_budget import ChainDCut, FixedChains
+from ..chain_budget import ChainDCut, Chains, ChainStep, FixedChains
 from .config import PROPOSER_CLASS, ChainConfig
 from .groups import Request, RequestTracker
 
@@ -75,13 +77,14 @@ class RLDraftProposer:
         cfg = self.config
         self.tracker = RequestTracker(cfg.min_match, cfg.max_match, cfg.recall, cfg.recall_prompts,
                                       occurrences=cfg.occurrences, tail=cfg.identity_tokens)
-        self.policy = ChainDCut(cfg.explore_every, longest_skip=cfg.longest_skip) if cfg.budget_policy == "dcut" else FixedChains()
+        self.policy = (ChainDCut(self.k, cfg.explore_every, probe_share=cfg.probe_share) if cfg.budget_policy == "dcut"
+                       else FixedChains(self.k))
         self.prior = AdjacencyIndex.empty(1, self.vocab, cfg.prior_successors) if cfg.use_prior else None
         if cfg.use_prior and cfg.prior_path:
             self.load_prior(cfg.prior_path)
         self.stats = ProposerStats()
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
-        self._pending: tuple[int, int] | None = None  # (rows, draft tokens) of the step now running
+        self._pending: ChainStep | None = None  # the step now running (completed at the next call)
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner hands every drafter the target model; ours needs none."""
@@ -92,55 +95,41 @@ class RLDraftProposer:
         start = time.perf_counter()
         reqs = self.tracker.rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         active = [reqs[i] for i in self.tracker.active.tolist()]
-        acceptance, accepted = self._learn(active, token_ids_cpu)
-        step = self._step_time(start, len(active), accepted)
+        verified, accepted = self._learn(active, token_ids_cpu)
+        self._observe(start, len(active), verified, accepted)
         self._last_start = start
         out: list[list[int]] = [[] for _ in sampled_token_ids]
-        drafted = 0
-        budget = self._budget(acceptance, step, lambda: self._draft(active))
-        if budget is not None:
-            chains, scores, depths = budget
-            for i, req, ch, sc, depth in zip(self.tracker.active.tolist(), active, chains, scores, depths.tolist()):
-                if depth:
-                    req.draft, req.draft_scores = ch[:depth], sc[:depth]
-                    out[i] = req.draft
-                    drafted += depth
-        self._pending = (len(active), drafted)
+        planned, drafted, decision = self.policy.plan(len(active)), 0, None
+        draft_start = time.perf_counter()
+        if planned:
+            chains, decision = self.policy.cut(self._draft(active))
+            for i, req, tokens, scores in zip(self.tracker.active.tolist(), active, chains.tokens, chains.scores):
+                if tokens:
+                    req.draft, req.draft_scores = tokens, scores[: len(tokens)]
+                    out[i] = tokens
+                    drafted += len(tokens)
+            self.stats.proposed_tokens += decision.candidates
+            self.stats.kept_tokens += decision.kept
+            self.stats.plain_steps += int(decision.candidates > 0 and decision.kept == 0)
+        draft_ms = 1000.0 * (time.perf_counter() - draft_start)
+        self._pending = ChainStep(len(active), planned, drafted, draft_ms, decision, None, None, 0)
         self.stats.steps += 1
         self.stats.propose_s += time.perf_counter() - start
         return out
 
-    def _budget(self, acceptance, step, draft):
-        """Every call into the budget policy, in one place (a new policy is swapped in here): what
-        the last step's drafts earned (`observe_acceptance`: raw scores, depths, accepted tokens) and
-        cost (`observe_step`: rows, draft tokens, ms, emitted tokens), then whether to draft at all
-        (`skip`: D-cut backing off, no chains drafted or scored) and how deep (`decide`). draft()
-        gives (chains, raw scores [rows, k]). Returns (chains, scores, depth per row), None for a
-        plain step."""
-        if acceptance is not None:
-            self.policy.observe_acceptance(*acceptance)
-        if step is not None:
-            self.policy.observe_step(*step)
-        if self.policy.skip():
-            return None
-        chains, scores = draft()
-        decision = self.policy.decide(scores)
-        self.stats.proposed_tokens += decision.proposed
-        self.stats.kept_tokens += decision.kept
-        self.stats.plain_steps += int(decision.proposed > 0 and decision.kept == 0)
-        return chains, scores, decision.depths
-
-    def _step_time(self, now: float, rows: int, accepted: int) -> tuple[int, int, float, int] | None:
-        """The step since the last call verified the drafts returned then: its time (from the last
-        call's start: our own time included, a draft's cost is also ours) and the tokens it emitted,
-        as (rows, draft tokens, ms, emitted) for the policy — None if it also prefilled (a new
-        request) or is the first."""
-        if self._last_start is None or self._pending is None or self.tracker.created:
-            return None
-        ms = 1000.0 * (now - self._last_start)
-        self.stats.step_s += ms / 1000.0
-        rows, drafted = self._pending
-        return rows, drafted, ms, rows + accepted
+    def _observe(self, now: float, rows: int, verified: tuple | None, accepted: int) -> None:
+        """The budget policy learns from the step since the last call, which verified the drafts
+        returned then: what they earned (`verified`: raw scores, depths and accepted tokens of the
+        rows that drafted) and its time (from the last call's start: our own time included, a
+        draft's cost is also ours) — not timed if it also prefilled (a new request) or is the first."""
+        step = self._pending
+        if step is None:
+            return
+        step.verified, step.emitted = verified, step.rows + accepted
+        if self._last_start is not None and not self.tracker.created:
+            step.ms = 1000.0 * (now - self._last_start)
+            self.stats.step_s += step.ms / 1000.0
+        self.policy.observe(step)
 
     def _learn(self, reqs: list[Request], token_ids: np.ndarray) -> tuple[tuple | None, int]:
         """Acceptance of the drafts returned last step, and the new tokens into the prior (numpy over
@@ -180,7 +169,7 @@ class RLDraftProposer:
     def _teach_prior(self, prev_tok: np.ndarray, next_tok: np.ndarray) -> None:
         teach_prior(self.prior, prev_tok, next_tok, self.config.prior_decay)
 
-    def _draft(self, reqs: list[Request]) -> tuple[list[list[int]], np.ndarray]:
+    def _draft(self, reqs: list[Request]) -> Chains:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
         suffix-match tokens score (n / (n + 1))^depth for a match of n tokens, prior tokens the
         prior's weight, multiplied along the chain (D-cut calibrates them against acceptance). The
@@ -203,7 +192,7 @@ class RLDraftProposer:
         scores[np.arange(self.k) >= have.reshape(-1, 1)] = 0.0
         if self.prior is not None:
             self._extend_from_prior(chains, scores, have, room)
-        return chains, scores
+        return Chains(chains, scores)
 
     def _extend_from_prior(self, chains: list[list[int]], scores: np.ndarray, have: np.ndarray, room: np.ndarray) -> None:
         """Chains shorter than their room continue with the prior's most likely successors (its greedy
