@@ -35,10 +35,10 @@ from .base import Proposer, StepContext
 
 FEED_WINDOW = 64
 """Pending tokens a proposal feeds at most. After more plain steps without a proposal than this (D-cut
-backing off, or waiting for an affordable probe), the drafter's cache skips the older ones: its next drafts see the
+waiting for an affordable probe), the drafter's cache skips the older ones: its next drafts see the
 prompt, the text up to the last proposal and the last FEED_WINDOW tokens (drafts may be a little
 worse; the output law does not change, the target verifies every token). Catching up a long plain
-stretch in full would cost a share of the skipped steps that no back-off length could shrink."""
+stretch in full would cost a share of the skipped steps that no wait between probes could shrink."""
 
 StopRule = Callable[[int, torch.Tensor], torch.Tensor]
 """(checkpoint index, best cumulative confidence [rows]) → [rows] bool: stop this row's tree here."""
