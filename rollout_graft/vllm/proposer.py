@@ -112,7 +112,8 @@ class RLDraftProposer:
             self.stats.kept_tokens += decision.kept
             self.stats.plain_steps += int(decision.candidates > 0 and decision.kept == 0)
         draft_ms = 1000.0 * (time.perf_counter() - draft_start)
-        self._pending = ChainStep(len(active), planned, drafted, draft_ms, decision, None, None, 0)
+        self._pending = ChainStep(rows=len(active), planned=planned, drafted=drafted, draft_ms=draft_ms,
+                                  decision=decision, verified=None, ms=None, emitted=0)  # completed by `_observe`
         self.stats.steps += 1
         self.stats.propose_s += time.perf_counter() - start
         return out
