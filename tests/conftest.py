@@ -2,10 +2,16 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import atexit
+import shutil
 import tempfile
 
-# one cost-profile cache per test session (profiles are keyed by model shape, device, dtype, threads)
-os.environ.setdefault("ROLLOUT_GRAFT_CACHE", tempfile.mkdtemp(prefix="rollout_graft_test_cache_"))
+# one cost-profile cache per test session (profiles are keyed by model shape, device, dtype, threads),
+# removed when the session ends
+if "ROLLOUT_GRAFT_CACHE" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="rollout_graft_test_cache_")
+    os.environ["ROLLOUT_GRAFT_CACHE"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import pytest
 import torch
