@@ -26,6 +26,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .config import DCutConfig
@@ -121,10 +122,30 @@ class ScoreCalibration:
         self.accepted += torch.bincount(b, weights=accepted[verified].float().cpu(), minlength=len(self.seen))
 
     def __call__(self, score: torch.Tensor) -> torch.Tensor:
+        return self._rates().to(score.device)[self._bin(score)]
+
+    def rate_of(self, score: np.ndarray) -> np.ndarray:
+        """`self(score)` for host numpy scores (the vLLM proposer's), without torch's cost per call."""
+        return self._rates().numpy()[self._bin_of(score)]
+
+    def observe_host(self, score: np.ndarray, verified: np.ndarray, accepted: np.ndarray) -> None:
+        """`observe` for host numpy arrays."""
+        b = self._bin_of(score[verified])
+        self.seen.numpy()[:] += np.bincount(b, minlength=len(self.seen)).astype(np.float32)
+        self.accepted.numpy()[:] += np.bincount(b, weights=accepted[verified].astype(np.float64),
+                                                minlength=len(self.seen)).astype(np.float32)
+
+    def _rates(self) -> torch.Tensor:
+        """Each bin's calibrated acceptance rate."""
         mid = (self.edges[:-1] * self.edges[1:]).sqrt()
         rate = (self.accepted + self.prior_weight * mid) / (self.seen + self.prior_weight)
-        rate = torch.cummax(rate, 0).values  # monotone in the raw score
-        return rate.to(score.device)[self._bin(score)]
+        return torch.cummax(rate, 0).values  # monotone in the raw score
+
+    def _bin_of(self, score: np.ndarray) -> np.ndarray:
+        """`_bin` in numpy (torch.bucketize's left side is numpy.searchsorted's)."""
+        edges = self.edges.numpy()
+        clipped = np.clip(score.astype(np.float32), edges[0], np.float32(1.0))
+        return np.clip(np.searchsorted(edges, clipped, side="left") - 1, 0, len(edges) - 2)
 
     def expected_vs_actual(self) -> tuple[float, float]:
         mid = (self.edges[:-1] * self.edges[1:]).sqrt()

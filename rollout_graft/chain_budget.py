@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from .budget import BudgetDecision, BudgetPolicy, ProbeCredit, ScoreCalibration
 from .cost import RowFit
@@ -45,17 +44,25 @@ class StepCost:
     moment: np.ndarray = field(default_factory=lambda: np.zeros(3))
     samples: int = 0
 
+    fitted: np.ndarray | None = None  # `coef` since the last observation
+
     def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
         x = np.array([1.0, rows, draft_tokens])
         self.gram = self.forget * self.gram + np.outer(x, x)
         self.moment = self.forget * self.moment + ms * x
         self.samples += 1
+        self.fitted = None
 
     @property
     def coef(self) -> np.ndarray:
         """[a, b_rows, b_draft] (ms), none negative (a coefficient the fit drives below 0 is fixed at 0
         and the others refitted). A constant batch size leaves a and b_rows confounded; predictions at
         the measured batch sizes are right either way."""
+        if self.fitted is None:
+            self.fitted = self._fit()
+        return self.fitted
+
+    def _fit(self) -> np.ndarray:
         if self.samples == 0:
             return np.array([0.0, 1.0, 1.0])
         scale = self.gram[0, 0] * self.prior_weight
@@ -151,7 +158,7 @@ class ChainDCut(BudgetPolicy):
         return 0 if self.plain and not self.probes.affords(self.draft_cost.predict(rows)) else self.depth
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
-        cal = self.calibration(torch.from_numpy(scores.astype(np.float32))).numpy()
+        cal = self.calibration.rate_of(scores)
         return np.where(scores > 0, np.minimum.accumulate(cal, axis=1), 0.0)  # stays non-increasing
 
     def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
@@ -185,9 +192,7 @@ class ChainDCut(BudgetPolicy):
         if step.verified is not None:
             scores, depths, accepted = step.verified
             pos = np.arange(scores.shape[1]).reshape(1, -1)
-            verified = torch.from_numpy(pos < depths.reshape(-1, 1))
-            acc = torch.from_numpy(pos < accepted.reshape(-1, 1))
-            self.calibration.observe(torch.from_numpy(scores.astype(np.float32)), verified, acc)
+            self.calibration.observe_host(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
         if step.decision is not None and step.decision.probe:

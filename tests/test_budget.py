@@ -3,6 +3,7 @@ width choice, what it charges speculation, and the probe credit."""
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from conftest import draft_with_scores, random_model
@@ -216,3 +217,19 @@ def test_dcut_runs_lead_waves_only_after_a_rollout_that_speculated(qwen3_model):
     assert len(engine._waves(groups)) == 1
     fixed = RolloutEngine(qwen3_model, replace(cfg, budget_policy="fixed"))
     assert len(fixed._waves(groups)) == 2  # a fixed budget always staggers
+
+
+def test_calibration_host_path_matches_the_torch_path():
+    """The vLLM proposer's numpy calibration (`rate_of`, `observe_host`) bins, counts and maps
+    scores exactly as the engine's torch path does, bin edges and the clamped ends included."""
+    gen = np.random.default_rng(0)
+    torch_cal, host_cal = ScoreCalibration(), ScoreCalibration()
+    edges = torch_cal.edges.numpy()
+    for _ in range(20):
+        score = np.concatenate([gen.random(40) ** 6, edges[gen.integers(0, len(edges), 8)], [0.0, 1e-9, 1.0]])
+        score = score.astype(np.float32).reshape(3, -1)
+        verified, accepted = gen.random(score.shape) < 0.7, gen.random(score.shape) < 0.4
+        torch_cal.observe(torch.from_numpy(score), torch.from_numpy(verified), torch.from_numpy(accepted))
+        host_cal.observe_host(score, verified, accepted)
+        assert torch.equal(torch_cal.seen, host_cal.seen) and torch.equal(torch_cal.accepted, host_cal.accepted)
+        assert np.array_equal(host_cal.rate_of(score), torch_cal(torch.from_numpy(score)).numpy())
