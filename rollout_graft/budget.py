@@ -82,9 +82,14 @@ class BudgetPolicy(ABC):
     def observe(self, step: StepRecord) -> None:
         """Learn from the step just made."""
 
+    def explain(self) -> str:
+        """Why the policy verifies what it verifies (for logs and `proposer_summary`)."""
+        return " ".join((type(self).__doc__ or type(self).__name__).split("\n\n")[0].split())
+
 
 class FixedBudget(BudgetPolicy):
-    """Every row verifies its proposer's whole draft of at most `budget` nodes."""
+    """Fixed budget: every row verifies its proposer's whole draft (at most `budget` nodes per row
+    for a tree, `budget` tokens for a chain)."""
 
     def __init__(self, budget: int):
         self.budget = budget
@@ -92,7 +97,7 @@ class FixedBudget(BudgetPolicy):
     def plan(self, rows: int) -> int:
         return self.budget
 
-    def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
+    def cut(self, draft):
         return draft, BudgetDecision(1.0)
 
 
@@ -116,10 +121,10 @@ class ScoreCalibration:
         return (torch.bucketize(score.float().clamp(min=edges[0], max=1.0), edges) - 1).clamp(0, len(self.seen) - 1)
 
     def observe(self, score: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor) -> None:
-        """score, verified, accepted: [rows, m] (candidate nodes of one step)."""
-        b = self._bin(score[verified]).cpu()
-        self.seen += torch.bincount(b, minlength=len(self.seen)).float()
-        self.accepted += torch.bincount(b, weights=accepted[verified].float().cpu(), minlength=len(self.seen))
+        """score, verified, accepted: [rows, m] (candidate nodes of one step; counted on the host,
+        after one transfer)."""
+        host = torch.stack([score.float(), verified.float(), accepted.float()]).cpu().numpy()
+        self.observe_host(host[0], host[1] > 0, host[2] > 0)
 
     def __call__(self, score: torch.Tensor) -> torch.Tensor:
         return self._rates().to(score.device)[self._bin(score)]
@@ -129,7 +134,7 @@ class ScoreCalibration:
         return self._rates().numpy()[self._bin_of(score)]
 
     def observe_host(self, score: np.ndarray, verified: np.ndarray, accepted: np.ndarray) -> None:
-        """`observe` for host numpy arrays."""
+        """`observe` for host numpy arrays (the vLLM proposer's)."""
         b = self._bin_of(score[verified])
         self.seen.numpy()[:] += np.bincount(b, minlength=len(self.seen)).astype(np.float32)
         self.accepted.numpy()[:] += np.bincount(b, weights=accepted[verified].astype(np.float64),

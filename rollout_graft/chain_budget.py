@@ -3,7 +3,7 @@
 vLLM verifies one chain per request and packs every scheduled token of the batch into one
 forward, so its step time follows the number of scheduled tokens — the setting of the D-cut
 paper itself. The policies implement the engine's `BudgetPolicy` (plan → cut → observe) over
-`Chains`. Each step `ChainDCut` takes every request's chain with the score of each draft token
+`Chains` (a fixed depth is the engine's `FixedBudget`). Each step `ChainDCut` takes every request's chain with the score of each draft token
 (the prefix product of confidences, calibrated against observed acceptance by the same
 `ScoreCalibration` as the engine's D-cut), keeps the batch's global top-K tokens, and picks K to
 maximise expected emitted tokens per predicted step time:
@@ -114,23 +114,6 @@ class ChainStep:
     verified: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # raw scores [n, depth], depths [n], accepted [n] of the rows that drafted
     ms: float | None  # the whole step (our own time included); None: not timed (it also prefilled)
     emitted: int  # tokens the step emitted (all requests)
-
-
-class FixedChains(BudgetPolicy):
-    """Every request verifies its whole chain (up to the proposer's depth)."""
-
-    def __init__(self, depth: int):
-        self.depth = depth
-
-    def plan(self, rows: int) -> int:
-        return self.depth
-
-    def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
-        kept = int(draft.depths.sum())
-        return draft, BudgetDecision(1.0, kept, kept, float(len(draft.tokens) + draft.scores.sum()))
-
-    def explain(self) -> str:
-        return "fixed budget: every request verifies its whole draft chain"
 
 
 class ChainDCut(BudgetPolicy):

@@ -146,8 +146,10 @@ class WidthFit:
         self.fits.setdefault(width, RowFit(self.forget)).observe(rows, ms)
 
     def predict(self, rows: int, width: int) -> float:
-        if width in self.fits or not self.fits:
-            return self.fits[width].predict(rows) if self.fits else 0.0
+        if not self.fits:
+            return 0.0
+        if width in self.fits:
+            return self.fits[width].predict(rows)
         below = sorted(w for w in self.fits if w < width)
         above = sorted(w for w in self.fits if w > width)
         if not below:

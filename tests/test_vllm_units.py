@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_graft.budget import BudgetDecision
-from rollout_graft.chain_budget import ChainDCut, Chains, ChainStep, FixedChains, StepCost
+from rollout_graft.budget import BudgetDecision, FixedBudget
+from rollout_graft.chain_budget import ChainDCut, Chains, ChainStep, StepCost
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import RequestTracker
 from rollout_graft.vllm.plugin import expand_kernel_impl
@@ -234,10 +234,10 @@ def test_dcut_backs_off_while_plain_decoding_wins():
         else:
             dear.observe(ChainStep(8, 0, 0, 0.0, None, None, 18.0, 8))
     assert 400 * 18.0 * 0.01 / 2.0 - 3 <= probes <= 400 * 20.0 * 0.01 / 2.0 + 3  # 1 % of the time, 2 ms a probe
-    fixed = FixedChains(4)
+    fixed = FixedBudget(4)  # a fixed depth: the engine's fixed budget, over chains
     assert all(fixed.plan(8) == 4 for _ in range(5))
     cut, decision = fixed.cut(chains(scores))
-    assert decision.kept == 32 and decision.ratio == 1.0
+    assert int(cut.depths.sum()) == 32 and decision.ratio == 1.0
 
 
 def test_measured_steps_overrule_a_fit_that_says_draft():

@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from ..adjacency import EMPTY, AdjacencyIndex
-from ..chain_budget import ChainDCut, Chains, ChainStep, FixedChains
+from ..budget import FixedBudget
+from ..chain_budget import ChainDCut, Chains, ChainStep
 from .config import PROPOSER_CLASS, ChainConfig
 from .groups import Request, RequestTracker
 
@@ -78,7 +79,7 @@ class RLDraftProposer:
         self.tracker = RequestTracker(cfg.min_match, cfg.max_match, cfg.recall, cfg.recall_prompts,
                                       occurrences=cfg.occurrences, tail=cfg.identity_tokens)
         self.policy = (ChainDCut(self.k, cfg.explore_every, probe_share=cfg.probe_share) if cfg.budget_policy == "dcut"
-                       else FixedChains(self.k))
+                       else FixedBudget(self.k))
         self.prior = AdjacencyIndex.empty(1, self.vocab, cfg.prior_successors) if cfg.use_prior else None
         if cfg.use_prior and cfg.prior_path:
             self.load_prior(cfg.prior_path)
@@ -102,15 +103,17 @@ class RLDraftProposer:
         planned, drafted, decision = self.policy.plan(len(active)), 0, None
         draft_start = time.perf_counter()
         if planned:
-            chains, decision = self.policy.cut(self._draft(active))
+            draft = self._draft(active)
+            chains, decision = self.policy.cut(draft)
             for i, req, tokens, scores in zip(self.tracker.active.tolist(), active, chains.tokens, chains.scores):
                 if tokens:
                     req.draft, req.draft_scores = tokens, scores[: len(tokens)]
                     out[i] = tokens
                     drafted += len(tokens)
-            self.stats.proposed_tokens += decision.candidates
-            self.stats.kept_tokens += decision.kept
-            self.stats.plain_steps += int(decision.candidates > 0 and decision.kept == 0)
+            proposed = int(draft.depths.sum())
+            self.stats.proposed_tokens += proposed
+            self.stats.kept_tokens += drafted
+            self.stats.plain_steps += int(proposed > 0 and drafted == 0)
         draft_ms = 1000.0 * (time.perf_counter() - draft_start)
         self._pending = ChainStep(rows=len(active), planned=planned, drafted=drafted, draft_ms=draft_ms,
                                   decision=decision, verified=None, ms=None, emitted=0)  # completed by `_observe`
