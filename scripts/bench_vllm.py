@@ -11,7 +11,8 @@ order, on prompts no earlier repeat used — so no method recalls an earlier rep
     ours+dcut@K         our proposer with D-cut (depths up to K)
     oracle@K            drafts the recorded T=0 plain completion: what speculation can give here at all
     empty@K             drafts nothing: vLLM's speculative path with empty drafts, the floor of a
-                        proposer that decodes plainly
+                        proposer that decodes plainly, as vLLM ships it
+    empty+plain@K       the same with our plugin's plain path for undrafted steps (our proposer's floor)
     engine-ar, engine-retrieval+dcut   our own engine (HF forwards) on the same prompts
 
 Each method runs in its own process next to its own `plain` (vLLM binds a process's threads, and
@@ -38,7 +39,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
 
 from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_jsonl  # noqa: E402
 from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E402
@@ -93,6 +93,19 @@ class EmptyProposer:
         return [[] for _ in sampled_token_ids]
 
 
+class PlainEmptyProposer(EmptyProposer):
+    """EmptyProposer with rollout_graft's plugin path for undrafted steps (`plugin.plain_when_undrafted`,
+    which our proposer uses): the floor of our proposer when it decodes plainly."""
+
+    plain_when_undrafted = True
+
+    def __init__(self, vllm_config):
+        from rollout_graft.vllm import plugin
+
+        super().__init__(vllm_config)
+        plugin.apply()
+
+
 def _oracle_counts(worker) -> dict:
     return dict(worker.model_runner.drafter.counts)
 
@@ -114,6 +127,8 @@ def spec_for(method: str):
         return {"method": "custom_class", "model": "bench_vllm.OracleProposer", "num_speculative_tokens": k}
     if base == "empty":
         return {"method": "custom_class", "model": "bench_vllm.EmptyProposer", "num_speculative_tokens": k}
+    if base == "empty+plain":
+        return {"method": "custom_class", "model": "bench_vllm.PlainEmptyProposer", "num_speculative_tokens": k}
     raise SystemExit(f"unknown method {method!r}")
 
 

@@ -77,34 +77,59 @@ def completions(rng: np.random.Generator, batch: int, group: int, length: int, n
 
 def replay(proposer, batch: int, group: int = 8, length: int = 256, seed: int = 0, clock: FakeClock | None = None,
            step_ms=(5.0, 0.01, 0.02), preempt_every: int = 0, on_call=None, record: bool = True) -> list[list[list[int]]]:
-    """One rollout of `batch` rows through `proposer.propose`, as vLLM's persistent batch calls it.
-    Returns the drafts of every call (record=False: none kept; keeping them makes the garbage
-    collector's full passes, which then land in the timed calls, grow with the run).
+    """One rollout of `batch` synthetic rows (`completions`) through `proposer.propose`: `replay_rows`."""
+    prompts, outs = completions(np.random.default_rng(seed), batch, group, length)
+    return replay_rows(proposer, prompts, outs, clock=clock, step_ms=step_ms, preempt_every=preempt_every,
+                       on_call=on_call, record=record)
+
+
+def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = None, step_ms=(5.0, 0.01, 0.02),
+                preempt_every: int = 0, on_call=None, record: bool = True, counts: dict | None = None) -> list[list[list[int]]]:
+    """One rollout through `proposer.propose`, as vLLM's persistent batch calls it: request r has
+    prompt `prompts[r]` and emits `outs[r]` (then finishes). Returns the drafts of every call
+    (record=False: none kept; keeping them makes the garbage collector's full passes, which then
+    land in the timed calls, grow with the run). A draft is accepted up to its first token that
+    differs from the request's completion, plus one token: with drafts that carry no probabilities
+    this is exactly what vLLM's rejection sampler accepts on the run that emitted those tokens, so
+    replaying recorded plain samples gives acceptance distributed as in vLLM (`replay_vllm.py`).
     on_call(rows, seconds) is told each call's active rows and real time. preempt_every: every
     n-th step, the request in the first row is preempted (leaves) and comes back one step later in
-    the last row, recomputed."""
-    rng = np.random.default_rng(seed)
-    prompts, outs = completions(rng, batch, group, length)
+    the last row, recomputed. counts (optional dict): request-steps, emitted, drafted and accepted
+    tokens are added to it (the prefill step counts: MAT = emitted / (emitted − accepted), as
+    `bench_vllm.py` counts). A proposer with `set_requests(ids, prompt_lengths)` is told each call's
+    request per row (vLLM's own proposers read them from its input batch; ours finds them itself)."""
+    batch = len(prompts)
+    plen = [len(p) for p in prompts]
     max_len = proposer.max_model_len
     token_ids = np.zeros((batch + SPARE_ROWS, max_len), dtype=np.int32)
     num = np.zeros(batch + SPARE_ROWS, dtype=np.int32)
     slots: list[int] = list(range(batch))  # slot → request index (the running batch, condensed)
     done = [0] * batch  # completion tokens emitted per request
     drafts: dict[int, list[int]] = {}
+    tally = {"steps": 0, "emitted": 0, "drafted": 0, "accepted": 0} if counts is None else counts
     for r, p in enumerate(prompts):
-        token_ids[r, :PROMPT] = p
-        num[r] = PROMPT
+        token_ids[r, : plen[r]] = p
+        num[r] = plen[r]
     sampled: list[list[int]] = []
     for i, r in enumerate(slots):  # the prefill step samples one token per row
         sampled.append([int(outs[r][0])])
-        token_ids[i, PROMPT] = outs[r][0]
+        token_ids[i, plen[r]] = outs[r][0]
         num[i] += 1
         done[r] = 1
+    tally["steps"] += len(slots)
+    tally["emitted"] += len(slots)
     history, parked, step = [], None, 0
+    finished = [i for i, r in enumerate(slots) if done[r] >= len(outs[r])]
     while True:
+        if finished:
+            slots, sampled = _condense(slots, sampled, finished, token_ids, num)
+        if not slots:
+            break
         if clock is not None:
             rows, drafted = len(slots), sum(len(drafts.get(r, ())) for r in slots)
             clock.now += (step_ms[0] + step_ms[1] * rows + step_ms[2] * drafted) / 1000.0
+        if hasattr(proposer, "set_requests"):
+            proposer.set_requests(list(slots), [plen[r] for r in slots])
         t = time.perf_counter()
         got = proposer.propose(sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)], num, token_ids)
         if on_call is not None:
@@ -119,49 +144,56 @@ def replay(proposer, batch: int, group: int = 8, length: int = 256, seed: int = 
         for i, r in enumerate(slots):
             pos, truth, d = done[r], outs[r], drafts[r]
             a = 0
-            while a < len(d) and pos + a < length and d[a] == truth[pos + a]:
+            while a < len(d) and pos + a < len(truth) - 1 and d[a] == truth[pos + a]:
                 a += 1
-            new = [int(x) for x in truth[pos : min(pos + a + 1, length)]]
+            new = [int(x) for x in truth[pos : pos + a + 1]]
             n0 = int(num[i])
             token_ids[i, n0 : n0 + len(new)] = new
             num[i] = n0 + len(new)
             done[r] += len(new)
             sampled.append(new)
-            if done[r] >= length:
+            tally["steps"] += 1
+            tally["emitted"] += len(new)
+            tally["drafted"] += len(d)
+            tally["accepted"] += len(new) - 1
+            if done[r] >= len(truth):
                 finished.append(i)
         if parked is not None:  # the preempted request comes back, recomputed, at the end
             r, row = parked
             slots.append(r)
-            n = PROMPT + done[r]
+            n = plen[r] + done[r]
             token_ids[len(slots) - 1, :n] = row[:n]
             token_ids[len(slots) - 1, n] = outs[r][done[r]]
             num[len(slots) - 1] = n + 1
             done[r] += 1
             sampled.append([int(outs[r][done[r] - 1])])
-            if done[r] >= length:
+            if done[r] >= len(outs[r]):
                 finished.append(len(slots) - 1)
             parked = None
         if preempt_every and step % preempt_every == 0 and len(slots) > 1 and 0 not in finished:
             parked = (slots[0], token_ids[0].copy())
             done[slots[0]] -= len(sampled[0])  # its last step's tokens are recomputed on return
             finished.append(0)
-        if finished:  # condense: the last rows move into the emptied slots, lowest first (InputBatch.condense)
-            keep = [i for i in range(len(slots)) if i not in set(finished)]
-            holes = sorted(set(range(len(keep))) - set(keep))
-            movers = [i for i in keep if i >= len(keep)]
-            dest = {i: i for i in keep if i < len(keep)}
-            dest.update(zip(reversed(movers), holes))
-            new_slots, new_sampled = [0] * len(keep), [[] for _ in keep]
-            new_ids, new_num = token_ids.copy(), np.zeros_like(num)
-            for src, dst in dest.items():
-                new_slots[dst], new_sampled[dst] = slots[src], sampled[src]
-                new_ids[dst], new_num[dst] = token_ids[src], num[src]
-            slots, sampled = new_slots, new_sampled
-            token_ids[:] = new_ids
-            num[:] = new_num
-        if not slots:
-            break
     return history
+
+
+def _condense(slots: list[int], sampled: list[list[int]], finished: list[int], token_ids: np.ndarray,
+              num: np.ndarray) -> tuple[list[int], list[list[int]]]:
+    """Finished rows leave; the last rows move into the emptied slots, lowest first (vLLM's
+    InputBatch.condense). token_ids and num are rewritten in place."""
+    keep = [i for i in range(len(slots)) if i not in set(finished)]
+    holes = sorted(set(range(len(keep))) - set(keep))
+    movers = [i for i in keep if i >= len(keep)]
+    dest = {i: i for i in keep if i < len(keep)}
+    dest.update(zip(reversed(movers), holes))
+    new_slots, new_sampled = [0] * len(keep), [[] for _ in keep]
+    new_ids, new_num = token_ids.copy(), np.zeros_like(num)
+    for src, dst in dest.items():
+        new_slots[dst], new_sampled[dst] = slots[src], sampled[src]
+        new_ids[dst], new_num[dst] = token_ids[src], num[src]
+    token_ids[:] = new_ids
+    num[:] = new_num
+    return new_slots, new_sampled
 
 
 class Parts:

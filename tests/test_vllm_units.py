@@ -121,6 +121,45 @@ def test_text_index_prefers_the_longest_match_and_skips_its_own_end():
     assert index.match(a, 2).chain == [] and index.match(b, 2, shared=False).chain == []
 
 
+def _eager_table(steps: list[list[tuple[int, list[int]]]], texts: list[list[int]], lo: int, hi: int, keep: int) -> dict:
+    """The n-gram table built by indexing every token on arrival (reference for TextIndex)."""
+    texts, table = [list(t) for t in texts], {}
+    for step in steps:
+        for tid, tokens in step:
+            for tok in tokens:
+                texts[tid].append(tok)
+                last = tuple(texts[tid][-hi:])
+                for n in range(lo, len(last) + 1):
+                    table[last[len(last) - n :]] = ((tid, len(texts[tid]) - 1),) + table.get(last[len(last) - n :], ())[: keep - 1]
+    return table
+
+
+def test_text_index_indexes_lazily_and_as_on_arrival():
+    """`extend` only appends; the next `match` indexes. Matched every step the table is the one
+    indexing on arrival builds (occurrence order included); matched once after many steps it holds
+    the same occurrences, and what the unindexed steps wrote is found."""
+    rng = np.random.default_rng(0)
+    steps = [[(tid, rng.integers(0, 5, int(rng.integers(1, 4))).tolist()) for tid in rng.permutation(3).tolist()]
+             for _ in range(40)]
+    every, once = TextIndex(1, 3, keep=4), TextIndex(1, 3, keep=1000)
+    for index in (every, once):
+        for _ in range(3):
+            index.add([9, 9], indexed_from=2)
+    for step in steps:
+        for tid, tokens in step:
+            every.extend(tid, tokens)
+            once.extend(tid, tokens)
+        every.match(0, 2)
+        assert once.stale and len(once.table) == 0  # nothing indexed while nothing matches
+    assert every.table == _eager_table(steps, [[9, 9]] * 3, 1, 3, 4)
+    once.match(0, 2)
+    eager = _eager_table(steps, [[9, 9]] * 3, 1, 3, 1000)
+    assert {k: sorted(v) for k, v in once.table.items()} == {k: sorted(v) for k, v in eager.items()}
+    once.extend(1, [7, 8, 6])
+    once.extend(2, [7, 8])
+    assert once.match(2, 3).chain == [6]
+
+
 def test_step_cost_fit_recovers_a_linear_cost():
     cost = StepCost()
     rng = np.random.default_rng(0)
@@ -184,7 +223,7 @@ def test_speculative_config_round_trip_and_errors():
 
 def test_tracker_and_index_take_their_sizes_from_the_config():
     index = TextIndex(1, 2, keep=1)
-    index.add([5, 6, 7, 5, 6, 8])
+    index.match(index.add([5, 6, 7, 5, 6, 8]), 1)
     assert index.table[(5, 6)] == ((0, 4),)  # only the newest occurrence kept
     tracker = RequestTracker(tail=4, occurrences=1)
     Batch([[1, 2, 3, 4, 5, 6]]).step(tracker, [[9]])

@@ -2,7 +2,8 @@
 
     python tests/vllm_run.py JOBS.json OUT.json
 
-JOBS: a list of {"name", "spec": null | "ngram" | {speculative_config options}, "temperature",
+JOBS: a list of {"name", "spec": null | "ngram" | "empty" | "empty-shipped" | {speculative_config
+options}, "temperature",
 "max_tokens", "prompts": [str], "n": samples per prompt}. For each job: token ids of every
 completion, vLLM's spec-decode counters and our proposer's summary. vLLM
 runs in this process (no engine subprocess), one LLM at a time, with a small KV cache.
@@ -24,11 +25,38 @@ from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E40
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
 
 
+class EmptyProposer:
+    """A `custom_class` proposer that drafts nothing, with vLLM's speculative path as shipped."""
+
+    def __init__(self, vllm_config):
+        pass
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        return [[] for _ in sampled_token_ids]
+
+
+class PlainEmptyProposer(EmptyProposer):
+    """The same with rollout_graft's plain path for undrafted steps (as our proposer has it)."""
+
+    plain_when_undrafted = True
+
+    def __init__(self, vllm_config):
+        from rollout_graft.vllm import plugin
+
+        plugin.apply()
+
+
 def _spec(spec):
     if spec is None:
         return None
     if spec == "ngram":
         return {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    if spec in ("empty", "empty-shipped"):
+        cls = "PlainEmptyProposer" if spec == "empty" else "EmptyProposer"
+        return {"method": "custom_class", "model": f"vllm_run.{cls}", "num_speculative_tokens": 4}
     return speculative_config(**spec)
 
 
@@ -41,7 +69,7 @@ def run(job: dict) -> dict:
     outs = llm.generate(rows, SamplingParams(temperature=job["temperature"], max_tokens=job["max_tokens"]), use_tqdm=False)
     result = {"completions": [list(o.outputs[0].token_ids) for o in outs]}
     result["counters"] = {m.name: m.value for m in llm.get_metrics() if m.name in COUNTERS}
-    if isinstance(job["spec"], dict):
+    if isinstance(job["spec"], dict):  # ours
         result["summary"] = proposer_summary(llm)
     del llm
     return result

