@@ -118,9 +118,12 @@ class ChainStep:
 
 class ChainDCut(BudgetPolicy):
     """D-cut for chains (see the module docstring). depth: the deepest chain (vLLM's
-    `num_speculative_tokens`); explore_every: every n-th decision for K = 0 verifies one draft
-    token per request; warmup: steps measured before the fit decides (they alternate full drafts
-    and plain steps, so the fit sees both); probe_share: `ProbeCredit.share`."""
+    `num_speculative_tokens`); explore_every: exploration both ways — every n-th decision for
+    K = 0 verifies one draft token per request, and every n-th decision to draft decodes plainly
+    instead, so the measured guard (`pays`) never compares with plain steps measured long ago (on
+    a machine whose speed moves, such a reference let D-cut draft at a loss for a whole
+    rollout); warmup: steps measured before the fit decides (they alternate full drafts and plain
+    steps, so the fit sees both); probe_share: `ProbeCredit.share`."""
 
     def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01):
         self.depth = depth
@@ -132,6 +135,7 @@ class ChainDCut(BudgetPolicy):
         self.warmup = warmup
         self.decisions = 0
         self.plain_decisions = 0  # K = 0 decisions so far (every explore_every-th explores)
+        self.draft_decisions = 0  # K > 0 decisions so far (every explore_every-th decodes plainly)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.rows = 0  # rows of the last decision (for `explain`)
         self.measured: dict[tuple[int, bool], np.ndarray] = {}  # (rows class, drafted) → EW Σ [tokens, ms]
@@ -164,6 +168,10 @@ class ChainDCut(BudgetPolicy):
                 self.plain_decisions += 1
                 if self.explore_every and self.plain_decisions % self.explore_every == 0:
                     k = min(rows, proposed)
+            else:
+                self.draft_decisions += 1
+                if self.explore_every and self.draft_decisions % self.explore_every == 0:
+                    k = 0  # a plain step keeps the guard's plain reference current (not a plain decision)
         depths = global_top_k_depths(cal, k)
         kept = int(depths.sum())
         decision = BudgetDecision(kept / max(rows * self.depth, 1), kept, proposed, float(rows + gains[kept]),

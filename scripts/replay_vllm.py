@@ -63,11 +63,11 @@ class ScoreThreshold(BudgetPolicy):
         pass
 
 
-def ours(k: int, tau: float, vocab: int, max_len: int):
+def ours(k: int, tau: float, vocab: int, max_len: int, options: dict | None = None):
     from rollout_graft.vllm.config import ChainConfig
     from rollout_graft.vllm.proposer import RLDraftProposer
 
-    cls = type("Replayed", (RLDraftProposer,), {"config": ChainConfig(budget_policy="fixed")})
+    cls = type("Replayed", (RLDraftProposer,), {"config": ChainConfig(budget_policy="fixed", **(options or {}))})
     prop = cls(vllm_config(k, max_len, vocab))
     prop.policy = ScoreThreshold(k, tau)
     return prop
@@ -107,13 +107,15 @@ def record(args) -> None:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    prompts = [r["prompt"] for r in read_jsonl(args.prompts)]
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompts = [r["prompt"] if isinstance(r["prompt"], str)  # plain text, or chat messages (bench_vllm.py's rule)
+               else tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+               for r in read_jsonl(args.prompts)]
     per = max(args.batch // args.group, 1)
     group = args.group if args.batch >= args.group else 1
     if per * args.rollouts > len(prompts):
         raise SystemExit(f"{args.rollouts} rollouts of {per} prompts need {per * args.rollouts} prompts; "
                          f"{args.prompts} has {len(prompts)}")
-    tok = AutoTokenizer.from_pretrained(args.model)
     llm = LLM(args.model, dtype=args.dtype, seed=args.seed, enforce_eager=True)
     rollouts = []
     for n in range(args.rollouts):
@@ -149,8 +151,9 @@ def run(args) -> dict:
     rollouts = rec["rollouts"]
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * args.k + 2
     results: dict[str, dict] = {}
-    for tau in args.taus:
-        results[f"ours@{args.k}/{tau:g}"] = replay(ours(args.k, tau, rec["vocab"], max_len), rollouts)
+    for name, options in [("ours", {})] + [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]:
+        for tau in args.taus:
+            results[f"{name}@{args.k}/{tau:g}"] = replay(ours(args.k, tau, rec["vocab"], max_len, options), rollouts)
     for p in args.min_token_probs:
         results[f"suffix@{args.k}/{p:g}"] = replay(SuffixReplay(args.k, p, max_len), rollouts)
     curve = [v for k, v in results.items() if k.startswith("ours")]
@@ -192,6 +195,8 @@ def main(argv=None) -> dict | None:
     u.add_argument("--taus", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
     u.add_argument("--min-token-probs", type=float, nargs="*", default=[0.1, 0.3, 0.5],
                    help="suffix decoding's thresholds (none: ours only; suffix needs arctic-inference)")
+    u.add_argument("--ours", nargs="*", default=[], metavar="NAME=JSON",
+                   help="more variants of ours: a name and ChainConfig options, e.g. noprior='{\"use_prior\": false}'")
     u.add_argument("--json", type=Path)
     u.set_defaults(func=run)
     args = ap.parse_args(argv)

@@ -292,8 +292,31 @@ def test_measured_steps_overrule_a_fit_that_says_draft():
     assert policy.pays(64)  # another batch-size class has not been measured: the fit decides there
 
 
+@pytest.mark.parametrize("explore_every", [16, 0])
+def test_drafting_keeps_measuring_plain_steps(explore_every):
+    """Plain steps measured long ago (a slower machine) must not keep D-cut drafting: every 16th
+    decision to draft decodes plainly, so when plain steps have become faster per token than
+    drafting ones the guard sees it and D-cut decodes plainly; without exploration (0) it drafts on."""
+    policy = ChainDCut(4, explore_every=explore_every)
+    for i in range(40):  # the past: drafting steps 0.6 tokens/ms, plain ones 0.4; the fit sees drafts as free
+        timed(policy, 8, 32 if i % 2 else 0, 20.0, 12 if i % 2 else 8)
+    scores = np.tile(0.9 ** np.arange(1, 5), (8, 1))
+    drafted = []
+    for _ in range(600):  # now plain steps take 10 ms (0.8 tokens/ms), drafting ones still 20
+        planned = policy.plan(8)
+        kept = policy.cut(chains(scores))[1].kept if planned else 0
+        if kept:
+            timed(policy, 8, kept, 20.0, 12)
+        else:
+            timed(policy, 8, 0, 10.0, 8)
+        drafted.append(kept > 0)
+    late = sum(drafted[-100:])
+    assert (late <= 10) if explore_every else (late == 100)
+
+
 def test_prior_chain_is_the_lookup_of_a_chain_template():
-    """The proposer's numpy greedy chain gives AdjacencyIndex.lookup's tokens, scores and lengths."""
+    """The proposer's numpy greedy chain gives AdjacencyIndex.lookup's tokens and lengths, and
+    scores that are lookup's on the prior with each token's weights normalised (the rank-0 share)."""
     from rollout_graft.adjacency import EMPTY, AdjacencyIndex
     from rollout_graft.templates import chain
     from rollout_graft.vllm.proposer import prior_chain
@@ -306,7 +329,11 @@ def test_prior_chain_is_the_lookup_of_a_chain_template():
     roots = np.arange(50)
     tokens, score, lengths = prior_chain(prior, roots, 6)
     ref = prior.lookup(torch.zeros(50, dtype=torch.long), torch.from_numpy(roots), chain(6))
-    assert np.array_equal(tokens, ref.tokens.numpy()) and np.array_equal(score, ref.score.numpy())
+    assert np.array_equal(tokens, ref.tokens.numpy())
+    weights = torch.where(prior.ids[0] != EMPTY, prior.probs[0].float(), 0.0)
+    normalised = AdjacencyIndex(prior.ids.clone(), (weights / weights.sum(1, keepdim=True).clamp(min=1e-12)).unsqueeze(0))
+    ref_score = normalised.lookup(torch.zeros(50, dtype=torch.long), torch.from_numpy(roots), chain(6)).score.numpy()
+    assert np.allclose(score, ref_score, rtol=1e-5, atol=1e-7) and (score[:, 0] < 1).any()
     assert np.array_equal(lengths, ref.valid.sum(1).numpy())
     assert lengths.min() == 0 and lengths.max() == 6 and ((lengths > 0) & (lengths < 6)).any()  # every case seen
 

@@ -177,7 +177,8 @@ class RLDraftProposer:
     def _draft(self, reqs: list[Request]) -> Chains:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
         suffix-match tokens score (n / (n + 1))^depth for a match of n tokens, prior tokens the
-        prior's weight, multiplied along the chain (D-cut calibrates them against acceptance). The
+        prior's confidence (`prior_chain`), multiplied along the chain (D-cut calibrates them
+        against acceptance). The
         suffix match is one dict walk per request (`TextIndex.match`); the scores and the prior's
         extension are numpy over the batch."""
         room = self._room(self.tracker.num)
@@ -259,21 +260,30 @@ class RLDraftProposer:
 
 
 def prior_chain(prior: AdjacencyIndex, roots: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`prior.lookup(zeros, roots, templates.chain(depth))` in numpy for group 0, without torch's
-    per-level overhead (~3 ms a call here, whatever the rows): the rank-0 successor chain from
-    each root. Returns tokens [rows, depth] (int64, 0 past the end), scores [rows, depth] (float32
-    products of the successors' weights, 0 past the end) and each chain's length."""
-    ids = prior.ids[0, :, 0].numpy()
-    probs = prior.probs[0, :, 0].numpy()
+    """The prior's greedy chain from each root, in numpy for group 0 (`prior.lookup(zeros, roots,
+    templates.chain(depth))`'s tokens without torch's per-level overhead, ~3 ms a call here): the
+    rank-0 successor chain. A token's confidence is its rank-0 successor's share of the weights of
+    its successors: the weights this proposer teaches (`teach_prior`: the newest successor 1, older
+    ones halved) are recency weights, not probabilities, so the rank-0 weight alone is always 1;
+    its share is 1 for a token always followed by the same token and falls as successors vary (a
+    recency-weighted frequency, as suffix decoding's count(child) / count(node)). On the replay of
+    `scripts/replay_vllm.py` (tiny target, T = 1) ranking by the share instead of the weight raised
+    MAT at 2.2 draft tokens per step from below 1.36 (every cut of the weight drafted more) to 1.65
+    (docs/BENCHMARKS.md, "Chains by replay"). Returns tokens [rows, depth] (int64, 0 past the end),
+    scores [rows, depth] (float32 products of the confidences, 0 past the end) and each chain's length."""
+    ids = prior.ids[0].numpy()
+    weights = prior.probs[0].numpy()
     rows = len(roots)
     tokens = np.zeros((rows, depth), dtype=np.int64)
     score = np.zeros((rows, depth), dtype=np.float32)
     tok, valid, acc = roots, np.ones(rows, dtype=bool), np.ones(rows, dtype=np.float32)
     lengths = np.zeros(rows, dtype=np.int64)  # valid levels are a prefix: a chain stops at its first unknown successor
     for d in range(depth):
-        nxt = ids[tok]
+        succ, w = ids[tok], weights[tok].astype(np.float32)
+        nxt = succ[:, 0]
         valid = valid & (nxt != EMPTY)
-        acc = acc * probs[tok].astype(np.float32)
+        total = np.where(succ != EMPTY, w, 0.0).sum(1)
+        acc = acc * np.where(valid, w[:, 0] / np.maximum(total, 1e-12), 0.0)
         tok = np.where(valid, nxt, 0)
         tokens[:, d] = tok
         score[:, d] = np.where(valid, acc, 0.0)
