@@ -12,13 +12,15 @@ maximise expected emitted tokens per predicted step time:
     time(K)        = a + b_rows · rows + b_draft · K      (fitted online to vLLM's measured steps)
 
 K = 0 (plain decoding) is always a candidate. After a plain decision the proposer drafts nothing
-until the next draft (a probe) is affordable: the engine's `ProbeCredit`, charged with the
-proposer's own drafting time (the only extra a probe cut to K = 0 costs vLLM's step). Scores never
-increase along a chain, so the global top-K is a prefix of each chain: a depth per request
+until the next draft (a probe) is affordable: the engine's `ProbeCredit`, charged with what the
+probe cost beyond a plain step (the proposer's drafting time and the verification). A probe that
+D-cut would cut to K = 0 verifies the batch's best `rows` draft tokens instead: its evidence keeps
+the calibration and the cost fit current — else a calibration learned from a cold start's junk
+drafts (the prior knows nothing yet) would hold D-cut at K = 0 for good. Scores never increase
+along a chain, so the global top-K is a prefix of each chain: a depth per request
 (`selection.global_top_k_depths`). The step time is measured between consecutive `propose` calls
 (vLLM's whole step: schedule, forward, sample, propose) and fitted by exponentially weighted least
-squares (`StepCost`); every `explore_every`-th plain decision verifies one draft token per request
-so the fit keeps seeing what a draft token costs.
+squares (`StepCost`).
 """
 
 from __future__ import annotations
@@ -118,12 +120,11 @@ class ChainStep:
 
 class ChainDCut(BudgetPolicy):
     """D-cut for chains (see the module docstring). depth: the deepest chain (vLLM's
-    `num_speculative_tokens`); explore_every: exploration both ways — every n-th decision for
-    K = 0 verifies one draft token per request, and every n-th decision to draft decodes plainly
+    `num_speculative_tokens`); explore_every: every n-th decision to draft decodes plainly
     instead, so the measured guard (`pays`) never compares with plain steps measured long ago (on
-    a machine whose speed moves, such a reference let D-cut draft at a loss for a whole
-    rollout); warmup: steps measured before the fit decides (they alternate full drafts and plain
-    steps, so the fit sees both); probe_share: `ProbeCredit.share`."""
+    a machine whose speed moves, such a reference let D-cut draft at a loss for a whole rollout;
+    0: never); warmup: steps measured before the fit decides (they alternate full drafts and
+    plain steps, so the fit sees both); probe_share: `ProbeCredit.share`."""
 
     def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01):
         self.depth = depth
@@ -134,7 +135,6 @@ class ChainDCut(BudgetPolicy):
         self.explore_every = explore_every
         self.warmup = warmup
         self.decisions = 0
-        self.plain_decisions = 0  # K = 0 decisions so far (every explore_every-th explores)
         self.draft_decisions = 0  # K > 0 decisions so far (every explore_every-th decodes plainly)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.rows = 0  # rows of the last decision (for `explain`)
@@ -151,6 +151,7 @@ class ChainDCut(BudgetPolicy):
     def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
         scores = draft.scores
         rows = self.rows = scores.shape[0]
+        probe = self.plain  # proposed after a plain decision
         self.decisions += 1
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
@@ -164,18 +165,16 @@ class ChainDCut(BudgetPolicy):
             if k > 0 and not self.pays(rows):  # the fit says draft, the measured steps say plain was faster
                 k = 0
             self.plain = k == 0
-            if self.plain:
-                self.plain_decisions += 1
-                if self.explore_every and self.plain_decisions % self.explore_every == 0:
-                    k = min(rows, proposed)
-            else:
+            if self.plain and probe:
+                k = min(rows, proposed)  # the probe verifies the batch's best tokens: fresh evidence
+            elif not self.plain:
                 self.draft_decisions += 1
                 if self.explore_every and self.draft_decisions % self.explore_every == 0:
                     k = 0  # a plain step keeps the guard's plain reference current (not a plain decision)
         depths = global_top_k_depths(cal, k)
         kept = int(depths.sum())
         decision = BudgetDecision(kept / max(rows * self.depth, 1), kept, proposed, float(rows + gains[kept]),
-                                  probe=self.plain)
+                                  probe=self.plain and probe)
         return draft.cut(depths), decision
 
     def observe(self, step: ChainStep) -> None:
@@ -186,8 +185,9 @@ class ChainDCut(BudgetPolicy):
             self.calibration.observe_host(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
-        if step.decision is not None and step.decision.probe:
-            self.probes.spend(step.draft_ms)
+        if step.decision is not None and step.decision.probe:  # its cost beyond a plain step
+            plain_ms = float(self.cost.predict(step.rows, 0))
+            self.probes.spend(step.draft_ms if step.ms is None else max(step.ms - plain_ms, step.draft_ms))
         if step.ms is not None:
             self.cost.observe(step.rows, step.drafted, step.ms)
             key = (max(step.rows, 1).bit_length(), step.drafted > 0)

@@ -37,7 +37,8 @@ class ChainConfig:
         use_prior: extend chains from a global adjacency prior (successors learned from every
             emitted token, kept across rollouts) where the group's text has no continuation.
         prior_path: a saved prior (`.safetensors`, the engine's `graft_prior.safetensors` works) to start from.
-        explore_every: D-cut: every n-th plain decision verifies one draft token per request.
+        explore_every: D-cut: every n-th decision to draft decodes plainly instead (its measured
+            plain reference stays current; 0: never). Probes (below) verify the batch's best tokens.
         probe_share: D-cut: after a plain decision, nothing is drafted until drafting again (a probe)
             is affordable: probes that find nothing cost at most this share of the time (plus what
             speculation saved; the engine's `DCutConfig.probe_share`). Drafting chains D-cut then
