@@ -16,7 +16,7 @@ step time the budget policy sees comes from a fake clock
 (`--step-ms`: a + b·rows + c·draft tokens), so runs are repeatable and D-cut decides the same way
 every time; the proposer's own time is measured with the real clock.
 
-Reports, per policy (`fixed`: every chain verified; `dcut`: the default) and batch size, the median
+Reports, per policy (`fixed`: every chain verified; `dcut`: the default; `plain`: never drafts) and batch size, the median
 microseconds per `propose` call over the steps with a full batch, and microseconds per
 request-step (all steps), split into tracker (`RequestTracker.rows`), learn (acceptance counters and
 teaching the prior, policy calls excluded), drafting (`_draft`), policy (`self.policy.*` calls) and
@@ -34,6 +34,8 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+
+from rollout_graft.budget import FixedBudget
 
 PROMPT = 64
 VOCAB = 32000
@@ -233,12 +235,22 @@ class Parts:
         return out
 
 
+class NeverDraft(FixedBudget):
+    """`--policies plain`: every decision is K = 0 and no probe comes (the floor of the proposer's
+    own work while D-cut decodes plainly: rows found, texts extended, the prior taught)."""
+
+    def plan(self, rows: int) -> int:
+        return 0
+
+
 def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, profile: bool = False) -> dict:
     from rollout_graft.vllm import proposer as module
     from rollout_graft.vllm.config import ChainConfig
 
-    cls = type("Bench", (module.RLDraftProposer,), {"config": ChainConfig(budget_policy=policy)})
+    cls = type("Bench", (module.RLDraftProposer,), {"config": ChainConfig(budget_policy="fixed" if policy == "plain" else policy)})
     prop = cls(vllm_config(k, PROMPT + length + 2 * k + 8))
+    if policy == "plain":
+        prop.policy = NeverDraft(k)
     clock = FakeClock()
     module.time = clock  # the step time the policy sees: the fake clock (restored below)
     try:
@@ -283,7 +295,7 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
-    ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut"])
+    ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut", "plain"])
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     ap.add_argument("--length", type=int, default=256, help="completion tokens per request")
     ap.add_argument("--repeats", type=int, default=2, help="measured rollouts per setting (after one warm-up)")
