@@ -18,7 +18,10 @@ costs 8–28 % of plain vLLM's speed on the tiny target (docs/BENCHMARKS.md, "vL
 same logits (with no drafts the logits indices are the same), so the step samples exactly as plain
 vLLM does. It applies to the model runner of a `custom_class` proposer that asks for it (class
 attribute `plain_when_undrafted = True`; ours does), without async scheduling and not on hybrid
-models (whose state bookkeeping reads the speculative path's outputs).
+models (whose state bookkeeping reads the speculative path's outputs). vLLM (0.32) turns async
+scheduling off for any `custom_class` proposer (`vllm/config/vllm.py`; it refuses
+`async_scheduling=True` with one), so the path applies wherever ours runs, GPUs included — and
+on a GPU, plain vLLM's async scheduling is a speed our proposer gives up whatever it drafts.
 """
 
 from __future__ import annotations
