@@ -175,6 +175,15 @@ class ProbeCredit:
     def spend(self, extra_ms: float) -> None:
         self.ms -= max(extra_ms, 0.0)
 
+    def settle(self, ms: float, plain_ms: float, rows: int, emitted: int, probe: bool, least: float = 0.0) -> None:
+        """One step's account (`ms`, against `plain_ms` predicted for a plain step of `rows` rows):
+        it earns `share` of its time; a probe spends what it cost beyond a plain step (at least
+        `least`); a step whose drafts were accepted also earns what it saved against plain steps."""
+        saved = plain_ms * emitted / rows - ms if emitted > rows and not probe else 0.0
+        self.earn(ms, saved)
+        if probe:
+            self.spend(max(ms - plain_ms, least))
+
     def bank_at_most(self, ms: float) -> None:
         """A long spell of paying speculation banks no more than `ms` (two probes)."""
         self.ms = min(self.ms, ms)
@@ -273,9 +282,5 @@ class DCut(BudgetPolicy):
             self.calibration.observe(step.draft.score, step.draft.valid, step.accepted)
         self.cost.observe(step.rows, step.forward_tokens, step.planned, step.timing)
         ms, plain = step.timing.total_ms, self.cost.step_ms(step.rows, 0, 0)
-        if step.decision.probe:
-            self.probes.earn(ms)
-            self.probes.spend(ms - plain)
-        else:  # a speculative step also earns what it saved
-            self.probes.earn(ms, plain * step.emitted / step.rows - ms if step.emitted > step.rows else 0.0)
+        self.probes.settle(ms, plain, step.rows, step.emitted, step.decision.probe)
         self.probes.bank_at_most(2.0 * self.probe_ms(step.rows))

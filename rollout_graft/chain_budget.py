@@ -110,7 +110,7 @@ class ChainStep:
 
     rows: int  # requests in the step
     planned: int  # depth the proposer was asked for (`plan`; 0: nothing drafted)
-    drafted: int  # draft tokens returned to vLLM (whole batch)
+    drafted: int  # draft tokens returned to vLLM (whole batch; a fixed budget's decision does not count them)
     draft_ms: float  # the proposer's drafting and cutting time
     decision: BudgetDecision | None  # None: nothing drafted
     verified: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # raw scores [n, depth], depths [n], accepted [n] of the rows that drafted
@@ -185,15 +185,15 @@ class ChainDCut(BudgetPolicy):
             self.calibration.observe_host(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
-        if step.decision is not None and step.decision.probe:  # its cost beyond a plain step
-            plain_ms = float(self.cost.predict(step.rows, 0))
-            self.probes.spend(step.draft_ms if step.ms is None else max(step.ms - plain_ms, step.draft_ms))
-        if step.ms is not None:
+        probe = step.decision is not None and step.decision.probe
+        if step.ms is None:  # not timed: a probe costs at least our drafting
+            self.probes.spend(step.draft_ms if probe else 0.0)
+        else:
+            plain_ms = float(self.cost.predict(step.rows, 0))  # before this step joins the fit
+            self.probes.settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
             key = (max(step.rows, 1).bit_length(), step.drafted > 0)
             self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([step.emitted, step.ms])
-            saved = float(self.cost.predict(step.rows, 0)) * step.emitted / step.rows - step.ms if step.drafted else 0.0
-            self.probes.earn(step.ms, saved)
         self.probes.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def pays(self, rows: int) -> bool:
