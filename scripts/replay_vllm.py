@@ -21,8 +21,9 @@ speculative run in distribution (at any temperature), with no timing noise. Vari
     suffix@K/p     vLLM's suffix decoding (arctic-inference; vLLM's own proposer class), min_token_prob p
 
 Reports per variant: MAT (emitted tokens per request-step), draft tokens and accepted tokens per
-request-step; and, for each `suffix` variant, ours interpolated at its draft tokens per step
-(the criterion "higher MAT than suffix at equal drafted tokens").
+request-step; and, for each `suffix` variant, each of our curves (`ours` and every `--ours NAME`,
+over the τ sweep) interpolated at its draft tokens per step (the criterion "higher MAT than
+suffix at equal drafted tokens").
 """
 
 from __future__ import annotations
@@ -113,9 +114,10 @@ def record(args) -> None:
                for r in read_jsonl(args.prompts)]
     per = max(args.batch // args.group, 1)
     group = args.group if args.batch >= args.group else 1
+    prompts = prompts[args.skip_prompts :]
     if per * args.rollouts > len(prompts):
         raise SystemExit(f"{args.rollouts} rollouts of {per} prompts need {per * args.rollouts} prompts; "
-                         f"{args.prompts} has {len(prompts)}")
+                         f"{args.prompts} has {len(prompts)} after the {args.skip_prompts} skipped")
     llm = LLM(args.model, dtype=args.dtype, seed=args.seed, enforce_eager=True)
     rollouts = []
     for n in range(args.rollouts):
@@ -151,14 +153,16 @@ def run(args) -> dict:
     rollouts = rec["rollouts"]
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * args.k + 2
     results: dict[str, dict] = {}
-    for name, options in [("ours", {})] + [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]:
+    names = [("ours", {})] + [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]
+    for name, options in names:
         for tau in args.taus:
             results[f"{name}@{args.k}/{tau:g}"] = replay(ours(args.k, tau, rec["vocab"], max_len, options), rollouts)
     for p in args.min_token_probs:
         results[f"suffix@{args.k}/{p:g}"] = replay(SuffixReplay(args.k, p, max_len), rollouts)
-    curve = [v for k, v in results.items() if k.startswith("ours")]
+    curves = {name: [v for k, v in results.items() if k.startswith(f"{name}@")] for name, _ in names}
     compare = {k: {"drafted_per_step": v["drafted_per_step"], "suffix_mat": v["mat"],
-                   "ours_mat_at_equal_drafted": at_drafted(curve, v["drafted_per_step"])}
+                   **{f"{name}_mat_at_equal_drafted": at_drafted(curve, v["drafted_per_step"])
+                      for name, curve in curves.items()}}
                for k, v in results.items() if k.startswith("suffix")}
     out = {"recording": str(args.recording), "recorded_with": rec["args"], "k": args.k, "variants": results,
            "suffix_vs_ours": compare}
@@ -166,9 +170,10 @@ def run(args) -> dict:
     for k, v in results.items():
         print(f"{k:<18} {v['mat']:6.3f} {v['drafted_per_step']:13.2f} {v['accepted_per_step']:14.2f}")
     for k, v in compare.items():
-        o = v["ours_mat_at_equal_drafted"]
-        print(f"{k}: suffix MAT {v['suffix_mat']:.3f} at {v['drafted_per_step']:.2f} drafted/step; "
-              f"ours at the same: {'outside our curve' if o is None else f'{o:.3f}'}")
+        for name in curves:
+            o = v[f"{name}_mat_at_equal_drafted"]
+            print(f"{k}: suffix MAT {v['suffix_mat']:.3f} at {v['drafted_per_step']:.2f} drafted/step; "
+                  f"{name} at the same: {'outside its curve' if o is None else f'{o:.3f}'}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out
@@ -182,6 +187,7 @@ def main(argv=None) -> dict | None:
     r.add_argument("--prompts", type=Path, default=TINY_PROMPTS, help="JSON lines with a `prompt` string per row")
     r.add_argument("--batch", type=int, default=64)
     r.add_argument("--group", type=int, default=8)
+    r.add_argument("--skip-prompts", type=int, default=0, help="start at this prompt (a recording on prompts another did not use)")
     r.add_argument("--rollouts", type=int, default=4)
     r.add_argument("--temperature", type=float, default=1.0)
     r.add_argument("--max-tokens", type=int, default=128)

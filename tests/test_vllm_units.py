@@ -11,7 +11,8 @@ from rollout_graft.chain_budget import ChainDCut, Chains, ChainStep, StepCost
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import RequestTracker
 from rollout_graft.vllm.plugin import expand_kernel_impl
-from rollout_graft.vllm.text_index import TextIndex
+from rollout_graft.vllm.ngrams import NgramCounts
+from rollout_graft.vllm.text_index import Match, TextIndex, catch_up
 
 P1 = [5, 6, 7, 8]  # prompt of group 1
 P2 = [5, 6, 9]  # prompt of group 2 (shares a prefix with P1)
@@ -109,55 +110,73 @@ def test_group_text_is_shared_and_recalled_across_rollouts():
     assert new.group.recalled and new.group.index.match(new.text_id, 3).chain == [20, 30, 40]
 
 
-def test_text_index_prefers_the_longest_match_and_skips_its_own_end():
-    index = TextIndex(1, 3)
-    a = index.add([1, 2, 3, 4, 9])
-    b = index.add([7, 2, 3, 5, 6])
-    c = index.add([8, 8, 2, 3])
-    assert index.match(c, 2).chain in ([5, 6], [4, 9])  # "2 3" matched in both: the newest wins
-    assert index.match(c, 2).chain == [5, 6] and index.match(c, 2).length == 2
-    d = index.add([1, 2, 3])
-    assert index.match(d, 2).chain == [4, 9] and index.match(d, 2).length == 3
-    assert index.match(a, 2).chain == [] and index.match(b, 2, shared=False).chain == []
+def test_chains_take_the_most_frequent_successor_of_the_longest_known_context():
+    """NgramCounts.chain: the longest context of the last `order` tokens that was seen decides (a
+    shorter one only where no longer one is known), its most frequent successor is drafted (ties:
+    the lower id), and each token's confidence is count / (total + 0.5) · n / (n + 1)."""
+    counts = NgramCounts(order=3)
+    counts.teach([1, 2, 3, 4, 1, 2, 3, 4, 9, 2, 3, 5, 8, 3, 6], 0)
+    tokens, scores = counts.chain([7, 1, 2, 3], 3)
+    # "1 2 3" → 4 twice; then "2 3 4" → 1 once, 9 once (tie: 1); then "3 4 1" → 2 once
+    assert tokens == [4, 1, 2]
+    conf = [2 / 2.5 * 3 / 4, 1 / 2.5 * 3 / 4, 1 / 1.5 * 3 / 4]
+    assert np.allclose(scores, np.cumprod(conf))
+    tokens, scores = counts.chain([0, 3], 2)  # "0 3" unknown: "3" → 4 ×2, 5, 6 → 4; then "3 4" → 1 and 9: 1
+    assert tokens == [4, 1] and np.isclose(scores[0], 2 / 4.5 * 1 / 2)
+    assert counts.chain([0], 4) == ([], [])  # nothing follows 0: no chain
+    assert NgramCounts(order=3, min_order=2).chain([0, 3], 2) == ([], [])
 
 
-def _eager_table(steps: list[list[tuple[int, list[int]]]], texts: list[list[int]], lo: int, hi: int, keep: int) -> dict:
-    """The n-gram table built by indexing every token on arrival (reference for TextIndex)."""
-    texts, table = [list(t) for t in texts], {}
-    for step in steps:
-        for tid, tokens in step:
-            for tok in tokens:
-                texts[tid].append(tok)
-                last = tuple(texts[tid][-hi:])
-                for n in range(lo, len(last) + 1):
-                    table[last[len(last) - n :]] = ((tid, len(texts[tid]) - 1),) + table.get(last[len(last) - n :], ())[: keep - 1]
-    return table
-
-
-def test_text_index_indexes_lazily_and_as_on_arrival():
-    """`extend` only appends; the next `match` indexes. Matched every step the table is the one
-    indexing on arrival builds (occurrence order included); matched once after many steps it holds
-    the same occurrences, and what the unindexed steps wrote is found."""
+def test_group_counts_are_made_lazily_and_as_on_arrival():
+    """`extend` only appends; `match` (its own index) or `catch_up` (every pending index) counts.
+    The counts and chains are those of counting each token on arrival, in any order; a request's
+    completion (not the prompt, not a recalled text) also teaches the shared prior."""
     rng = np.random.default_rng(0)
-    steps = [[(tid, rng.integers(0, 5, int(rng.integers(1, 4))).tolist()) for tid in rng.permutation(3).tolist()]
-             for _ in range(40)]
-    every, once = TextIndex(1, 3, keep=4), TextIndex(1, 3, keep=1000)
-    for index in (every, once):
-        for _ in range(3):
-            index.add([9, 9], indexed_from=2)
-    for step in steps:
-        for tid, tokens in step:
-            every.extend(tid, tokens)
-            once.extend(tid, tokens)
-        every.match(0, 2)
-        assert once.stale and len(once.table) == 0  # nothing indexed while nothing matches
-    assert every.table == _eager_table(steps, [[9, 9]] * 3, 1, 3, 4)
-    once.match(0, 2)
-    eager = _eager_table(steps, [[9, 9]] * 3, 1, 3, 1000)
-    assert {k: sorted(v) for k, v in once.table.items()} == {k: sorted(v) for k, v in eager.items()}
-    once.extend(1, [7, 8, 6])
-    once.extend(2, [7, 8])
-    assert once.match(2, 3).chain == [6]
+    prior, pending = NgramCounts(3), {}
+    index = TextIndex(1, 3, shared=prior, pending=pending)
+    index.add([9, 9, 8])  # the prompt
+    recalled = index.add([9, 9, 8, 4, 4], counted_from=3)
+    tids = [index.add([9, 9, 8], counted_from=3, emitted=True) for _ in range(3)]
+    eager, eager_prior = NgramCounts(3), NgramCounts(3)
+    eager.teach([9, 9, 8], 0)
+    eager.teach([9, 9, 8, 4, 4], 3)
+    texts = {t: [9, 9, 8] for t in tids}
+    for _ in range(40):
+        for tid in rng.permutation(tids).tolist():
+            tokens = rng.integers(0, 5, int(rng.integers(1, 4))).tolist()
+            index.extend(tid, tokens)
+            start = len(texts[tid])
+            texts[tid] += tokens
+            eager.teach(texts[tid], start)
+            eager_prior.teach(texts[tid], start)
+        assert pending and index.stale and len(prior) == 0  # nothing counted while nothing drafts
+    catch_up(pending)
+    assert not pending and not index.stale
+    assert index.counts.counts == eager.counts and index.counts.best == eager.best
+    assert prior.counts == eager_prior.counts and prior.best == eager_prior.best
+    assert index.match(tids[0], 4) == Match(*eager.chain(texts[tids[0]], 4))
+    index.extend(tids[1], [7, 6])
+    index.extend(tids[2], [7])
+    assert pending and index.match(tids[2], 1).chain == [6]  # a sibling's new text, counted by match
+    assert not pending and prior.chain([7], 1)[0] == [6] and recalled not in index.stale
+
+
+def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
+    counts = NgramCounts(order=2, max_contexts=100)
+    counts.teach([1, 2, 3, 1, 2, 4, 1, 2, 3], 0)
+    counts.save(tmp_path / "prior.safetensors")
+    loaded = NgramCounts(order=2)
+    loaded.load(tmp_path / "prior.safetensors")
+    assert loaded.counts == counts.counts and loaded.best == counts.best
+    with pytest.raises(ValueError, match="max_match=2"):
+        NgramCounts(order=4).load(tmp_path / "prior.safetensors")
+    from rollout_graft.adjacency import AdjacencyIndex
+
+    AdjacencyIndex.empty(1, 10, 2).save(tmp_path / "engine.safetensors")
+    with pytest.raises(ValueError, match="save_state"):
+        loaded.load(tmp_path / "engine.safetensors")
+    counts.teach(list(range(200)), 0)  # > 100 contexts: the table starts over
+    assert counts.resets == 1 and len(counts) == 0
 
 
 def test_step_cost_fit_recovers_a_linear_cost():
@@ -217,17 +236,18 @@ def test_speculative_config_round_trip_and_errors():
         speculative_config(min_match=3, max_match=2)
     with pytest.raises(ValueError, match="identity_tokens"):
         speculative_config(identity_tokens=0)
-    with pytest.raises(ValueError, match="prior_decay"):
-        speculative_config(prior_decay=1.0)
+    with pytest.raises(ValueError, match="max_prior_contexts"):
+        speculative_config(max_prior_contexts=0)
 
 
 def test_tracker_and_index_take_their_sizes_from_the_config():
-    index = TextIndex(1, 2, keep=1)
-    index.match(index.add([5, 6, 7, 5, 6, 8]), 1)
-    assert index.table[(5, 6)] == ((0, 4),)  # only the newest occurrence kept
-    tracker = RequestTracker(tail=4, occurrences=1)
+    prior = NgramCounts(2, 2)
+    tracker = RequestTracker(2, 2, tail=4, prior=prior)
     Batch([[1, 2, 3, 4, 5, 6]]).step(tracker, [[9]])
-    assert tracker.slot_tail.shape[1] == 4 and tracker.groups[next(iter(tracker.groups))].index.keep == 1
+    index = tracker.groups[next(iter(tracker.groups))].index
+    assert tracker.slot_tail.shape[1] == 4 and (index.min_match, index.max_match) == (2, 2) and index.shared is prior
+    catch_up(tracker.pending)
+    assert all(len(key) == 2 for key in index.counts.best) and list(prior.best) == [(5, 6)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32])
@@ -316,74 +336,90 @@ def test_drafting_keeps_measuring_plain_steps(explore_every):
     assert (late <= 10) if explore_every else (late == 100)
 
 
-def test_prior_chain_is_the_lookup_of_a_chain_template():
-    """The proposer's numpy greedy chain gives AdjacencyIndex.lookup's tokens and lengths, and
-    scores that are lookup's on the prior with each token's weights normalised (the rank-0 share)."""
-    from rollout_graft.adjacency import EMPTY, AdjacencyIndex
-    from rollout_graft.templates import chain
-    from rollout_graft.vllm.proposer import prior_chain
+class Reference:
+    """What the proposer must draft, computed from scratch each call by one that is told each row's
+    request (`set_requests`, as vLLM's own proposers read it from the input batch): a group is a
+    prompt's requests since a step none of them ran at, plus the last `recall` completions of the
+    group before; its counts are the prompt's and every text's completion's; the prior counts every
+    completion ever; a chain is the group's or the prior's, whichever scores more (fixed budget)."""
 
-    gen = torch.Generator().manual_seed(0)
-    prior = AdjacencyIndex.empty(1, 50, 4)
-    prior.ids[0] = torch.randint(0, 50, (50, 4), generator=gen)
-    prior.ids[0, torch.rand(50, generator=gen) < 0.3, 0] = EMPTY  # chains that stop early
-    prior.probs[0] = torch.rand(50, 4, generator=gen).half()
-    roots = np.arange(50)
-    tokens, score, lengths = prior_chain(prior, roots, 6)
-    ref = prior.lookup(torch.zeros(50, dtype=torch.long), torch.from_numpy(roots), chain(6))
-    assert np.array_equal(tokens, ref.tokens.numpy())
-    weights = torch.where(prior.ids[0] != EMPTY, prior.probs[0].float(), 0.0)
-    normalised = AdjacencyIndex(prior.ids.clone(), (weights / weights.sum(1, keepdim=True).clamp(min=1e-12)).unsqueeze(0))
-    ref_score = normalised.lookup(torch.zeros(50, dtype=torch.long), torch.from_numpy(roots), chain(6)).score.numpy()
-    assert np.allclose(score, ref_score, rtol=1e-5, atol=1e-7) and (score[:, 0] < 1).any()
-    assert np.array_equal(lengths, ref.valid.sum(1).numpy())
-    assert lengths.min() == 0 and lengths.max() == 6 and ((lengths > 0) & (lengths < 6)).any()  # every case seen
+    def __init__(self, k: int, max_len: int, recall: int, shared: bool):
+        self.k, self.max_len, self.recall, self.shared = k, max_len, recall, shared
+        self.texts: dict[tuple, list[int]] = {}  # request → its text (prompt + completion), in order of arrival
+        self.prompt_of: dict[tuple, tuple] = {}
+        self.groups: dict[tuple, dict] = {}  # prompt → {"members": [request], "recalled": [completion], "seen": call}
+        self.group_of: dict[tuple, dict] = {}
+        self.call, self.rollout, self.ids = 0, 0, []
+
+    def set_requests(self, ids, prompt_lengths):
+        self.ids, self.plens = [(self.rollout, r) for r in ids], prompt_lengths
+
+    def drafts(self, num, token_ids) -> list[list[int]]:
+        self.call += 1
+        for i, (req, plen) in enumerate(zip(self.ids, self.plens)):
+            text = token_ids[i, : num[i]].tolist()
+            if req not in self.texts:
+                prompt = tuple(text[:plen])
+                group = self.groups.get(prompt) if self.shared else None
+                if group is None or group["seen"] < self.call - 1:
+                    old = [self.texts[m][len(prompt):] for m in group["members"]] if group else []
+                    recalled = (group["recalled"] + old)[-self.recall :] if group and self.recall else []
+                    group = {"members": [], "recalled": recalled, "seen": self.call}
+                    if self.shared:
+                        self.groups[prompt] = group
+                group["members"].append(req)
+                self.prompt_of[req], self.group_of[req] = prompt, group
+            self.texts[req] = text
+        for req in self.ids:
+            self.group_of[req]["seen"] = self.call
+        prior = NgramCounts(4)
+        for req, text in self.texts.items():
+            prior.teach(text, len(self.prompt_of[req]))
+        out = []
+        for i, req in enumerate(self.ids):
+            prompt, group = self.prompt_of[req], self.group_of[req]
+            counts = NgramCounts(4)
+            counts.teach(list(prompt), 0)
+            for completion in group["recalled"]:
+                counts.teach(list(prompt) + completion, len(prompt))
+            for m in group["members"]:
+                counts.teach(self.texts[m], len(prompt))
+            room = min(self.k, self.max_len - int(num[i]) - 1)
+            tokens, scores = counts.chain(self.texts[req], room) if room > 0 else ([], [])
+            other, other_scores = prior.chain(self.texts[req], room) if room > 0 else ([], [])
+            out.append(other if sum(other_scores) > sum(scores) else tokens)
+        return out
 
 
-@pytest.mark.parametrize("options, expected", [
-    ({}, ("c0b3334a0fe2cce0", 62, 2342, 1321)),
-    ({"share_in_group": False, "min_match": 2, "recall": 1}, ("870dc96dc3767086", 68, 2597, 1285)),
-])
-def test_proposer_drafts_the_same_tokens_as_before_the_vectorised_step(options, expected):
+@pytest.mark.parametrize("options", [{}, {"share_in_group": False, "recall": 1}, {"recall": 1}])
+def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
     """A replayed persistent batch (scripts/profile_vllm_proposer.py: groups of 8, drafts accepted
-    up to their first wrong token, condensed rows, a preempted request every 5 steps, the same
-    prompts again in a later rollout) gives the drafts the per-row Python implementation gave
-    (its hash, recorded before the tracker, learning and drafting were vectorised; fixed budget)."""
-    import hashlib
-    import json
-
+    up to their first wrong token, finished rows condensed, a request preempted every 5 steps and
+    resumed in the last row, the same prompts again in later rollouts) gets, every call, exactly
+    the drafts of `Reference`, which knows each row's request: finding requests and groups from the
+    rows alone, counting lazily and recalling lose nothing."""
     from conftest import load_script
     from rollout_graft.vllm import proposer
 
     bench = load_script("scripts/profile_vllm_proposer.py")
-    cls = type("Replayed", (proposer.RLDraftProposer,), {"config": ChainConfig(budget_policy="fixed", **options)})
-    prop = cls(bench.vllm_config(6, 64 + 48 + 10))  # a tight max_model_len: the room shrinks at the end
-    history = []
-    for seed in (0, 0, 1):
-        history += bench.replay(prop, 16, length=48, seed=seed, preempt_every=5)
-    digest = hashlib.sha256(json.dumps(history).encode()).hexdigest()[:16]
-    assert (digest, len(history), prop.stats.draft_tokens, prop.stats.accepted_tokens) == expected
+    config = ChainConfig(budget_policy="fixed", **options)
+    reference = Reference(6, 64 + 48 + 10, config.recall, config.share_in_group)
 
+    class Checked(proposer.RLDraftProposer):
+        calls = 0
 
-def test_teach_prior_writes_what_update_topk_writes():
-    """The proposer's numpy prior update gives update_topk's tables (one successor of weight 1 per
-    pair, older ones decayed), repeated tokens within a call included."""
-    from rollout_graft.adjacency import EMPTY, AdjacencyIndex
-    from rollout_graft.vllm.config import ChainConfig
-    from rollout_graft.vllm.proposer import teach_prior
+        def set_requests(self, ids, prompt_lengths):
+            reference.set_requests(ids, prompt_lengths)
 
-    PRIOR_K, PRIOR_DECAY = ChainConfig().prior_successors, ChainConfig().prior_decay
+        def propose(self, sampled, num, token_ids, slot_mappings=None):
+            out = super().propose(sampled, num, token_ids)
+            assert out[: len(reference.ids)] == reference.drafts(num, token_ids)
+            Checked.calls += 1
+            return out
 
-    ours, ref = AdjacencyIndex.empty(1, 40, PRIOR_K), AdjacencyIndex.empty(1, 40, PRIOR_K)
-    rng = np.random.default_rng(0)
-    for _ in range(60):
-        prev, nxt = rng.integers(0, 40, 30), rng.integers(0, 12, 30)  # few successors: rows fill and repeat
-        teach_prior(ours, prev, nxt, PRIOR_DECAY)
-        top_i = torch.full((30, PRIOR_K), EMPTY, dtype=torch.long)
-        top_i[:, 0] = torch.from_numpy(nxt)
-        top_p = torch.zeros(30, PRIOR_K)
-        top_p[:, 0] = 1.0
-        tokens = torch.from_numpy(prev)
-        ref.update_topk(torch.zeros_like(tokens), tokens, top_i, top_p, PRIOR_DECAY)
-    assert torch.equal(ours.ids, ref.ids) and torch.equal(ours.probs, ref.probs)
-    assert (ours.ids[0, :, PRIOR_K - 1] != EMPTY).any()  # full rows were merged
+    Checked.config = config
+    prop = Checked(bench.vllm_config(6, 64 + 48 + 10))  # a tight max_model_len: the room shrinks at the end
+    for rollout, seed in enumerate((0, 0, 1, 0)):
+        reference.rollout = rollout
+        bench.replay(prop, 16, length=48, seed=seed, preempt_every=5)
+    assert Checked.calls > 50 and prop.stats.draft_tokens > 0 and prop.stats.accepted_tokens > 0

@@ -31,12 +31,18 @@ class ChainConfig:
             up to `num_speculative_tokens`).
         share_in_group: the requests of one prompt (a GRPO group) read each other's text; else
             a request reads only its own prompt and completion.
-        min_match, max_match: n-gram lengths of the suffix match over the group's text.
+        min_match, max_match: lengths of the contexts counted (`NgramCounts`): a chain token is
+            the most frequent successor of the longest known context of the last `max_match`
+            tokens.
         recall: completions of a prompt's previous rollout kept for its next one (GRPO epochs); 0 = off.
         recall_prompts: prompts remembered at most (least recently used forgotten first).
-        use_prior: extend chains from a global adjacency prior (successors learned from every
-            emitted token, kept across rollouts) where the group's text has no continuation.
-        prior_path: a saved prior (`.safetensors`, the engine's `graft_prior.safetensors` works) to start from.
+        use_prior: a global table (the prior) counts the contexts of every completion, kept
+            across rollouts; a request drafts from it where it expects more accepted tokens than
+            from its group's counts.
+        prior_path: a saved prior to start from (`prior.safetensors` written by `save_state`,
+            e.g. TRL's `graft_vllm_state`).
+        max_prior_contexts: the prior starts over from empty when it holds more contexts (its
+            memory bound: ~0.5 KB a context).
         explore_every: D-cut: every n-th decision to draft decodes plainly instead (its measured
             plain reference stays current; 0: never). Probes (below) verify the batch's best tokens.
         probe_share: D-cut: after a plain decision, nothing is drafted until drafting again (a probe)
@@ -44,13 +50,6 @@ class ChainConfig:
             speculation saved; the engine's `DCutConfig.probe_share`). Drafting chains D-cut then
             cuts away cost the tiny target 17–20 % of its wall time without such a back-off
             (docs/BENCHMARKS.md, "vLLM backend").
-        prior_successors: successors per token kept in the global prior (the engine keeps
-            `RetrievalConfig.top_k` = 8 from logits; emitted text teaches fewer).
-        prior_decay: weight of a token's older successors when it is seen again (the engine's
-            `RetrievalConfig.merge_decay`).
-        occurrences: occurrences kept per n-gram in a group's text index (newest first): siblings
-            writing the same n-gram at once each add one, and the newest is often a sibling's
-            current end, which has no continuation yet.
         identity_tokens: trailing tokens that identify a request between steps (with its length);
             a request whose text is long enough to differ only before them could be taken for another.
     """
@@ -65,22 +64,17 @@ class ChainConfig:
     prior_path: str | None = None
     explore_every: int = 16
     probe_share: float = 0.01
-    prior_successors: int = 4
-    prior_decay: float = 0.5
-    occurrences: int = 4
+    max_prior_contexts: int = 4_000_000
     identity_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.budget_policy not in ("fixed", "dcut"):
             raise ValueError(f"budget_policy must be 'fixed' or 'dcut', got {self.budget_policy!r}")
-        for name in ("min_match", "max_match", "recall_prompts", "prior_successors", "occurrences",
-                     "identity_tokens"):
+        for name in ("min_match", "max_match", "recall_prompts", "max_prior_contexts", "identity_tokens"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         if isinstance(self.probe_share, bool) or not isinstance(self.probe_share, (int, float)) or not 0.0 < self.probe_share <= 1.0:
             raise ValueError(f"probe_share must be a number in (0, 1], got {self.probe_share!r}")
-        if not 0.0 <= self.prior_decay < 1.0:
-            raise ValueError(f"prior_decay must be in [0, 1), got {self.prior_decay!r}")
         if self.max_match < self.min_match:
             raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
         for name in ("recall", "explore_every"):

@@ -17,9 +17,9 @@ So requests are recognised by their text:
   requests with the same prompt (length and hash of the prompt's tokens) — the G samples of one
   GRPO prompt, whatever other requests share the batch.
 
-Per step, the Python work per row is the fast path's bookkeeping and extending the request's
-text (`TextIndex.extend`, O(new tokens × n-gram lengths)); only moved, resumed and new rows are
-looked up one by one.
+Per step, the Python work per row is the fast path's bookkeeping and appending to the request's
+text (`TextIndex.extend`; counting waits for the next draft); only moved, resumed and new rows
+are looked up one by one.
 
 Two siblings whose last `tail` tokens and lengths are equal at the same step may swap identities;
 their recent texts are then identical, so what either drafts from is unchanged in practice.
@@ -34,6 +34,7 @@ from itertools import chain
 
 import numpy as np
 
+from .ngrams import NgramCounts
 from .text_index import TextIndex
 
 @dataclass(eq=False)
@@ -91,9 +92,11 @@ class RequestTracker:
     (those tokens, concatenated) and `created` (a request appeared for the first time).
 
     Args:
-        min_match, max_match: n-gram lengths of the groups' `TextIndex`.
+        min_match, max_match: context lengths counted by the groups' `TextIndex`.
         recall: completions of a prompt's previous rollout kept for its next one (0: none).
-        occurrences: occurrences kept per n-gram in each group's `TextIndex`.
+        prior: the global table every group's completions teach (None: none).
+        shared: the requests of one prompt share one index (else each request has its own,
+            with its prompt; nothing is recalled).
         tail: trailing tokens that identify a request between steps.
         max_groups: prompts remembered at most, least recently used dropped first.
         forget_after: steps after which a request not seen is dropped from the row maps (its
@@ -101,9 +104,10 @@ class RequestTracker:
     """
 
     def __init__(self, min_match: int = 1, max_match: int = 4, recall: int = 0, max_groups: int = 4096,
-                 forget_after: int = 4096, occurrences: int = 4, tail: int = 32):
+                 forget_after: int = 4096, tail: int = 32, prior: NgramCounts | None = None, shared: bool = True):
         self.min_match, self.max_match, self.recall = min_match, max_match, recall
-        self.occurrences, self.tail = occurrences, tail
+        self.tail, self.prior, self.shared = tail, prior, shared
+        self.pending: dict[int, TextIndex] = {}  # indexes with text not counted yet (`text_index.catch_up`)
         self.max_groups = max_groups
         self.forget_after = forget_after
         self.groups: OrderedDict[tuple[int, int], Group] = OrderedDict()
@@ -220,6 +224,11 @@ class RequestTracker:
 
     def _new_request(self, prompt: list[int]) -> Request:
         key = (len(prompt), hash(tuple(prompt)))
+        if not self.shared:  # a group of its own, not remembered
+            group = self._new_group(key, prompt, [])
+            tid = group.index.add(prompt, counted_from=len(prompt), emitted=True)
+            group.members.append(tid)
+            return Request(group, tid, len(prompt), seen=self.step, created=self.step)
         group = self.groups.get(key)
         if group is None or group.prompt != prompt or group.last_seen < self.step - 1:
             recalled = group.completions()[-self.recall :] if group is not None and self.recall else []
@@ -227,15 +236,15 @@ class RequestTracker:
             while len(self.groups) > self.max_groups:
                 self.groups.popitem(last=False)
         self.groups.move_to_end(key)
-        tid = group.index.add(prompt, indexed_from=len(prompt))  # the prompt's n-grams are indexed once
+        tid = group.index.add(prompt, counted_from=len(prompt), emitted=True)  # the prompt is counted once
         group.members.append(tid)
         group.last_seen = self.step
         return Request(group, tid, len(prompt), seen=self.step, created=self.step)
 
     def _new_group(self, key: tuple[int, int], prompt: list[int], recalled: list[list[int]]) -> Group:
-        index = TextIndex(self.min_match, self.max_match, self.occurrences)
+        index = TextIndex(self.min_match, self.max_match, shared=self.prior, pending=self.pending)
         index.add(prompt)
-        ids = [index.add(prompt + completion, indexed_from=len(prompt)) for completion in recalled]
+        ids = [index.add(prompt + completion, counted_from=len(prompt)) for completion in recalled]
         return Group(key, prompt, index, recalled=ids)
 
     def restore(self, saved: list[tuple[list[int], list[list[int]]]]) -> None:

@@ -1,90 +1,91 @@
-"""TextIndex: suffix matching over the texts of one GRPO group, for draft chains inside vLLM.
+"""TextIndex: the texts of one GRPO group and their n-gram counts, for draft chains inside vLLM.
 
-vLLM verifies one chain per request, so the group's text is read as chains: a request's draft is
-what followed the longest match of its last tokens in the group's texts (the prompt, every
-sibling's completion so far — finished ones included — and, when the prompt comes back in a
-later epoch, the completions it got then). The texts are plain Python lists, extended by the
-tokens each step emits; an n-gram table maps every n-gram (n = min_match … max_match) to its
-latest occurrences, so one step costs O(new tokens × n) dict writes and O(n) reads per request —
-never a pass over a row's whole history. The table holds tuples only: Python's garbage
-collector stops tracking tuples of ints, while a table of lists made its collections ~18 % of
-`propose`'s time at batch 256 (a cProfile of `scripts/profile_vllm_proposer.py`).
+vLLM verifies one chain per request, so a group's text is read as chains: a request's draft
+continues its text with the most frequent successors of its last tokens over the group's texts
+(the prompt, every sibling's completion so far — finished ones included — and, when the prompt
+comes back in a later epoch, the completions it got then): `NgramCounts.chain`. The texts are
+plain Python lists, extended by the tokens each step emits; counting a token costs
+`max_match − min_match + 1` dict updates, and a chain token as many reads — never a pass over a
+row's whole history. The completions (not prompts, not recalled texts: those were counted when
+they were emitted) also teach the proposer's global table, the prior (`shared`).
 
-The table is brought up to date lazily: `extend` appends to the text and marks it; the first
-`match` after that indexes the marked texts' new positions, text by text in the order they were
-first marked. A group none of whose requests drafts (the budget policy decodes plainly) then costs
-a list append per request-step instead of its n-gram writes. Where a group drafts every step the
-table is the one indexing each token on arrival builds (texts are marked in row order); across
-steps without a match, a text's newer positions are indexed together, so among occurrences
-written in those steps the "newest" is the last text's rather than the last step's.
+Counting is lazy: `extend` appends to the text and marks the index stale (in `pending`, shared
+by all groups); `match` first counts its own index's new positions, and `catch_up` counts every
+pending index's (the proposer calls it before drafting, so the prior also learns from groups that
+never draft). A group that decodes plainly (the budget policy drafts nothing) then costs a list
+append per request-step instead of its counting. Counts do not depend on when they are made.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .ngrams import NgramCounts
+
+
 @dataclass(slots=True)
 class Match:
-    chain: list[int]  # the continuation (at most `depth` tokens), [] when nothing matched
-    length: int  # tokens of the match (0: none)
+    chain: list[int]  # the continuation (at most `depth` tokens), [] when nothing is known
+    scores: list[float]  # prefix products of the tokens' confidences (`NgramCounts.chain`)
 
 
-@dataclass
+@dataclass(eq=False)
 class TextIndex:
-    """n-gram → its newest `keep` occurrences over a group's texts (`ChainConfig.occurrences`)."""
+    """A group's texts and their n-gram counts (contexts of `min_match`…`max_match` tokens)."""
 
     min_match: int = 1
     max_match: int = 4
-    keep: int = 4
+    shared: NgramCounts | None = None  # the global table (the prior) the group's completions also teach
+    pending: dict[int, "TextIndex"] | None = None  # stale indexes of every group (`catch_up`)
     texts: list[list[int]] = field(default_factory=list)  # every text of the group
-    table: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = field(default_factory=dict)  # n-gram → ((text, end), …)
-    indexed: list[int] = field(default_factory=list)  # per text: positions whose n-grams are in the table
-    stale: dict[int, None] = field(default_factory=dict)  # texts with positions not indexed yet, in order
+    counted: list[int] = field(default_factory=list)  # per text: positions counted
+    teaches_shared: list[bool] = field(default_factory=list)  # per text: its new positions teach `shared`
+    stale: dict[int, None] = field(default_factory=dict)  # texts with positions not counted yet, in order
+    counts: NgramCounts = field(init=False)
 
-    def add(self, tokens: list[int], indexed_from: int = 0) -> int:
-        """A new text (a sibling's prompt + completion so far, or a recalled completion); n-grams
-        ending before `indexed_from` are not indexed (a sibling's prompt is the first member's).
-        Returns its id."""
-        self.texts.append(list(tokens[:indexed_from]))
-        self.indexed.append(len(self.texts[-1]))
+    def __post_init__(self) -> None:
+        self.counts = NgramCounts(self.max_match, self.min_match)
+        if self.shared is not None and (self.shared.order, self.shared.min_order) != (self.max_match, self.min_match):
+            raise ValueError("the shared table must count the index's context lengths "
+                             f"({self.min_match}…{self.max_match}), not {self.shared.min_order}…{self.shared.order}")
+
+    def add(self, tokens: list[int], counted_from: int = 0, emitted: bool = False) -> int:
+        """A new text: a prompt, a request (prompt + completion so far: `emitted`, its completion
+        teaches the prior too) or a recalled completion (prompt + completion); positions before
+        `counted_from` are not counted (a sibling's prompt is the first text's). Returns its id."""
+        self.texts.append(list(tokens[:counted_from]))
+        self.counted.append(len(self.texts[-1]))
+        self.teaches_shared.append(emitted)
         tid = len(self.texts) - 1
-        self.extend(tid, tokens[indexed_from:])
+        self.extend(tid, tokens[counted_from:])
         return tid
 
     def extend(self, tid: int, tokens: list[int]) -> None:
-        """Append `tokens` to text `tid`; the n-grams that end in them are indexed by the next `match`."""
+        """Append `tokens` to text `tid`; they are counted by the next `match` or `catch_up`."""
         if tokens:
             self.texts[tid].extend(tokens)
+            if not self.stale and self.pending is not None:
+                self.pending[id(self)] = self
             self.stale[tid] = None
 
-    def _index(self) -> None:
-        """Index the stale texts' new positions (texts in the order they became stale)."""
-        texts, table, lo, hi, keep = self.texts, self.table, self.min_match, self.max_match, self.keep - 1
+    def count(self) -> None:
+        """Count the stale texts' new positions (and teach the prior the completions')."""
         for tid in self.stale:
-            text = texts[tid]
-            start, self.indexed[tid] = self.indexed[tid], len(text)
-            for end in range(start, len(text)):
-                last = tuple(text[max(end + 1 - hi, 0) : end + 1])  # the longest n-gram ending here
-                size = len(last)
-                occ = ((tid, end),)
-                for n in range(lo, size + 1):
-                    key = last[size - n :]
-                    table[key] = occ + table.get(key, ())[:keep]
+            text = self.texts[tid]
+            start, self.counted[tid] = self.counted[tid], len(text)
+            self.counts.teach(text, start, also=self.shared if self.teaches_shared[tid] else None)
         self.stale.clear()
+        if self.pending is not None:
+            self.pending.pop(id(self), None)
 
-    def match(self, tid: int, depth: int, shared: bool = True) -> Match:
-        """The continuation of text `tid`'s longest suffix match (newest occurrence with a
-        continuation, the text's own end excluded); shared=False reads only the text itself and
-        the prompt (text 0)."""
+    def match(self, tid: int, depth: int) -> Match:
+        """The chain continuing text `tid` from the group's counts."""
         if self.stale:
-            self._index()
-        text, texts, table = self.texts[tid], self.texts, self.table
-        own_end = len(text) - 1
-        last = tuple(text[-self.max_match :])
-        size = len(last)
-        for n in range(size, self.min_match - 1, -1):
-            for src, end in table.get(last[size - n :], ()):
-                other = texts[src]
-                if end + 1 < len(other) and (src != tid or end != own_end) and (shared or src == 0 or src == tid):
-                    return Match(other[end + 1 : end + 1 + depth], n)
-        return Match([], 0)
+            self.count()
+        return Match(*self.counts.chain(self.texts[tid], depth))
+
+
+def catch_up(pending: dict[int, TextIndex]) -> None:
+    """Count every stale index's new positions (oldest first)."""
+    for index in list(pending.values()):
+        index.count()
