@@ -14,7 +14,8 @@ maximise expected emitted tokens per predicted step time:
 K = 0 (plain decoding) is always a candidate. After a plain decision the proposer drafts nothing
 until the next draft (a probe) is affordable: the engine's `ProbeCredit`, charged with what the
 probe cost beyond a plain step (the proposer's drafting time and the verification). A probe that
-D-cut would cut to K = 0 verifies the batch's best `rows` draft tokens instead: its evidence keeps
+D-cut would cut to K = 0 verifies the batch's best max(rows, depth) draft tokens instead (a whole
+chain at batch 1): its evidence keeps
 the calibration and the cost fit current — else a calibration learned from a cold start's junk
 drafts (the prior knows nothing yet) would hold D-cut at K = 0 for good. Scores never increase
 along a chain, so the global top-K is a prefix of each chain: a depth per request
@@ -123,8 +124,9 @@ class ChainDCut(BudgetPolicy):
     `num_speculative_tokens`); explore_every: every n-th decision to draft decodes plainly
     instead, so the measured guard (`pays`) never compares with plain steps measured long ago (on
     a machine whose speed moves, such a reference let D-cut draft at a loss for a whole rollout;
-    0: never); warmup: steps measured before the fit decides (they alternate full drafts and
-    plain steps, so the fit sees both); probe_share: `ProbeCredit.share`."""
+    0: never); warmup: drafting steps measured before the fit decides (until then decisions
+    alternate full drafts and plain steps, so the fit sees both; a cold proposer that has nothing
+    to draft yet does not end it); probe_share: `ProbeCredit.share`."""
 
     def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01):
         self.depth = depth
@@ -135,6 +137,7 @@ class ChainDCut(BudgetPolicy):
         self.explore_every = explore_every
         self.warmup = warmup
         self.decisions = 0
+        self.drafted_steps = 0  # timed steps that verified drafts (the warm-up lasts until `warmup` of them)
         self.draft_decisions = 0  # K > 0 decisions so far (every explore_every-th decodes plainly)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.rows = 0  # rows of the last decision (for `explain`)
@@ -156,7 +159,7 @@ class ChainDCut(BudgetPolicy):
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        if self.cost.samples < self.warmup:  # alternate full drafts and plain steps: the fit sees both
+        if self.drafted_steps < self.warmup:  # alternate full drafts and plain steps: the fit sees both
             k = proposed if self.decisions % 2 else 0
             self.plain = False
         else:
@@ -165,8 +168,8 @@ class ChainDCut(BudgetPolicy):
             if k > 0 and not self.pays(rows):  # the fit says draft, the measured steps say plain was faster
                 k = 0
             self.plain = k == 0
-            if self.plain and probe:
-                k = min(rows, proposed)  # the probe verifies the batch's best tokens: fresh evidence
+            if self.plain and probe:  # the probe verifies the batch's best tokens (a chain at least): fresh evidence
+                k = min(max(rows, self.depth), proposed)
             elif not self.plain:
                 self.draft_decisions += 1
                 if self.explore_every and self.draft_decisions % self.explore_every == 0:
@@ -192,6 +195,7 @@ class ChainDCut(BudgetPolicy):
             plain_ms = float(self.cost.predict(step.rows, 0))  # before this step joins the fit
             self.probes.settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
+            self.drafted_steps += step.drafted > 0
             key = (max(step.rows, 1).bit_length(), step.drafted > 0)
             self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([step.emitted, step.ms])
         self.probes.bank_at_most(2.0 * self.draft_cost.predict(step.rows))

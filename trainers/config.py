@@ -68,8 +68,9 @@ class GraftConfig:
             engine default (0, all rows at once).
         recall: completions remembered per prompt across rollouts and copied by the suffix chains
             when the prompt comes back (GRPO epochs); needs `suffix_depth` > 0; None = engine default (0).
-        prior_path: saved adjacency prior (`.safetensors`) to start from, e.g. the
-            `graft_prior.safetensors` of an earlier run; None starts empty.
+        prior_path: saved prior (`.safetensors`) to start from: backend "engine", the adjacency
+            prior (`graft_prior.safetensors` of an earlier run); backend "vllm", the proposer's
+            n-gram prior (`graft_vllm_state/prior.safetensors`); None starts empty.
         save_prior: write the adjacency prior learnt so far into every saved checkpoint/model dir.
         rollout_seed: base seed of the engine's sampler; None = `GRPOConfig.seed`. Rollout k on rank p
             is seeded ((base·P + p)·P + k) mod 2^63 (P = 1,000,003) and its row r (index in the rank's
@@ -109,7 +110,7 @@ class GraftConfig:
     recall: int | None = field(
         default=None, metadata={"help": "Completions remembered per prompt across rollouts, for suffix chains (0 = off)."}
     )
-    prior_path: str | None = field(default=None, metadata={"help": "Saved adjacency prior (.safetensors) to start from."})
+    prior_path: str | None = field(default=None, metadata={"help": "Saved prior (.safetensors) to start from (engine: graft_prior.safetensors; vllm: graft_vllm_state/prior.safetensors)."})
     save_prior: bool = field(default=True, metadata={"help": f"Save the adjacency prior as {PRIOR_FILE} with each checkpoint."})
     rollout_seed: int | None = field(default=None, metadata={"help": "Base seed of the rollout sampler (GRPOConfig.seed if unset)."})
 
