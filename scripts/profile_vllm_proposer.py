@@ -18,8 +18,8 @@ every time; the proposer's own time is measured with the real clock.
 
 Reports, per policy (`fixed`: every chain verified; `dcut`: the default; `plain`: never drafts) and batch size, the median
 microseconds per `propose` call over the steps with a full batch, and microseconds per
-request-step (all steps), split into tracker (`RequestTracker.rows`), learn (acceptance counters and
-teaching the prior, policy calls excluded), drafting (`_draft`), policy (`self.policy.*` calls) and
+request-step (all steps), split into tracker (`RequestTracker.rows`), learn (acceptance counters,
+policy calls excluded), drafting (`_draft`: counting the new text, then the chains), policy (`self.policy.*` calls) and
 the rest of `propose`. This measures the proposer's CPU time only, not end-to-end speed.
 
 `replay(...)` is reused by tests/test_vllm_units.py to check that drafts stay the same tokens.
@@ -237,7 +237,7 @@ class Parts:
 
 class NeverDraft(FixedBudget):
     """`--policies plain`: every decision is K = 0 and no probe comes (the floor of the proposer's
-    own work while D-cut decodes plainly: rows found, texts extended, the prior taught)."""
+    own work while D-cut decodes plainly: rows found, texts extended; counting waits for a draft)."""
 
     def plan(self, rows: int) -> int:
         return 0
