@@ -9,7 +9,8 @@ paper itself. The policies implement the engine's `BudgetPolicy` (plan → cut �
 maximise expected emitted tokens per predicted step time:
 
     E[emitted | K] = rows + Σ_{top-K tokens} score        (one bonus/recovered token per row)
-    time(K)        = a + b_rows · rows + b_draft · K      (fitted online to vLLM's measured steps)
+    time(K)        = a + b_rows · rows + b_draft · K      (fitted online to vLLM's measured steps,
+                                                           per batch-size class: `SizedStepCost`)
 
 K = 0 (plain decoding) is always a candidate. After a plain decision the proposer drafts nothing
 until the next draft (a probe) is affordable: the engine's `ProbeCredit`, charged with what the
@@ -87,6 +88,44 @@ class StepCost:
         return a + b_rows * rows + b_draft * np.asarray(draft_tokens, dtype=np.float64)
 
 
+def size_class(rows: int) -> int:
+    """Batch-size class: rows rounded down to a power of two (its bit length)."""
+    return max(rows, 1).bit_length()
+
+
+@dataclass
+class SizedStepCost:
+    """`StepCost` per batch-size class, beside one fit over all sizes: a class predicts with its own
+    fit once it has measured `least` plain and `least` drafting steps, before that the overall fit
+    does. A verified draft token's cost is not one number across batch sizes (at batch 1 a step is
+    overhead and extra tokens ride along; at batch 64 they are compute), and a rollout's batch
+    drains from its full size to one row as requests finish, so one linear fit with a short memory
+    priced batch 1 from the batch-64 steps just before it (docs/BENCHMARKS.md, "Count-based chains")."""
+
+    least: int = 4
+    overall: StepCost = field(default_factory=StepCost)
+    classes: dict[int, StepCost] = field(default_factory=dict)
+    seen: dict[int, list[int]] = field(default_factory=dict)  # class → [plain steps, drafting steps]
+
+    def fit_for(self, rows: int) -> StepCost:
+        cls = size_class(rows)
+        plain, drafting = self.seen.get(cls, (0, 0))
+        return self.classes[cls] if min(plain, drafting) >= self.least else self.overall
+
+    def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
+        cls = size_class(rows)
+        self.overall.observe(rows, draft_tokens, ms)
+        self.classes.setdefault(cls, StepCost()).observe(rows, draft_tokens, ms)
+        self.seen.setdefault(cls, [0, 0])[draft_tokens > 0] += 1
+
+    def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
+        return self.fit_for(rows).predict(rows, draft_tokens)
+
+    @property
+    def samples(self) -> int:
+        return self.overall.samples
+
+
 @dataclass(slots=True)
 class Chains:
     """One draft chain per request and the raw score of each of its tokens ([rows, depth], 0 past
@@ -131,7 +170,7 @@ class ChainDCut(BudgetPolicy):
     def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01):
         self.depth = depth
         self.calibration = ScoreCalibration()
-        self.cost = StepCost()
+        self.cost = SizedStepCost()
         self.draft_cost = RowFit(0.9)  # the proposer's drafting time per step (what a probe costs)
         self.probes = ProbeCredit(probe_share)
         self.explore_every = explore_every
@@ -196,7 +235,7 @@ class ChainDCut(BudgetPolicy):
             self.probes.settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
             self.drafted_steps += step.drafted > 0
-            key = (max(step.rows, 1).bit_length(), step.drafted > 0)
+            key = (size_class(step.rows), step.drafted > 0)
             self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([step.emitted, step.ms])
         self.probes.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
@@ -206,7 +245,7 @@ class ChainDCut(BudgetPolicy):
         weighted sums, so one slow step weighs by its time, not as one rate among few); True until
         both were measured. It guards the fit, whose costs can be confounded (in a rollout, draft
         tokens grow with the rows)."""
-        cls = max(rows, 1).bit_length()
+        cls = size_class(rows)
         spec, plain = self.measured.get((cls, True)), self.measured.get((cls, False))
         return spec is None or plain is None or spec[0] / spec[1] >= plain[0] / plain[1]
 
@@ -214,8 +253,8 @@ class ChainDCut(BudgetPolicy):
         """Why D-cut verifies what it verifies: a draft token with acceptance p adds p tokens for
         b_draft ms; a plain step gives one token per row for (a + b_rows·rows) / rows ms; so it pays
         iff p > b_draft · rows / (a + b_rows·rows)."""
-        a, b_rows, b_draft = self.cost.coef
         rows = max(self.rows, 1)
+        a, b_rows, b_draft = self.cost.fit_for(rows).coef
         per_token = (a + b_rows * rows) / rows
         seen = float(self.calibration.seen.sum())
         rate = float(self.calibration.accepted.sum()) / seen if seen else float("nan")

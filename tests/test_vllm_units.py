@@ -200,6 +200,26 @@ def timed(policy, rows: int, drafted: int, ms: float, emitted: int, draft_ms: fl
     policy.observe(ChainStep(rows, 4, drafted, draft_ms, decision, verified, ms, emitted))
 
 
+def test_step_cost_is_fitted_per_batch_size_class():
+    """A draft token costs 0.01 ms at 2 rows (overhead-bound) and 0.5 ms at 64 (compute-bound): no
+    single linear fit prices both, a fit per batch-size class does, and D-cut drafts at 2 rows and
+    not at 64 with the same drafts."""
+    policy = ChainDCut(4, explore_every=0)
+    for i in range(80):
+        draft = 16 * (i % 2)
+        timed(policy, 2, draft, 5.0 + 0.01 * draft, 2 + draft // 8)
+        timed(policy, 64, 4 * draft, 20.0 + 0.5 * 4 * draft, 64 + draft // 2)
+    assert policy.cost.predict(2, 16) == pytest.approx(5.16, rel=0.05)
+    assert policy.cost.predict(64, 64) == pytest.approx(52.0, rel=0.05)
+    overall = policy.cost.overall
+    assert abs(overall.predict(2, 16) / 5.16 - 1) > 0.3 or abs(overall.predict(64, 64) / 52.0 - 1) > 0.3
+    policy.plain = False
+    scores = np.tile(0.5 ** np.arange(1, 5), (2, 1))
+    assert policy.cut(chains(scores))[1].kept > 0
+    policy.plain = False
+    assert policy.cut(chains(np.tile(0.5 ** np.arange(1, 5), (64, 1))))[1].kept == 0
+
+
 def test_dcut_verifies_drafts_only_where_they_pay():
     scores = np.tile(0.9 ** np.arange(1, 5), (8, 1))  # 8 rows × 4 tokens
     cheap, dear = ChainDCut(4, explore_every=0), ChainDCut(4, explore_every=0)
