@@ -165,14 +165,17 @@ class ChainDCut(BudgetPolicy):
     a machine whose speed moves, such a reference let D-cut draft at a loss for a whole rollout;
     0: never); warmup: drafting steps measured before the fit decides (until then decisions
     alternate full drafts and plain steps, so the fit sees both; a cold proposer that has nothing
-    to draft yet does not end it); probe_share: `ProbeCredit.share`."""
+    to draft yet does not end it); probe_share: `ProbeCredit.share`, kept per batch-size class
+    (probes at a full batch cost many times a probe at one row: their debt held D-cut plain at
+    batch 1 for hundreds of steps, where drafting paid)."""
 
     def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01):
         self.depth = depth
         self.calibration = ScoreCalibration()
         self.cost = SizedStepCost()
         self.draft_cost = RowFit(0.9)  # the proposer's drafting time per step (what a probe costs)
-        self.probes = ProbeCredit(probe_share)
+        self.probe_share = probe_share
+        self.probes: dict[int, ProbeCredit] = {}  # per batch-size class: one class's probes do not pay for another's
         self.explore_every = explore_every
         self.warmup = warmup
         self.decisions = 0
@@ -184,7 +187,14 @@ class ChainDCut(BudgetPolicy):
 
     def plan(self, rows: int) -> int:
         """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
-        return 0 if self.plain and not self.probes.affords(self.draft_cost.predict(rows)) else self.depth
+        return 0 if self.plain and not self.credit(rows).affords(self.draft_cost.predict(rows)) else self.depth
+
+    def credit(self, rows: int) -> ProbeCredit:
+        """The probe credit of this batch size's class."""
+        cls = size_class(rows)
+        if cls not in self.probes:
+            self.probes[cls] = ProbeCredit(self.probe_share)
+        return self.probes[cls]
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
         cal = self.calibration.rate_of(scores)
@@ -229,15 +239,15 @@ class ChainDCut(BudgetPolicy):
             self.draft_cost.observe(step.rows, step.draft_ms)
         probe = step.decision is not None and step.decision.probe
         if step.ms is None:  # not timed: a probe costs at least our drafting
-            self.probes.spend(step.draft_ms if probe else 0.0)
+            self.credit(step.rows).spend(step.draft_ms if probe else 0.0)
         else:
             plain_ms = float(self.cost.predict(step.rows, 0))  # before this step joins the fit
-            self.probes.settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
+            self.credit(step.rows).settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
             self.drafted_steps += step.drafted > 0
             key = (size_class(step.rows), step.drafted > 0)
             self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([step.emitted, step.ms])
-        self.probes.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
+        self.credit(step.rows).bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def pays(self, rows: int) -> bool:
         """Whether steps that drafted emitted more tokens per ms than plain steps did, at this batch
