@@ -79,33 +79,6 @@ class OracleProposer:
         return out
 
 
-class EmptyProposer:
-    """Drafts nothing: vLLM's speculative decoding with every draft empty — the floor of any
-    proposer that decides to decode plainly (vLLM cannot switch speculation off per step)."""
-
-    def __init__(self, vllm_config):
-        self.counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
-
-    def load_model(self, *args, **kwargs) -> None:
-        pass
-
-    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
-        return [[] for _ in sampled_token_ids]
-
-
-class PlainEmptyProposer(EmptyProposer):
-    """EmptyProposer with rollout_graft's plugin path for undrafted steps (`plugin.plain_when_undrafted`,
-    which our proposer uses): the floor of our proposer when it decodes plainly."""
-
-    plain_when_undrafted = True
-
-    def __init__(self, vllm_config):
-        from rollout_graft.vllm import plugin
-
-        super().__init__(vllm_config)
-        plugin.apply()
-
-
 def _oracle_counts(worker) -> dict:
     return dict(worker.model_runner.drafter.counts)
 
@@ -126,9 +99,9 @@ def spec_for(method: str):
     if base == "oracle":
         return {"method": "custom_class", "model": "bench_vllm.OracleProposer", "num_speculative_tokens": k}
     if base == "empty":
-        return {"method": "custom_class", "model": "bench_vllm.EmptyProposer", "num_speculative_tokens": k}
+        return {"method": "custom_class", "model": "rollout_graft.vllm.baselines.EmptyProposer", "num_speculative_tokens": k}
     if base == "empty+plain":
-        return {"method": "custom_class", "model": "bench_vllm.PlainEmptyProposer", "num_speculative_tokens": k}
+        return {"method": "custom_class", "model": "rollout_graft.vllm.baselines.PlainEmptyProposer", "num_speculative_tokens": k}
     raise SystemExit(f"unknown method {method!r}")
 
 

@@ -25,30 +25,6 @@ from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E40
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
 
 
-class EmptyProposer:
-    """A `custom_class` proposer that drafts nothing, with vLLM's speculative path as shipped."""
-
-    def __init__(self, vllm_config):
-        pass
-
-    def load_model(self, *args, **kwargs) -> None:
-        pass
-
-    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
-        return [[] for _ in sampled_token_ids]
-
-
-class PlainEmptyProposer(EmptyProposer):
-    """The same with rollout_graft's plain path for undrafted steps (as our proposer has it)."""
-
-    plain_when_undrafted = True
-
-    def __init__(self, vllm_config):
-        from rollout_graft.vllm import plugin
-
-        plugin.apply()
-
-
 def _spec(spec):
     if spec is None:
         return None
@@ -56,7 +32,7 @@ def _spec(spec):
         return {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     if spec in ("empty", "empty-shipped"):
         cls = "PlainEmptyProposer" if spec == "empty" else "EmptyProposer"
-        return {"method": "custom_class", "model": f"vllm_run.{cls}", "num_speculative_tokens": 4}
+        return {"method": "custom_class", "model": f"rollout_graft.vllm.baselines.{cls}", "num_speculative_tokens": 4}
     return speculative_config(**spec)
 
 
