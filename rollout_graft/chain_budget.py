@@ -125,6 +125,11 @@ class SizedStepCost:
     def samples(self) -> int:
         return self.overall.samples
 
+    @property
+    def drafting_steps(self) -> int:
+        """Steps measured that verified drafts (all classes)."""
+        return sum(drafting for _, drafting in self.seen.values())
+
 
 @dataclass(slots=True)
 class Chains:
@@ -179,7 +184,6 @@ class ChainDCut(BudgetPolicy):
         self.explore_every = explore_every
         self.warmup = warmup
         self.decisions = 0
-        self.drafted_steps = 0  # timed steps that verified drafts (the warm-up lasts until `warmup` of them)
         self.draft_decisions = 0  # K > 0 decisions so far (every explore_every-th decodes plainly)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.rows = 0  # rows of the last decision (for `explain`)
@@ -208,7 +212,7 @@ class ChainDCut(BudgetPolicy):
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        if self.drafted_steps < self.warmup:  # alternate full drafts and plain steps: the fit sees both
+        if self.cost.drafting_steps < self.warmup:  # alternate full drafts and plain steps: the fit sees both
             k = proposed if self.decisions % 2 else 0
             self.plain = False
         else:
@@ -244,7 +248,6 @@ class ChainDCut(BudgetPolicy):
             plain_ms = float(self.cost.predict(step.rows, 0))  # before this step joins the fit
             self.credit(step.rows).settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
-            self.drafted_steps += step.drafted > 0
             key = (size_class(step.rows), step.drafted > 0)
             self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([step.emitted, step.ms])
         self.credit(step.rows).bank_at_most(2.0 * self.draft_cost.predict(step.rows))

@@ -124,7 +124,9 @@ def test_chains_take_the_most_frequent_successor_of_the_longest_known_context():
     tokens, scores = counts.chain([0, 3], 2)  # "0 3" unknown: "3" → 4 ×2, 5, 6 → 4; then "3 4" → 1 and 9: 1
     assert tokens == [4, 1] and np.isclose(scores[0], 2 / 4.5 * 1 / 2)
     assert counts.chain([0], 4) == ([], [])  # nothing follows 0: no chain
-    assert NgramCounts(order=3, min_order=2).chain([0, 3], 2) == ([], [])
+    pairs = NgramCounts(order=3, min_order=2)  # contexts of 2-3 tokens only: "3" alone is not one
+    pairs.teach([1, 2, 3, 4, 1, 2, 3, 4, 9, 2, 3, 5, 8, 3, 6], 0)
+    assert pairs.chain([0, 3], 2) == ([], []) and pairs.chain([2, 3], 1)[0] == [4]
 
 
 def test_group_counts_are_made_lazily_and_as_on_arrival():

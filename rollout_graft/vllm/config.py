@@ -42,8 +42,9 @@ class ChainConfig:
         prior_path: a saved prior to start from (`prior.safetensors` written by `save_state`,
             e.g. TRL's `graft_vllm_state`).
         max_prior_contexts: the prior starts over from empty when it holds more contexts (its
-            memory bound: ~0.2 KB of host memory a context, measured; the default ≈ 0.8 GB; a
-            rollout of R new tokens adds up to ~`max_match`·R contexts, fewer where text repeats).
+            memory bound: ~0.2 KB of host memory a context, by tracemalloc over a 400k-token
+            text, so the default is ≈ 0.8 GB; a rollout of R new tokens adds up to
+            ~`max_match`·R contexts, fewer where text repeats).
         explore_every: D-cut: every n-th decision to draft decodes plainly instead (its measured
             plain reference stays current; 0: never). Probes (below) verify the batch's best tokens.
         probe_share: D-cut: after a plain decision, nothing is drafted until drafting again (a probe)

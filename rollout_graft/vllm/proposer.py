@@ -99,7 +99,7 @@ class RLDraftProposer:
         start = time.perf_counter()
         reqs = self.tracker.rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         active = [reqs[i] for i in self.tracker.active.tolist()]
-        verified, accepted = self._learn(active, token_ids_cpu)
+        verified, accepted = self._learn(active)
         self._observe(start, len(active), verified, accepted)
         self._last_start = start
         out: list[list[int]] = [[] for _ in sampled_token_ids]
@@ -138,7 +138,7 @@ class RLDraftProposer:
             self.stats.step_s += step.ms / 1000.0
         self.policy.observe(step)
 
-    def _learn(self, reqs: list[Request], token_ids: np.ndarray) -> tuple[tuple | None, int]:
+    def _learn(self, reqs: list[Request]) -> tuple[tuple | None, int]:
         """Acceptance of the drafts returned last step (numpy over the batch; a Python pass only
         over the rows that drafted). Returns it for the policy (raw scores [n, depth], depths [n],
         accepted [n]; None when nothing was drafted) and the draft tokens the step accepted. (The

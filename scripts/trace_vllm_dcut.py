@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Trace chain D-cut's state through a sequence of rollouts in one vLLM engine (tiny target).
+
+    python scripts/trace_vllm_dcut.py 1:1 8:1 64:1 1:0 1:0 1:0
+
+Each argument is one rollout, `batch:temperature` (batch 8 and up: groups of 8 samples per prompt;
+prompts no earlier rollout used; at most 128 new tokens). After each rollout it prints what our
+proposer drafted in it (steps, drafts, draft and accepted tokens) and the policy's state: the
+measured guard at 1 and 64 rows (`pays`), whether the last decision was plain, the probe credit
+per batch-size class (ms), the step-cost fit used at batch 1 ([a, b_rows, b_draft] ms), plain and
+drafting steps measured per class, drafting steps so far, the predicted drafting time at one row
+and the acceptance rate so far. This is how D-cut's cold start, its one-fit-for-all-sizes cost
+model and its shared probe credit were traced (docs/BENCHMARKS.md, "Count-based chains"). Its
+decisions follow measured step times, so runs differ.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+from vllm import LLM, SamplingParams  # noqa: E402
+
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_jsonl  # noqa: E402
+from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E402
+
+
+def policy_state(worker) -> dict:
+    p = worker.model_runner.drafter.policy
+    seen = float(p.calibration.seen.sum())
+    return {"pays1": bool(p.pays(1)), "pays64": bool(p.pays(64)), "plain": p.plain,
+            "credit_ms": {k: round(v.ms, 2) for k, v in p.probes.items()},
+            "fit1": p.cost.fit_for(1).coef.round(3).tolist(), "seen": dict(p.cost.seen),
+            "drafting_steps": p.cost.drafting_steps, "draft_ms1": round(float(p.draft_cost.predict(1)), 3),
+            "accept_rate": round(float(p.calibration.accepted.sum()) / seen, 3) if seen else None}
+
+
+def main(cells: list[str]) -> None:
+    prompts = [r["prompt"] for r in read_jsonl(TINY_PROMPTS)]
+    llm = LLM(str(TINY_TARGET), dtype="float32", seed=0, enforce_eager=True,
+              speculative_config=speculative_config(8, "dcut"))
+    used = 0
+    for cell in cells:
+        batch, temperature = int(cell.split(":")[0]), float(cell.split(":")[1])
+        group = 8 if batch >= 8 else 1
+        rows = prompts[used : used + batch // group]
+        used += len(rows)
+        before = proposer_summary(llm)
+        llm.generate([p for p in rows for _ in range(group)], SamplingParams(temperature=temperature, max_tokens=128),
+                     use_tqdm=False)
+        after = proposer_summary(llm)
+        drafted = {k: after[k] - before[k] for k in ("steps", "drafts", "draft_tokens", "accepted_tokens")}
+        print(cell, drafted, llm.collective_rpc(policy_state)[0], flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["1:1", "8:1", "64:1", "1:0", "1:0", "1:0"])
