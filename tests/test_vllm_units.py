@@ -11,8 +11,9 @@ from rollout_graft.chain_budget import ChainDCut, Chains, ChainStep, StepCost
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import RequestTracker
 from rollout_graft.vllm.plugin import expand_kernel_impl
-from rollout_graft.vllm.ngrams import NgramCounts
+from rollout_graft.vllm.ngrams import NgramCounts, NgramStore
 from rollout_graft.vllm.text_index import Match, TextIndex, catch_up
+from ngram_reference import PyNgramCounts
 
 P1 = [5, 6, 7, 8]  # prompt of group 1
 P2 = [5, 6, 9]  # prompt of group 2 (shares a prefix with P1)
@@ -129,6 +130,55 @@ def test_chains_take_the_most_frequent_successor_of_the_longest_known_context():
     assert pairs.chain([0, 3], 2) == ([], []) and pairs.chain([2, 3], 1)[0] == [4]
 
 
+def test_compiled_tables_count_and_chain_as_the_python_rule():
+    """The compiled tables (numba: contexts packed two tokens per int64 word, chains looked up
+    shortest context first, one call for a batch) hold exactly the counts of the plain-Python rule
+    (tests/ngram_reference.py) and draft exactly its chains and scores: every context length
+    1…8, contexts shorter than the order, token ids up to 2^31, a table and the one it also teaches,
+    chains of several tables and a prior in one call."""
+    rng = np.random.default_rng(1)
+    for trial in range(24):
+        order = int(rng.integers(1, 9))
+        lo = int(rng.integers(1, order + 1))
+        store = NgramStore(order, lo)
+        mine, prior = NgramCounts(order, lo, store=store), NgramCounts(order, lo, store=store)
+        ref, ref_prior = PyNgramCounts(order, lo), PyNgramCounts(order, lo)
+        vocab = int(rng.integers(2, 12))
+        for _ in range(12):
+            text = rng.integers(0, vocab, int(rng.integers(0, 40))).tolist()
+            if trial % 3 == 0:
+                text = [t + 2**31 - 20 for t in text]
+            start = int(rng.integers(0, len(text) + 1))
+            mine.teach(text, start, also=prior)
+            ref.teach(text, start, also=ref_prior)
+        assert mine.table() == ref.table() and prior.table() == ref_prior.table() and len(mine) == len(ref.best)
+        contexts = [rng.integers(0, vocab, int(rng.integers(0, 10))).tolist() for _ in range(30)]
+        if trial % 3 == 0:
+            contexts = [[t + 2**31 - 20 for t in c] for c in contexts]
+        room = rng.integers(-1, 9, len(contexts))
+        chains, scores = store.chains([mine] * len(contexts), prior, contexts, room, 8)
+        for c, r, chain, row in zip(contexts, room.tolist(), chains, scores):
+            assert mine.chain(c, r) == ref.chain(c, r) if r > 0 else True
+            own, other = ref.chain(c, r) if r > 0 else ([], []), ref_prior.chain(c, r) if r > 0 else ([], [])
+            tokens, conf = other if sum(other[1]) > sum(own[1]) else own
+            assert chain == tokens and row[: len(conf)].tolist() == conf and not row[len(conf) :].any()
+
+
+def test_a_collected_table_frees_its_slot():
+    store = NgramStore(2)
+    table = NgramCounts(2, store=store)
+    table.teach([1, 2, 3], 0)
+    slot = table.slot
+    del table
+    import gc
+
+    gc.collect()
+    again = NgramCounts(2, store=store)
+    assert again.slot == slot and len(again) == 0
+    with pytest.raises(ValueError, match="max_match"):
+        NgramStore(9)
+
+
 def test_group_counts_are_made_lazily_and_as_on_arrival():
     """`extend` only appends; `match` (its own index) or `catch_up` (every pending index) counts.
     The counts and chains are those of counting each token on arrival, in any order; a request's
@@ -154,8 +204,7 @@ def test_group_counts_are_made_lazily_and_as_on_arrival():
         assert pending and index.stale and len(prior) == 0  # nothing counted while nothing drafts
     catch_up(pending)
     assert not pending and not index.stale
-    assert index.counts.counts == eager.counts and index.counts.best == eager.best
-    assert prior.counts == eager_prior.counts and prior.best == eager_prior.best
+    assert index.counts.table() == eager.table() and prior.table() == eager_prior.table()
     assert index.match(tids[0], 4) == Match(*eager.chain(texts[tids[0]], 4))
     index.extend(tids[1], [7, 6])
     index.extend(tids[2], [7])
@@ -169,7 +218,7 @@ def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
     counts.save(tmp_path / "prior.safetensors")
     loaded = NgramCounts(order=2)
     loaded.load(tmp_path / "prior.safetensors")
-    assert loaded.counts == counts.counts and loaded.best == counts.best
+    assert loaded.table() == counts.table()
     with pytest.raises(ValueError, match="max_match=2"):
         NgramCounts(order=4).load(tmp_path / "prior.safetensors")
     from rollout_graft.adjacency import AdjacencyIndex
@@ -269,7 +318,7 @@ def test_tracker_and_index_take_their_sizes_from_the_config():
     index = tracker.groups[next(iter(tracker.groups))].index
     assert tracker.slot_tail.shape[1] == 4 and (index.min_match, index.max_match) == (2, 2) and index.shared is prior
     catch_up(tracker.pending)
-    assert all(len(key) == 2 for key in index.counts.best) and list(prior.best) == [(5, 6)]
+    assert all(len(key) == 2 for key in index.counts.table()) and list(prior.table()) == [(5, 6)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32])
@@ -394,13 +443,13 @@ class Reference:
             self.texts[req] = text
         for req in self.ids:
             self.group_of[req]["seen"] = self.call
-        prior = NgramCounts(4)
+        prior = PyNgramCounts(4)
         for req, text in self.texts.items():
             prior.teach(text, len(self.prompt_of[req]))
         out = []
         for i, req in enumerate(self.ids):
             prompt, group = self.prompt_of[req], self.group_of[req]
-            counts = NgramCounts(4)
+            counts = PyNgramCounts(4)
             counts.teach(list(prompt), 0)
             for completion in group["recalled"]:
                 counts.teach(list(prompt) + completion, len(prompt))
@@ -445,3 +494,25 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
         reference.rollout = rollout
         bench.replay(prop, 16, length=48, seed=seed, preempt_every=5)
     assert Checked.calls > 50 and prop.stats.draft_tokens > 0 and prop.stats.accepted_tokens > 0
+
+
+def test_sampling_fix_reaches_an_override_vllm_registered_first():
+    """If vLLM's CPU platform registered its own expand kernel before our plugin ran, `apply`
+    points vLLM's wrapper (shared by every holder of the kernel) at the fix, with numba already
+    imported (vLLM's rescan of every module fails on llvmlite's wrappers then)."""
+    import subprocess
+    import sys
+
+    code = """
+from vllm.triton_utils.dispatcher import register_kernels
+from vllm.utils import cpu_triton_utils as cpu
+from rollout_graft.vllm import plugin
+register_kernels({plugin.KERNEL: cpu._expand_kernel_impl})  # as vLLM's CPU platform, before our plugin
+import rollout_graft.vllm.ngrams  # numba and llvmlite
+plugin.apply()
+from vllm.v1.sample import rejection_sampler
+assert rejection_sampler.expand_kernel._impl is plugin.expand_kernel_impl
+print("fixed")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "fixed" in out.stdout, out.stderr[-2000:]

@@ -34,7 +34,7 @@ from itertools import chain
 
 import numpy as np
 
-from .ngrams import NgramCounts
+from .ngrams import NgramCounts, NgramStore
 from .text_index import TextIndex
 
 @dataclass(eq=False)
@@ -107,6 +107,7 @@ class RequestTracker:
                  forget_after: int = 4096, tail: int = 32, prior: NgramCounts | None = None, shared: bool = True):
         self.min_match, self.max_match, self.recall = min_match, max_match, recall
         self.tail, self.prior, self.shared = tail, prior, shared
+        self.store = prior.store if prior is not None else NgramStore(max_match, min_match)  # every group's table
         self.pending: dict[int, TextIndex] = {}  # indexes with text not counted yet (`text_index.catch_up`)
         self.max_groups = max_groups
         self.forget_after = forget_after
@@ -242,7 +243,7 @@ class RequestTracker:
         return Request(group, tid, len(prompt), seen=self.step, created=self.step)
 
     def _new_group(self, key: tuple[int, int], prompt: list[int], recalled: list[list[int]]) -> Group:
-        index = TextIndex(self.min_match, self.max_match, shared=self.prior, pending=self.pending)
+        index = TextIndex(self.min_match, self.max_match, shared=self.prior, store=self.store, pending=self.pending)
         index.add(prompt)
         ids = [index.add(prompt + completion, counted_from=len(prompt)) for completion in recalled]
         return Group(key, prompt, index, recalled=ids)

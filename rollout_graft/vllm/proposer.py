@@ -12,7 +12,7 @@ step here:
                     chain continues its text from the n-gram counts of its group's texts —
                     siblings, prompt, a previous epoch's completions — or from the global prior's
                     counts over every completion, whichever expects more accepted tokens:
-                    `ngrams.NgramCounts`)
+                    `ngrams.NgramStore.chains`, one compiled call for the batch)
          → cut     (D-cut: one batch-wide budget of draft tokens, a depth per request)
 
 The step time vLLM spends around us (schedule, forward, sample) is measured between calls and
@@ -21,9 +21,10 @@ step `plan` (how deep to draft; 0: not at all), `cut` (the depths verified) and,
 `observe` (what the step verified, accepted and took: `_observe`).
 
 Cost per step: numpy over the batch for finding requests and acceptance; while the policy drafts
-nothing, a list append per request-step (counting waits for the next draft); when drafting, the
-counting of the new tokens (dict updates per token and context length) and two chains per
-request (dict reads per token), never a pass over a row's history.
+nothing, a list append per request-step (counting waits for the next draft); when drafting, two
+compiled calls (numba) over the batch — counting the new tokens (dict updates per token and
+context length) and two chains per request (dict reads per token) — and a Python pass over the
+rows to gather their new tokens and last tokens; never a pass over a row's history.
 `scripts/profile_vllm_proposer.py` measures it.
 """
 
@@ -168,22 +169,8 @@ class RLDraftProposer:
         between its prompt's tree and its global tree so). First every group's new text is counted
         (`text_index.catch_up`)."""
         catch_up(self.tracker.pending)
-        room = self._room(self.tracker.num).tolist()
-        prior = self.prior
-        chains: list[list[int]] = []
-        scores = np.zeros((len(reqs), self.k))
-        for j, (req, r) in enumerate(zip(reqs, room)):
-            if r <= 0:
-                chains.append([])
-                continue
-            match = req.group.index.match(req.text_id, r)
-            tokens, conf = match.chain, match.scores
-            if prior is not None:
-                other, other_conf = prior.chain(req.text, r)
-                if sum(other_conf) > sum(conf):
-                    tokens, conf = other, other_conf
-            chains.append(tokens)
-            scores[j, : len(conf)] = conf
+        chains, scores = self.tracker.store.chains([req.group.index.counts for req in reqs], self.prior,
+                                                   [req.text for req in reqs], self._room(self.tracker.num), self.k)
         return Chains(chains, scores)
 
     def _room(self, length: np.ndarray) -> np.ndarray:
@@ -214,7 +201,7 @@ class RLDraftProposer:
         directory = Path(directory)
         if self.prior is not None and (directory / "prior.safetensors").exists():
             catch_up(self.tracker.pending)
-            self.prior.best, self.prior.counts = {}, {}
+            self.prior.clear()
             self.prior.load(directory / "prior.safetensors")
         if (directory / "recall.json").exists():
             self.tracker.restore([(g["prompt"], g["completions"]) for g in json.loads((directory / "recall.json").read_text())])

@@ -5,9 +5,11 @@ continues its text with the most frequent successors of its last tokens over the
 (the prompt, every sibling's completion so far — finished ones included — and, when the prompt
 comes back in a later epoch, the completions it got then): `NgramCounts.chain`. The texts are
 plain Python lists, extended by the tokens each step emits; counting a token costs
-`max_match − min_match + 1` dict updates, and a chain token as many reads — never a pass over a
-row's whole history. The completions (not prompts, not recalled texts: those were counted when
-they were emitted) also teach the proposer's global table, the prior (`shared`).
+`max_match − min_match + 1` updates of compiled dicts, and a chain token as many reads — never a
+pass over a row's whole history. The completions (not prompts, not recalled texts: those were
+counted when they were emitted) also teach the proposer's global table, the prior (`shared`).
+Every table of a proposer lives in one `NgramStore`, so one compiled call counts a step's new
+tokens of every group.
 
 Counting is lazy: `extend` appends to the text and marks the index stale (in `pending`, shared
 by all groups); `match` first counts its own index's new positions, and `catch_up` counts every
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .ngrams import NgramCounts
+from .ngrams import NgramCounts, NgramStore
 
 
 @dataclass(slots=True)
@@ -36,6 +38,7 @@ class TextIndex:
     min_match: int = 1
     max_match: int = 4
     shared: NgramCounts | None = None  # the global table (the prior) the group's completions also teach
+    store: NgramStore | None = None  # where the index's table lives (default: the prior's store, else its own)
     pending: dict[int, "TextIndex"] | None = None  # stale indexes of every group (`catch_up`)
     texts: list[list[int]] = field(default_factory=list)  # every text of the group
     counted: list[int] = field(default_factory=list)  # per text: positions counted
@@ -44,10 +47,14 @@ class TextIndex:
     counts: NgramCounts = field(init=False)
 
     def __post_init__(self) -> None:
-        self.counts = NgramCounts(self.max_match, self.min_match)
         if self.shared is not None and (self.shared.order, self.shared.min_order) != (self.max_match, self.min_match):
             raise ValueError("the shared table must count the index's context lengths "
                              f"({self.min_match}…{self.max_match}), not {self.shared.min_order}…{self.shared.order}")
+        if self.store is None:
+            self.store = self.shared.store if self.shared is not None else NgramStore(self.max_match, self.min_match)
+        elif self.shared is not None and self.shared.store is not self.store:
+            raise ValueError("the shared table must live in the index's NgramStore")
+        self.counts = NgramCounts(self.max_match, self.min_match, store=self.store)
 
     def add(self, tokens: list[int], counted_from: int = 0, emitted: bool = False) -> int:
         """A new text: a prompt, a request (prompt + completion so far: `emitted`, its completion
@@ -70,13 +77,19 @@ class TextIndex:
 
     def count(self) -> None:
         """Count the stale texts' new positions (and teach the prior the completions')."""
+        self.store.teach(self.take())
+
+    def take(self) -> list[tuple]:
+        """The stale texts' new positions, as `NgramStore.teach` work; they count as counted."""
+        work = []
         for tid in self.stale:
             text = self.texts[tid]
-            start, self.counted[tid] = self.counted[tid], len(text)
-            self.counts.teach(text, start, also=self.shared if self.teaches_shared[tid] else None)
+            work.append((self.counts, self.shared if self.teaches_shared[tid] else None, text, self.counted[tid], len(text)))
+            self.counted[tid] = len(text)
         self.stale.clear()
         if self.pending is not None:
             self.pending.pop(id(self), None)
+        return work
 
     def match(self, tid: int, depth: int) -> Match:
         """The chain continuing text `tid` from the group's counts."""
@@ -86,6 +99,9 @@ class TextIndex:
 
 
 def catch_up(pending: dict[int, TextIndex]) -> None:
-    """Count every stale index's new positions (oldest first)."""
+    """Count every stale index's new positions: one compiled call per store."""
+    work: dict[int, tuple[NgramStore, list]] = {}
     for index in list(pending.values()):
-        index.count()
+        work.setdefault(id(index.store), (index.store, []))[1].extend(index.take())
+    for store, items in work.values():
+        store.teach(items)
