@@ -219,6 +219,11 @@ def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
     loaded = NgramCounts(order=2)
     loaded.load(tmp_path / "prior.safetensors")
     assert loaded.table() == counts.table()
+    loaded.save(tmp_path / "again.safetensors")  # the same table gives the same file
+    from safetensors.numpy import load_file
+
+    first, again = load_file(str(tmp_path / "prior.safetensors")), load_file(str(tmp_path / "again.safetensors"))
+    assert all(np.array_equal(first[key], again[key]) for key in first)
     with pytest.raises(ValueError, match="max_match=2"):
         NgramCounts(order=4).load(tmp_path / "prior.safetensors")
     from rollout_graft.adjacency import AdjacencyIndex

