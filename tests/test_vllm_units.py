@@ -310,6 +310,8 @@ def test_speculative_config_round_trip_and_errors():
         speculative_config(budget_policy="tree")
     with pytest.raises(ValueError, match="max_match"):
         speculative_config(min_match=3, max_match=2)
+    with pytest.raises(ValueError, match="max_match must be <= 8"):
+        speculative_config(max_match=9)
     with pytest.raises(ValueError, match="identity_tokens"):
         speculative_config(identity_tokens=0)
     with pytest.raises(ValueError, match="max_prior_contexts"):

@@ -31,9 +31,9 @@ class ChainConfig:
             up to `num_speculative_tokens`).
         share_in_group: the requests of one prompt (a GRPO group) read each other's text; else
             a request reads only its own prompt and completion.
-        min_match, max_match: lengths of the contexts counted (`NgramCounts`): a chain token is
-            the most frequent successor of the longest known context of the last `max_match`
-            tokens.
+        min_match, max_match: lengths of the contexts counted (`NgramCounts`; at most 8): a
+            chain token is the most frequent successor of the longest known context of the last
+            `max_match` tokens.
         recall: completions of a prompt's previous rollout kept for its next one (GRPO epochs); 0 = off.
         recall_prompts: prompts remembered at most (least recently used forgotten first).
         use_prior: a global table (the prior) counts the contexts of every completion, kept
@@ -42,9 +42,9 @@ class ChainConfig:
         prior_path: a saved prior to start from (`prior.safetensors` written by `save_state`,
             e.g. TRL's `graft_vllm_state`).
         max_prior_contexts: the prior starts over from empty when it holds more contexts (its
-            memory bound: ~0.2 KB of host memory a context, by tracemalloc over a 400k-token
-            text, so the default is ≈ 0.8 GB; a rollout of R new tokens adds up to
-            ~`max_match`·R contexts, fewer where text repeats).
+            memory bound: 0.13–0.5 KB of host memory a context, the hash tables being a quarter to
+            half full — 0.24 KB over a 400k-token text — so the default is ≈ 0.5–2 GB; a rollout
+            of R new tokens adds up to ~`max_match`·R contexts, fewer where text repeats).
         explore_every: D-cut: every n-th decision to draft decodes plainly instead (its measured
             plain reference stays current; 0: never). Probes (below) verify the batch's best tokens.
         probe_share: D-cut: after a plain decision, nothing is drafted until drafting again (a probe)
@@ -79,6 +79,8 @@ class ChainConfig:
             raise ValueError(f"probe_share must be a number in (0, 1], got {self.probe_share!r}")
         if self.max_match < self.min_match:
             raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
+        if self.max_match > 8:
+            raise ValueError(f"max_match must be <= 8 (contexts are packed in four int64 words), got {self.max_match}")
         for name in ("recall", "explore_every"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be an int >= 0 (0 = off), got {getattr(self, name)!r}")

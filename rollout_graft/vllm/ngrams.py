@@ -23,15 +23,15 @@ MAT at equal draft tokens on every recording; without them the ranking was below
 Counts do not depend on the order they are made in, and neither does a chain (the tie rule reads
 counts and token ids only).
 
-The tables are numba typed dicts, and a step's work is two compiled calls over the whole batch
-(`NgramStore.teach`: every new token of every group; `NgramStore.chains`: every request's chains),
-because a Python dict update per token and context length cost 45–60 µs per request-step at
-batch 256 (docs/BENCHMARKS.md, "The proposer's own time"). A context of at most `MAX_ORDER`
-tokens is packed exactly, two tokens (id + 1) per int64 word, right-aligned: `KEY`. The tables of
-one proposer live in one `NgramStore` (typed lists of dicts, a slot per table), so a compiled call
-reaches every group's table; a table's slot is emptied and reused when its `NgramCounts` is
-garbage-collected. `tests/ngram_reference.py` is the same rule in plain Python, which the tests
-compare every table and chain with.
+The tables are compiled (numba: `_kernels`), and a step's work is two compiled calls over the whole
+batch (`NgramStore.teach`: every new token of every group; `NgramStore.chains`: every request's
+chains), because Python dict updates per token and context length cost 45–60 µs per
+request-step at batch 64–256 (docs/BENCHMARKS.md, "The proposer's own time"). All tables of one
+proposer live in one `NgramStore`: an open-addressing hash table in numpy arrays whose keys are
+(table, context), a context of at most `MAX_ORDER` tokens packed exactly (two token ids + 1 per
+int64 word). A table's slot is reused, and its rows dropped at the next rebuild, when its
+`NgramCounts` is garbage-collected. `tests/ngram_reference.py` is the same rule in plain Python,
+which the tests compare every table and chain with.
 """
 
 from __future__ import annotations
