@@ -40,20 +40,22 @@ from .selection import global_top_k_depths
 class StepCost:
     """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens, exponentially weighted least
     squares with a weak prior that a draft token costs what a row costs (pessimistic: speculation
-    has to show it pays). `samples` counts the steps measured."""
+    has to show it pays). `samples` counts the steps measured. Plain Python floats: it runs every
+    step, and numpy's per-call overhead made a 3×3 fit ~80 µs (a vLLM step of a small model is a few
+    ms; on a GPU the proposer's time is not overlapped)."""
 
     forget: float = 0.97
     prior_weight: float = 1e-3
-    gram: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)))
-    moment: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    gram: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    moment: list[float] = field(default_factory=lambda: [0.0] * 3)
     samples: int = 0
 
     fitted: np.ndarray | None = None  # `coef` since the last observation
 
     def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
-        x = np.array([1.0, rows, draft_tokens])
-        self.gram = self.forget * self.gram + np.outer(x, x)
-        self.moment = self.forget * self.moment + ms * x
+        x, f = (1.0, float(rows), float(draft_tokens)), self.forget
+        self.gram = [[f * g + xi * xj for g, xj in zip(row, x)] for row, xi in zip(self.gram, x)]
+        self.moment = [f * m + ms * xi for m, xi in zip(self.moment, x)]
         self.samples += 1
         self.fitted = None
 
@@ -69,23 +71,38 @@ class StepCost:
     def _fit(self) -> np.ndarray:
         if self.samples == 0:
             return np.array([0.0, 1.0, 1.0])
-        scale = self.gram[0, 0] * self.prior_weight
+        g, scale = self.gram, self.gram[0][0] * self.prior_weight
         # the prior: a draft token costs what a row costs (penalise b_draft - b_rows), plus a tiny ridge
-        penalty = scale * np.array([[0.0, 0.0, 0.0], [0.0, 1.0, -1.0], [0.0, -1.0, 1.0]]) + 1e-9 * np.eye(3)
+        penalty = [[1e-9, 0.0, 0.0], [0.0, scale + 1e-9, -scale], [0.0, -scale, scale + 1e-9]]
         free = [0, 1, 2]
-        coef = np.zeros(3)
+        coef = [0.0] * 3
         while free:
-            sub = np.ix_(free, free)
-            coef = np.zeros(3)
-            coef[free] = np.linalg.solve(self.gram[sub] + penalty[sub], self.moment[free])
-            if coef.min() >= 0:
+            x = _solve([[g[i][j] + penalty[i][j] for j in free] for i in free], [self.moment[i] for i in free])
+            coef = [0.0] * 3
+            for i, xi in zip(free, x):
+                coef[i] = xi
+            if min(coef) >= 0:
                 break
-            free.remove(int(np.argmin(coef)))
-        return np.maximum(coef, 0.0)
+            free.remove(min(free, key=lambda i: coef[i]))
+        return np.maximum(np.array(coef), 0.0)
 
     def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
         a, b_rows, b_draft = self.coef
         return a + b_rows * rows + b_draft * np.asarray(draft_tokens, dtype=np.float64)
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float]:
+    """x with m·x = v for a small symmetric positive definite m (Gaussian elimination)."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for c in range(n):
+        for r in range(c + 1, n):
+            f = a[r][c] / a[c][c]
+            a[r] = [x - f * y for x, y in zip(a[r], a[c])]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (a[r][n] - sum(a[r][k] * x[k] for k in range(r + 1, n))) / a[r][r]
+    return x
 
 
 def size_class(rows: int) -> int:

@@ -6,9 +6,10 @@
 Each argument is one rollout, `batch:temperature` (batch 8 and up: groups of 8 samples per prompt;
 prompts no earlier rollout used; at most 128 new tokens). After each rollout it prints what our
 proposer drafted in it (steps, drafts, draft and accepted tokens) and the policy's state: the
-measured guard at 1 and 64 rows (`pays`), whether the last decision was plain, the probe credit
-per batch-size class (ms), the step-cost fit used at batch 1 ([a, b_rows, b_draft] ms), plain and
-drafting steps measured per class, drafting steps so far, the predicted drafting time at one row
+measured guard at 1, 8 and 64 rows (`pays`), whether the last decision was plain, the probe credit
+per batch-size class (ms), the step-cost fit used at batch 1, 8 and 64 ([a, b_rows, b_draft] ms),
+the guard's tokens per ms per class (`d`: drafting steps, `p`: plain), plain and drafting steps
+measured per class, drafting steps so far, the predicted drafting time at one row
 and the acceptance rate so far. This is how D-cut's cold start, its one-fit-for-all-sizes cost
 model and its shared probe credit were traced (docs/BENCHMARKS.md, "Count-based chains"). Its
 decisions follow measured step times, so runs differ.
@@ -30,9 +31,10 @@ from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E40
 def policy_state(worker) -> dict:
     p = worker.model_runner.drafter.policy
     seen = float(p.calibration.seen.sum())
-    return {"pays1": bool(p.pays(1)), "pays64": bool(p.pays(64)), "plain": p.plain,
+    return {"pays": {rows: bool(p.pays(rows)) for rows in (1, 8, 64)}, "plain": p.plain,
             "credit_ms": {k: round(v.ms, 2) for k, v in p.probes.items()},
-            "fit1": p.cost.fit_for(1).coef.round(3).tolist(), "seen": dict(p.cost.seen),
+            "fit": {rows: p.cost.fit_for(rows).coef.round(3).tolist() for rows in (1, 8, 64)}, "seen": dict(p.cost.seen),
+            "measured": {f"{cls}{'d' if d else 'p'}": (v[0] / v[1]).round(3) for (cls, d), v in p.measured.items()},
             "drafting_steps": p.cost.drafting_steps, "draft_ms1": round(float(p.draft_cost.predict(1)), 3),
             "accept_rate": round(float(p.calibration.accepted.sum()) / seen, 3) if seen else None}
 
