@@ -240,3 +240,44 @@ def _rehash(rows, live, capacity: int, wide: bool):
 def _import(ctx, pairs, used, sizes, slot, owner, keys, succ, cnt) -> None:
     for i in range(len(succ)):
         _add(ctx, pairs, used, sizes, slot, owner, keys[i, 0], keys[i, 1], keys[i, 2], keys[i, 3], succ[i], cnt[i])
+
+
+# ---------------------------------------------------------------------- the request tracker's step
+@njit(cache=True)
+def _same_requests(token_ids, before, lens, slot_len, slot_tail) -> np.ndarray:
+    """Rows whose slot holds the same request as at the last step: they sampled (lens > 0), their
+    length before this step's tokens is the slot's (`slot_len`) and so are their last `tail`
+    tokens (`slot_tail`, right-aligned, -1 before the text)."""
+    n, tail = len(lens), slot_tail.shape[1]
+    same = np.zeros(n, np.bool_)
+    for i in range(min(n, len(slot_len))):
+        b = before[i]
+        if lens[i] == 0 or slot_len[i] != b:
+            continue
+        ok = True
+        for j in range(tail):
+            pos = b - tail + j
+            if (token_ids[i, pos] if pos >= 0 else -1) != slot_tail[i, j]:
+                ok = False
+                break
+        same[i] = ok
+    return same
+
+
+@njit(cache=True)
+def _slot_tails(token_ids, active, num, lens, flat, n: int, tail: int) -> np.ndarray:
+    """Each row's last `tail` tokens after this step [n, tail] (right-aligned, -1 before the text
+    and for rows that did not sample): token_ids before this step's tokens, then those (`flat`,
+    the active rows' in order; `num`, `lens`: per active row)."""
+    out = np.full((n, tail), -1, np.int64)
+    at = 0
+    for r in range(len(active)):
+        i, end, new = active[r], num[r], lens[r]
+        for j in range(tail):
+            pos = end - tail + j
+            if pos >= end - new:
+                out[i, j] = flat[at + pos - (end - new)]
+            elif pos >= 0:
+                out[i, j] = token_ids[i, pos]
+        at += new
+    return out

@@ -7,7 +7,7 @@ requests leave, vLLM condenses and reorders the batch, preempted requests come b
 So requests are recognised by their text:
 
 - a row whose slot holds a request with the same length and the same last `tail` tokens
-  (`ChainConfig.identity_tokens`, 32) before this step's tokens is that request (the fast path: one numpy comparison for the whole batch
+  (`ChainConfig.identity_tokens`, 32) before this step's tokens is that request (the fast path: one compiled pass over the whole batch
   against the lengths and tails kept per slot);
 - otherwise the request is looked up by (length, last `tail` tokens) among all known requests —
   those that left the batch earlier first, then the last step's slots in row order — as one
@@ -81,8 +81,9 @@ class RequestTracker:
     of that prompt (a later GRPO epoch): its group is rebuilt with the last `recall` completions
     of the previous rollout as read-only texts.
 
-    The per-step work is vectorised over the batch: the fast path (same slot, same length, same
-    last `tail` tokens) is one numpy comparison of every row's tail with the tails kept per slot
+    The per-step work is one pass over the batch: the fast path (same slot, same length, same
+    last `tail` tokens) is one compiled loop (`_kernels._same_requests`, numba) comparing every
+    row's tail with the tails kept per slot
     (`slot_len`, `slot_tail`); only rows that fail it (moved, resumed, new) and each request's
     text extension run in Python. Requests that leave the batch are keyed in `away` by
     (length, last `tail` tokens); requests of the last step's slots are compared in numpy.
@@ -108,6 +109,7 @@ class RequestTracker:
         self.min_match, self.max_match, self.recall = min_match, max_match, recall
         self.tail, self.prior, self.shared = tail, prior, shared
         self.store = prior.store if prior is not None else NgramStore(max_match, min_match)  # every group's table
+        self.kernels = self.store.kern  # the fast path's compiled loops
         self.pending: dict[int, TextIndex] = {}  # indexes with text not counted yet (`text_index.catch_up`)
         self.max_groups = max_groups
         self.forget_after = forget_after
@@ -131,13 +133,8 @@ class RequestTracker:
         num = np.asarray(num_tokens[:n], dtype=np.int64)
         before = num - lens
         out: list[Request | None] = [None] * n
-        fast = np.zeros(n, dtype=bool)
         # the fast path for every row at once: same slot, same length, same last `tail` tokens
-        m = min(n, len(self.slots))
-        rows = active[active < m]
-        rows = rows[self.slot_len[rows] == before[rows]]
-        if len(rows):
-            fast[rows[(self._tails(token_ids, rows, before[rows]) == self.slot_tail[rows]).all(1)]] = True
+        fast = self.kernels._same_requests(token_ids, before, lens, self.slot_len, self.slot_tail)
         for i in np.flatnonzero(fast).tolist():
             out[i] = self.slots[i]
         slow = np.flatnonzero(lens.astype(bool) & ~fast).tolist()
@@ -165,15 +162,7 @@ class RequestTracker:
                                 count=int(new_lens.sum()))
         self.slot_len = np.full(n, -1, dtype=np.int64)
         self.slot_len[active] = self.num
-        self.slot_tail = np.full((n, self.tail), -1, dtype=np.int64)
-        if len(active):  # the text's last `tail` tokens: token_ids before this step's tokens, then those tokens
-            tails = self._tails(token_ids, active, self.num)
-            row = np.repeat(np.arange(len(active)), new_lens)
-            within = np.arange(len(self.flat)) - np.repeat(np.cumsum(new_lens) - new_lens, new_lens)
-            col = self.tail - new_lens[row] + within
-            keep = col >= 0
-            tails[row[keep], col[keep]] = self.flat[keep]
-            self.slot_tail[active] = tails
+        self.slot_tail = self.kernels._slot_tails(token_ids, active, self.num, new_lens, self.flat, n, self.tail)
         if self.step % 256 == 0:
             self._forget()
         return out
