@@ -17,7 +17,10 @@ order, on prompts no earlier repeat used — so no method recalls an earlier rep
 
 Each method runs in its own process next to its own `plain` (vLLM binds a process's threads, and
 several engines in one process slowed each other tenfold here; its Prometheus counters are
-process-wide). Tokens/s are reported as the median over repeats of each run's ratio to that
+process-wide). By default one engine per method runs every cell (temperature × batch) in turn,
+so what a method learned in one cell carries into the next; `--per-cell` builds fresh engines
+for each cell (a GRPO run keeps one temperature and batch size), and `--warmup-rollouts W` runs
+W untimed rollouts of every method per cell first (the steady state of a run, not its cold start). Tokens/s are reported as the median over repeats of each run's ratio to that
 process's `plain` run of the same repeat; MAT = emitted tokens / (emitted − accepted draft
 tokens), i.e. tokens per request-step.
 
@@ -186,6 +189,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--warmup-rollouts", type=int, default=0,
+                    help="per cell, untimed rollouts of every method before the timed repeats (on prompts they do not use)")
+    ap.add_argument("--per-cell", action="store_true",
+                    help="fresh engines for every (temperature, batch) cell: a GRPO run keeps one temperature and "
+                         "batch size, so what a method learned in another cell does not carry over")
     ap.add_argument("--in-process", action="store_true", help="run --methods here (the driver passes it)")
     args = ap.parse_args(argv)
     if not args.in_process:
@@ -204,6 +212,13 @@ def main(argv=None) -> dict:
         for batch in args.batches:
             group = min(args.group, batch)
             runs: dict[str, list[dict]] = {m: [] for m in args.methods}
+            for _ in range(args.warmup_rollouts):  # untimed: what a GRPO run has learned before a rollout
+                prompts = [pool[(offset + i) % len(pool)] for i in range(batch // group)]
+                offset += len(prompts)
+                params = SamplingParams(temperature=temperature, max_tokens=args.max_tokens)
+                for m in args.methods:
+                    if not m.startswith(("engine-", "oracle")):
+                        built[m].generate([p for p in prompts for _ in range(group)], params, use_tqdm=False)
             for _ in range(args.repeats):
                 prompts = [pool[(offset + i) % len(pool)] for i in range(batch // group)]
                 offset += len(prompts)
@@ -242,11 +257,21 @@ def drive(args, argv: list[str]) -> dict:
         while k < len(base) and not base[k].startswith("--"):
             k += 1
         del base[j:k]
+    cells = [[]]
+    if args.per_cell:  # a child per (temperature, batch): fresh engines
+        for flag in ("--batches", "--temperatures"):
+            j = base.index(flag) if flag in base else None
+            if j is not None:
+                k = j + 1
+                while k < len(base) and not base[k].startswith("--"):
+                    k += 1
+                del base[j:k]
+        cells = [["--temperatures", str(t), "--batches", str(b)] for t in args.temperatures for b in args.batches]
     merged = {"command": " ".join(["python", "scripts/bench_vllm.py", *argv]), "configs": []}
-    for m in [m for m in args.methods if m != "plain"]:
+    for m, cell in [(m, cell) for cell in cells for m in args.methods if m != "plain"]:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.json"
-            cmd = [sys.executable, __file__, *base, "--methods", "plain", m, "--out", str(out), "--in-process"]
+            cmd = [sys.executable, __file__, *base, *cell, "--methods", "plain", m, "--out", str(out), "--in-process"]
             subprocess.run(cmd, check=True)
             part = json.loads(out.read_text())
         for cfg in part["configs"]:
