@@ -111,13 +111,16 @@ class ScoreCalibration:
     """
 
     def __init__(self, bins: int = 24, floor: float = 1e-6, prior_weight: float = 4.0):
-        self.edges = torch.logspace(torch.log10(torch.tensor(floor)).item(), 0.0, bins + 1)
-        self.seen = torch.zeros(bins)
-        self.accepted = torch.zeros(bins)
+        # host float32 arrays: both D-cuts count and map on the host, the vLLM proposer every step
+        # (numpy's per-call cost, not torch's: D-cut's own time is part of a small model's step)
+        self.edges = torch.logspace(torch.log10(torch.tensor(floor)).item(), 0.0, bins + 1).numpy()
+        self.mid = np.sqrt(self.edges[:-1] * self.edges[1:])
+        self.seen = np.zeros(bins, dtype=np.float32)
+        self.accepted = np.zeros(bins, dtype=np.float32)
         self.prior_weight = prior_weight
 
     def _bin(self, score: torch.Tensor) -> torch.Tensor:
-        edges = self.edges.to(score.device)
+        edges = torch.from_numpy(self.edges).to(score.device)
         return (torch.bucketize(score.float().clamp(min=edges[0], max=1.0), edges) - 1).clamp(0, len(self.seen) - 1)
 
     def observe(self, score: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor) -> None:
@@ -127,34 +130,30 @@ class ScoreCalibration:
         self.observe_host(host[0], host[1] > 0, host[2] > 0)
 
     def __call__(self, score: torch.Tensor) -> torch.Tensor:
-        return self._rates().to(score.device)[self._bin(score)]
+        return torch.from_numpy(self._rates()).to(score.device)[self._bin(score)]
 
     def rate_of(self, score: np.ndarray) -> np.ndarray:
-        """`self(score)` for host numpy scores (the vLLM proposer's), without torch's cost per call."""
-        return self._rates().numpy()[self._bin_of(score)]
+        """`self(score)` for host numpy scores (the vLLM proposer's)."""
+        return self._rates()[self._bin_of(score)]
 
     def observe_host(self, score: np.ndarray, verified: np.ndarray, accepted: np.ndarray) -> None:
         """`observe` for host numpy arrays (the vLLM proposer's)."""
         b = self._bin_of(score[verified])
-        self.seen.numpy()[:] += np.bincount(b, minlength=len(self.seen)).astype(np.float32)
-        self.accepted.numpy()[:] += np.bincount(b, weights=accepted[verified].astype(np.float64),
-                                                minlength=len(self.seen)).astype(np.float32)
+        self.seen += np.bincount(b, minlength=len(self.seen)).astype(np.float32)
+        self.accepted += np.bincount(b, weights=accepted[verified].astype(np.float64), minlength=len(self.seen)).astype(np.float32)
 
-    def _rates(self) -> torch.Tensor:
-        """Each bin's calibrated acceptance rate."""
-        mid = (self.edges[:-1] * self.edges[1:]).sqrt()
-        rate = (self.accepted + self.prior_weight * mid) / (self.seen + self.prior_weight)
-        return torch.cummax(rate, 0).values  # monotone in the raw score
+    def _rates(self) -> np.ndarray:
+        """Each bin's calibrated acceptance rate (float32)."""
+        pw = np.float32(self.prior_weight)
+        return np.maximum.accumulate((self.accepted + pw * self.mid) / (self.seen + pw))  # monotone in the raw score
 
     def _bin_of(self, score: np.ndarray) -> np.ndarray:
         """`_bin` in numpy (torch.bucketize's left side is numpy.searchsorted's)."""
-        edges = self.edges.numpy()
-        clipped = np.clip(score.astype(np.float32), edges[0], np.float32(1.0))
-        return np.clip(np.searchsorted(edges, clipped, side="left") - 1, 0, len(edges) - 2)
+        clipped = np.minimum(np.maximum(score.astype(np.float32), self.edges[0]), np.float32(1.0))
+        return np.minimum(np.maximum(np.searchsorted(self.edges, clipped, side="left") - 1, 0), len(self.edges) - 2)
 
     def expected_vs_actual(self) -> tuple[float, float]:
-        mid = (self.edges[:-1] * self.edges[1:]).sqrt()
-        return float((mid * self.seen).sum()), float(self.accepted.sum())
+        return float((self.mid * self.seen).sum()), float(self.accepted.sum())
 
 
 @dataclass(slots=True)

@@ -224,12 +224,13 @@ def test_calibration_host_path_matches_the_torch_path():
     scores exactly as the engine's torch path does, bin edges and the clamped ends included."""
     gen = np.random.default_rng(0)
     torch_cal, host_cal = ScoreCalibration(), ScoreCalibration()
-    edges = torch_cal.edges.numpy()
+    edges = torch_cal.edges
     for _ in range(20):
         score = np.concatenate([gen.random(40) ** 6, edges[gen.integers(0, len(edges), 8)], [0.0, 1e-9, 1.0]])
         score = score.astype(np.float32).reshape(3, -1)
         verified, accepted = gen.random(score.shape) < 0.7, gen.random(score.shape) < 0.4
         torch_cal.observe(torch.from_numpy(score), torch.from_numpy(verified), torch.from_numpy(accepted))
         host_cal.observe_host(score, verified, accepted)
-        assert torch.equal(torch_cal.seen, host_cal.seen) and torch.equal(torch_cal.accepted, host_cal.accepted)
+        assert np.array_equal(torch_cal.seen, host_cal.seen) and np.array_equal(torch_cal.accepted, host_cal.accepted)
+        assert np.array_equal(torch_cal._bin(torch.from_numpy(score)).numpy(), host_cal._bin_of(score))
         assert np.array_equal(host_cal.rate_of(score), torch_cal(torch.from_numpy(score)).numpy())
