@@ -158,9 +158,8 @@ def build(methods: list[str], model: str, max_len: int, dtype: str):
     from rollout_graft import EngineConfig, RolloutEngine
 
     built = {}
-    # vLLM's ngram proposer leaves numba objects behind that break the kernel-override scan of every
-    # later LLM built in this process, and vLLM's Prometheus counters read the last-built engine's:
-    # build vLLM's own proposer (one at most) last
+    # vLLM's Prometheus counters read the last-built engine's: build vLLM's own proposer (one at
+    # most) last
     internal = [m for m in methods if m.startswith(("ngram", "suffix"))]
     if len(internal) > 1:
         raise SystemExit(f"one of vLLM's own proposers per run (its counters are process-wide), got {internal}")

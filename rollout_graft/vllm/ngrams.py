@@ -91,8 +91,18 @@ class NgramStore:
         self.gens = np.zeros(0, np.int64)  # slot → its table's generation
         self.sizes = np.zeros(0, np.int64)  # slot → contexts its table holds
         self.free: list[int] = []  # slots of collected tables, to reuse
-        self.teach([])  # compile or load the kernels now, not in the first step vLLM times
+        self._warm()
+
+    def _warm(self) -> None:
+        """Compile (or load from numba's cache) every kernel now: compiling one in a step vLLM times
+        (the first growth of the table, seconds on a fresh install) would feed D-cut's step-cost
+        fit and guard an outlier of that size."""
+        self.teach([])
         self.chains([], None, [], np.zeros(0, np.int64), 1)
+        for rows, wide in ((self.ctx, False), (self.pairs, True)):
+            self.kern._rehash(rows, self.kern._live(rows, self.gens), len(rows), wide)
+        empty = np.zeros(0, np.int64)
+        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), empty, empty)
 
     def slot(self) -> int:
         """A new empty table's slot."""
