@@ -20,7 +20,9 @@ several engines in one process slowed each other tenfold here; its Prometheus co
 process-wide). By default one engine per method runs every cell (temperature × batch) in turn,
 so what a method learned in one cell carries into the next; `--per-cell` builds fresh engines
 for each cell (a GRPO run keeps one temperature and batch size), and `--warmup-rollouts W` runs
-W untimed rollouts of every method per cell first (the steady state of a run, not its cold start). Tokens/s are reported as the median over repeats of each run's ratio to that
+W untimed rollouts of every method per cell first (the steady state of a run, not its cold start);
+`--revisit` runs each timed rollout's prompts once before, untimed (a later GRPO epoch: our
+`recall`, and vLLM suffix decoding's cache of earlier responses, may reuse that epoch's text). Tokens/s are reported as the median over repeats of each run's ratio to that
 process's `plain` run of the same repeat; MAT = emitted tokens / (emitted − accepted draft
 tokens), i.e. tokens per request-step.
 
@@ -193,6 +195,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--per-cell", action="store_true",
                     help="fresh engines for every (temperature, batch) cell: a GRPO run keeps one temperature and "
                          "batch size, so what a method learned in another cell does not carry over")
+    ap.add_argument("--revisit", action="store_true",
+                    help="a GRPO epoch later: before each timed rollout every method runs the same prompts once, "
+                         "untimed (what recall and every method's caches may reuse)")
     ap.add_argument("--in-process", action="store_true", help="run --methods here (the driver passes it)")
     args = ap.parse_args(argv)
     if not args.in_process:
@@ -226,6 +231,10 @@ def main(argv=None) -> dict:
                 ORACLE.clear()
                 ORACLE.update({tuple(o.prompt_token_ids): list(o.outputs[0].token_ids) for o in oracle})
                 params = SamplingParams(temperature=temperature, max_tokens=args.max_tokens)
+                if args.revisit:  # the prompts' previous epoch, untimed
+                    for m in args.methods:
+                        if not m.startswith(("engine-", "oracle")):
+                            built[m].generate([p for p in prompts for _ in range(group)], params, use_tqdm=False)
                 for m in rng.sample(args.methods, len(args.methods)):
                     if m.startswith("engine-"):
                         runs[m].append(run_engine(built[m], tokenizer, prompts, group, temperature, args.max_tokens))

@@ -20,7 +20,7 @@ def test_bench_vllm_runs_and_reports_ratios_to_plain(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     cmd = [sys.executable, str(SCRIPT), "--methods", "plain", "empty@2", "ours+dcut@2", "--batches", "2",
-           "--temperatures", "0.0", "--max-tokens", "8", "--repeats", "1", "--per-cell", "--warmup-rollouts", "1",
+           "--temperatures", "0.0", "--max-tokens", "8", "--repeats", "1", "--per-cell", "--warmup-rollouts", "1", "--revisit",
            "--out", str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
