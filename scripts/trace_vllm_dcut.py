@@ -2,9 +2,11 @@
 """Trace chain D-cut's state through a sequence of rollouts in one vLLM engine (tiny target).
 
     python scripts/trace_vllm_dcut.py 1:1 8:1 64:1 1:0 1:0 1:0
+    python scripts/trace_vllm_dcut.py --model M --prompts P.jsonl 8:0 8:0:again   # a later epoch
 
 Each argument is one rollout, `batch:temperature` (batch 8 and up: groups of 8 samples per prompt;
-prompts no earlier rollout used; at most 128 new tokens). After each rollout it prints what our
+prompts no earlier rollout used; at most --max-tokens new tokens), or `batch:temperature:again`
+(the last rollout's prompts again: a later GRPO epoch). After each rollout it prints what our
 proposer drafted in it (steps, drafts, draft and accepted tokens) and the policy's state: the
 measured guard at 1, 8 and 64 rows (`pays`), whether the last decision was plain, the probe credit
 per batch-size class (ms), the step-cost fit used at batch 1, 8 and 64 ([a, b_rows, b_draft] ms),
@@ -39,18 +41,24 @@ def policy_state(worker) -> dict:
             "accept_rate": round(float(p.calibration.accepted.sum()) / seen, 3) if seen else None}
 
 
-def main(cells: list[str]) -> None:
-    prompts = [r["prompt"] for r in read_jsonl(TINY_PROMPTS)]
-    llm = LLM(str(TINY_TARGET), dtype="float32", seed=0, enforce_eager=True,
+def main(cells: list[str], model: str = str(TINY_TARGET), prompts_path: str = str(TINY_PROMPTS), max_tokens: int = 128) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = [r["prompt"] if isinstance(r["prompt"], str)
+               else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+               for r in read_jsonl(prompts_path)]
+    llm = LLM(model, dtype="float32", seed=0, enforce_eager=True,
               speculative_config=speculative_config(8, "dcut"))
-    used = 0
+    used, rows = 0, []
     for cell in cells:
         batch, temperature = int(cell.split(":")[0]), float(cell.split(":")[1])
         group = 8 if batch >= 8 else 1
-        rows = prompts[used : used + batch // group]
-        used += len(rows)
+        if not cell.endswith(":again"):  # `:again`: the last cell's prompts once more (a later epoch)
+            rows = prompts[used : used + batch // group]
+            used += len(rows)
         before = proposer_summary(llm)
-        llm.generate([p for p in rows for _ in range(group)], SamplingParams(temperature=temperature, max_tokens=128),
+        llm.generate([p for p in rows for _ in range(group)], SamplingParams(temperature=temperature, max_tokens=max_tokens),
                      use_tqdm=False)
         after = proposer_summary(llm)
         drafted = {k: after[k] - before[k] for k in ("steps", "drafts", "draft_tokens", "accepted_tokens")}
@@ -58,4 +66,12 @@ def main(cells: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["1:1", "8:1", "64:1", "1:0", "1:0", "1:0"])
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cells", nargs="*", default=["1:1", "8:1", "64:1", "1:0", "1:0", "1:0"])
+    ap.add_argument("--model", default=str(TINY_TARGET))
+    ap.add_argument("--prompts", default=str(TINY_PROMPTS), help="JSON lines with a `prompt` (string or chat messages)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    args = ap.parse_args()
+    main(args.cells, args.model, args.prompts, args.max_tokens)
