@@ -15,8 +15,9 @@ maximise expected emitted tokens per predicted step time:
 K = 0 (plain decoding) is always a candidate. After a plain decision the proposer drafts nothing
 until the next draft (a probe) is affordable: the engine's `ProbeCredit`, charged with what the
 probe cost beyond a plain step (the proposer's drafting time and the verification). A probe that
-D-cut would cut to K = 0 verifies the batch's best max(rows, depth) draft tokens instead (a whole
-chain at batch 1): its evidence keeps
+D-cut would cut to K = 0 verifies max(rows, depth) draft tokens instead, as whole chains of the
+rows whose chains score most (`selection.best_chain_depths`; a probe of one token per row could
+not show what drafting deep yields): its evidence keeps
 the calibration and the cost fit current — else a calibration learned from a cold start's junk
 drafts (the prior knows nothing yet) would hold D-cut at K = 0 for good. Scores never increase
 along a chain, so the global top-K is a prefix of each chain: a depth per request
@@ -33,7 +34,7 @@ import numpy as np
 
 from .budget import BudgetDecision, BudgetPolicy, ProbeCredit, ScoreCalibration
 from .cost import RowFit
-from .selection import global_top_k_depths
+from .selection import best_chain_depths, global_top_k_depths
 
 
 @dataclass
@@ -238,16 +239,20 @@ class ChainDCut(BudgetPolicy):
             if k > 0 and not self.pays(rows):  # the fit says draft, the measured steps say plain was faster
                 k = 0
             self.plain = k == 0
-            if self.plain and probe:  # the probe verifies the batch's best tokens (a chain at least): fresh evidence
-                k = min(max(rows, self.depth), proposed)
-            elif not self.plain:
+            if self.plain and probe:  # the probe verifies whole chains of the best rows: fresh evidence
+                depths = best_chain_depths(cal, min(max(rows, self.depth), proposed))
+                return self._decided(draft, cal, depths, proposed, probe=True)
+            if not self.plain:
                 self.draft_decisions += 1
                 if self.explore_every and self.draft_decisions % self.explore_every == 0:
                     k = 0  # a plain step keeps the guard's plain reference current (not a plain decision)
-        depths = global_top_k_depths(cal, k)
+        return self._decided(draft, cal, global_top_k_depths(cal, k), proposed, probe=False)
+
+    def _decided(self, draft: Chains, cal: np.ndarray, depths: np.ndarray, proposed: int, probe: bool):
+        rows = len(depths)
         kept = int(depths.sum())
-        decision = BudgetDecision(kept / max(rows * self.depth, 1), kept, proposed, float(rows + gains[kept]),
-                                  probe=self.plain and probe)
+        keep = np.arange(cal.shape[1]).reshape(1, -1) < depths.reshape(-1, 1)
+        decision = BudgetDecision(kept / max(rows * self.depth, 1), kept, proposed, float(rows + cal[keep].sum()), probe=probe)
         return draft.cut(depths), decision
 
     def observe(self, step: ChainStep) -> None:

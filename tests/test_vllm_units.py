@@ -355,7 +355,8 @@ def test_identical_siblings_that_move_stay_distinct_requests():
 def test_dcut_backs_off_while_plain_decoding_wins():
     """After a plain decision, drafting again (a probe) waits until the probe credit affords the
     proposer's drafting time: probes that find nothing cost ~1 % of the time. A probe D-cut would
-    cut to nothing verifies the batch's best `rows` tokens (fresh evidence for the calibration)."""
+    cut to nothing verifies max(rows, depth) tokens as whole chains of the best rows (fresh
+    evidence of what drafting at depth yields: one token per row could not show it)."""
     dear = ChainDCut(4, explore_every=0)
     for i in range(40):
         timed(dear, 8, i % 33, 18.0 + 5.0 * (i % 33), 8 + (i % 33) // 2)
@@ -368,7 +369,7 @@ def test_dcut_backs_off_while_plain_decoding_wins():
             probes += 1
             cut, decision = dear.cut(chains(scores))
             assert (decision.kept, decision.probe) == ((8, True) if probes > 1 else (0, False))  # the first: a plain decision
-            assert cut.depths.tolist() == [1] * 8 or probes == 1
+            assert cut.depths.tolist() == [4, 4] + [0] * 6 or probes == 1
             dear.observe(ChainStep(8, planned, decision.kept, 2.0, decision, None, 20.0, 8))  # 2 ms beyond a 18 ms step
         else:
             dear.observe(ChainStep(8, 0, 0, 0.0, None, None, 18.0, 8))
@@ -378,6 +379,14 @@ def test_dcut_backs_off_while_plain_decoding_wins():
     assert all(fixed.plan(8) == 4 for _ in range(5))
     cut, decision = fixed.cut(chains(scores))
     assert int(cut.depths.sum()) == 32 and decision.ratio == 1.0
+
+
+def test_probe_chains_are_whole_chains_of_the_best_rows():
+    from rollout_graft.selection import best_chain_depths
+
+    scores = np.array([[0.5, 0.2, 0.0], [0.9, 0.8, 0.7], [0.6, 0.5, 0.4], [0.0, 0.0, 0.0]])
+    assert best_chain_depths(scores, 5).tolist() == [0, 3, 2, 0]  # the best chain whole, the next cut to fit
+    assert best_chain_depths(scores, 20).tolist() == [2, 3, 3, 0] and best_chain_depths(scores, 0).tolist() == [0] * 4
 
 
 def test_measured_steps_overrule_a_fit_that_says_draft():
