@@ -514,8 +514,8 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
 
 def test_sampling_fix_reaches_an_override_vllm_registered_first():
     """If vLLM's CPU platform registered its own expand kernel before our plugin ran, `apply`
-    points vLLM's wrapper (shared by every holder of the kernel) at the fix, with numba already
-    imported (vLLM's rescan of every module fails on llvmlite's wrappers then)."""
+    registers the fix over it, with numba already imported: vLLM's rescan of every module fails
+    on llvmlite's wrappers then, unless our plugin's `_scan_safe` hides them."""
     import subprocess
     import sys
 
@@ -524,7 +524,8 @@ from vllm.triton_utils.dispatcher import register_kernels
 from vllm.utils import cpu_triton_utils as cpu
 from rollout_graft.vllm import plugin
 register_kernels({plugin.KERNEL: cpu._expand_kernel_impl})  # as vLLM's CPU platform, before our plugin
-import rollout_graft.vllm.ngrams  # numba and llvmlite
+from rollout_graft.vllm.ngrams import NgramStore
+NgramStore()  # our compiled tables: numba and llvmlite in this process
 plugin.apply()
 from vllm.v1.sample import rejection_sampler
 assert rejection_sampler.expand_kernel._impl is plugin.expand_kernel_impl

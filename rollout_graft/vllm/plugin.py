@@ -27,7 +27,6 @@ on a GPU, plain vLLM's async scheduling is a speed our proposer gives up whateve
 
 from __future__ import annotations
 
-import inspect
 import logging
 import sys
 from collections.abc import Mapping
@@ -139,20 +138,8 @@ def apply() -> None:
     patch_plain_when_undrafted()
     if not _needs_fix():
         return
-    register()  # read by vLLM's CPU platform when it registers its overrides (normally after our plugin)
-    from vllm.triton_utils.dispatcher import KernelOverride, _registry, _resolve_kernel
+    register()  # read by vLLM's CPU platform when it registers its overrides; makes that registration scan-safe
+    from vllm.triton_utils import dispatcher
 
-    original, impl = _registry.get(KERNEL, (None, None))
-    if original is None or impl is expand_kernel_impl:
-        return
-    # vLLM registered its own override before our plugin ran: point its wrapper (which every
-    # holder of the kernel shares) at the fix. `register_kernels` again would rescan every module,
-    # which fails on llvmlite's ffi wrappers once numba is imported (our n-gram tables).
-    host, attr = _resolve_kernel(KERNEL)
-    wrapper = getattr(host, attr)
-    if not isinstance(wrapper, KernelOverride):
-        raise RuntimeError(f"vLLM's override of {KERNEL} is not its KernelOverride ({type(wrapper)}): "
-                           "rollout_graft cannot install its exact CPU rejection sampling on this vLLM version")
-    wrapper._impl = wrapper.func = expand_kernel_impl
-    wrapper._forward_by_name = tuple(inspect.signature(expand_kernel_impl).parameters) == tuple(wrapper.arg_names)
-    _registry[KERNEL] = (original, expand_kernel_impl)
+    if dispatcher._registry.get(KERNEL, (None, None))[1] is not expand_kernel_impl:
+        dispatcher.register_kernels({KERNEL: expand_kernel_impl})  # `_scan_safe` since `register`
