@@ -22,8 +22,9 @@ so what a method learned in one cell carries into the next; `--per-cell` builds 
 for each cell (a GRPO run keeps one temperature and batch size), and `--warmup-rollouts W` runs
 W untimed rollouts of every method per cell first (the steady state of a run, not its cold start);
 `--revisit` runs each timed rollout's prompts once before, untimed (a later GRPO epoch: our
-`recall`, and vLLM suffix decoding's cache of earlier responses, may reuse that epoch's text). Tokens/s are reported as the median over repeats of each run's ratio to that
-process's `plain` run of the same repeat; MAT = emitted tokens / (emitted − accepted draft
+`recall`, and vLLM suffix decoding's cache of earlier responses, may reuse that epoch's text).
+Tokens/s are reported as the median over repeats of each run's ratio to that process's `plain`
+run of the same repeat; MAT = emitted tokens / (emitted − accepted draft
 tokens), i.e. tokens per request-step.
 
     python scripts/bench_vllm.py --batches 1 8 64 --temperatures 1.0 0.0 --out docs/bench/vllm_tiny.json
@@ -140,6 +141,15 @@ def run_vllm(llm, method: str, prompts: list[str], group: int, params) -> dict:
             "completions": [list(o.outputs[0].token_ids) for o in outs]}
 
 
+def run_untimed(built: dict, prompts: list[str], group: int, params) -> None:
+    """A rollout of these prompts on every vLLM method, not measured (`--warmup-rollouts`,
+    `--revisit`): what each proposer learns from it is what a GRPO run would have learned. Our
+    engine and the oracle are left out (nothing to learn)."""
+    for m, llm in built.items():
+        if not m.startswith(("engine-", "oracle")):
+            llm.generate([p for p in prompts for _ in range(group)], params, use_tqdm=False)
+
+
 def run_engine(engine, tokenizer, prompts: list[str], group: int, temperature: float, max_tokens: int) -> dict:
     from rollout_graft import SamplingParams
 
@@ -220,9 +230,7 @@ def main(argv=None) -> dict:
                 prompts = [pool[(offset + i) % len(pool)] for i in range(batch // group)]
                 offset += len(prompts)
                 params = SamplingParams(temperature=temperature, max_tokens=args.max_tokens)
-                for m in args.methods:
-                    if not m.startswith(("engine-", "oracle")):
-                        built[m].generate([p for p in prompts for _ in range(group)], params, use_tqdm=False)
+                run_untimed(built, prompts, group, params)
             for _ in range(args.repeats):
                 prompts = [pool[(offset + i) % len(pool)] for i in range(batch // group)]
                 offset += len(prompts)
@@ -232,9 +240,7 @@ def main(argv=None) -> dict:
                 ORACLE.update({tuple(o.prompt_token_ids): list(o.outputs[0].token_ids) for o in oracle})
                 params = SamplingParams(temperature=temperature, max_tokens=args.max_tokens)
                 if args.revisit:  # the prompts' previous epoch, untimed
-                    for m in args.methods:
-                        if not m.startswith(("engine-", "oracle")):
-                            built[m].generate([p for p in prompts for _ in range(group)], params, use_tqdm=False)
+                    run_untimed(built, prompts, group, params)
                 for m in rng.sample(args.methods, len(args.methods)):
                     if m.startswith("engine-"):
                         runs[m].append(run_engine(built[m], tokenizer, prompts, group, temperature, args.max_tokens))
@@ -251,29 +257,26 @@ def main(argv=None) -> dict:
     return results
 
 
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """argv without these flags and their values."""
+    out, skip = [], False
+    for a in argv:
+        if a.startswith("--"):
+            skip = a in flags
+        if not skip:
+            out.append(a)
+    return out
+
+
 def drive(args, argv: list[str]) -> dict:
     """Run each method in a process of its own beside `plain`; merge their results."""
     import subprocess
     import tempfile
 
-    base = [a for a in argv]
-    i = base.index("--out")
-    del base[i : i + 2]
-    if "--methods" in base:  # drop the methods list: each child gets its own
-        j = base.index("--methods")
-        k = j + 1
-        while k < len(base) and not base[k].startswith("--"):
-            k += 1
-        del base[j:k]
+    base = _without(argv, "--out", "--methods")  # each child gets its own methods and output
     cells = [[]]
     if args.per_cell:  # a child per (temperature, batch): fresh engines
-        for flag in ("--batches", "--temperatures"):
-            j = base.index(flag) if flag in base else None
-            if j is not None:
-                k = j + 1
-                while k < len(base) and not base[k].startswith("--"):
-                    k += 1
-                del base[j:k]
+        base = _without(base, "--batches", "--temperatures")
         cells = [["--temperatures", str(t), "--batches", str(b)] for t in args.temperatures for b in args.batches]
     merged = {"command": " ".join(["python", "scripts/bench_vllm.py", *argv]), "configs": []}
     for m, cell in [(m, cell) for cell in cells for m in args.methods if m != "plain"]:
