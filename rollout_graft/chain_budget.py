@@ -42,8 +42,8 @@ class StepCost:
     """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens, exponentially weighted least
     squares with a weak prior that a draft token costs what a row costs (pessimistic: speculation
     has to show it pays). `samples` counts the steps measured. Plain Python floats: it runs every
-    step, and numpy's per-call overhead made a 3×3 fit ~80 µs (a vLLM step of a small model is a few
-    ms; on a GPU the proposer's time is not overlapped)."""
+    step, and a 3×3 fit in numpy calls costs tens of µs of per-call overhead (a vLLM step of a
+    small model is a few ms; on a GPU the proposer's time is not overlapped)."""
 
     forget: float = 0.97
     prior_weight: float = 1e-3

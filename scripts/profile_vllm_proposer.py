@@ -2,6 +2,7 @@
 """Micro-benchmark of `RLDraftProposer`'s own CPU time per vLLM step (no vLLM engine, no model).
 
     python scripts/profile_vllm_proposer.py --batches 8 64 256 --json out.json [--cprofile 256]
+    python scripts/profile_vllm_proposer.py --prior-memory 400000   # bytes per context of the prior
 
 Drives the real proposer with persistent-batch arrays shaped as vLLM's `custom_class` call passes
 them (`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`: int32 `token_ids_cpu`
@@ -292,6 +293,23 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
             "mat": 1 + d["accepted_tokens"] / max(d["rows"], 1)}
 
 
+def prior_memory(tokens: int, seed: int = 0) -> dict:
+    """Host bytes per context of a prior that counted `tokens` completion tokens (phrases of 3-10
+    tokens from a bank of 2000, so contexts repeat): the store's two hash tables over the contexts
+    held (`ChainConfig.max_prior_contexts`' bound)."""
+    from rollout_graft.vllm.ngrams import NgramCounts
+
+    rng = np.random.default_rng(seed)
+    bank = [rng.integers(1, VOCAB, int(rng.integers(3, 11))) for _ in range(2000)]
+    text = np.concatenate([bank[i] for i in rng.integers(0, len(bank), tokens // 3)])[:tokens].tolist()
+    prior = NgramCounts(4)
+    for start in range(0, len(text), 1000):  # a step's worth of text at a time, as a proposer counts it
+        prior.teach(text, start, start + 1000)
+    store = prior.store
+    return {"tokens": len(text), "contexts": len(prior), "bytes": int(store.ctx.nbytes + store.pairs.nbytes),
+            "bytes_per_context": (store.ctx.nbytes + store.pairs.nbytes) / max(len(prior), 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
@@ -303,7 +321,12 @@ def main() -> None:
                     help="fake vLLM step time: a + b·rows + c·draft tokens (ms)")
     ap.add_argument("--cprofile", type=int, nargs="*", default=[], help="batch sizes to print a cProfile of")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--prior-memory", type=int, metavar="TOKENS",
+                    help="instead: host bytes per context of a prior that counted this many tokens")
     args = ap.parse_args()
+    if args.prior_memory:
+        print(json.dumps(prior_memory(args.prior_memory)))
+        return
     import torch
 
     torch.set_num_threads(1)

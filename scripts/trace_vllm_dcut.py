@@ -18,7 +18,6 @@ decisions follow measured step times, so runs differ.
 """
 
 import os
-import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -43,10 +43,11 @@ class ChainConfig:
             e.g. TRL's `graft_vllm_state`).
         max_prior_contexts: the prior starts over from empty when it holds more contexts (its
             memory bound: 0.13–0.5 KB of host memory a context, the hash tables being a quarter to
-            half full — 0.24 KB over a 400k-token text — so the default is ≈ 0.5–2 GB; a rollout
+            half full — 0.24 KB over a 400k-token text: `scripts/profile_vllm_proposer.py
+            --prior-memory 400000` — so the default is ≈ 0.5–2 GB; a rollout
             of R new tokens adds up to ~`max_match`·R contexts, fewer where text repeats).
         explore_every: D-cut: every n-th decision to draft decodes plainly instead (its measured
-            plain reference stays current; 0: never). Probes (below) verify the batch's best tokens.
+            plain reference stays current; 0: never). Probes (below) verify whole chains of the best rows.
         probe_share: D-cut: after a plain decision, nothing is drafted until drafting again (a probe)
             is affordable: probes that find nothing cost at most this share of the time (plus what
             speculation saved; the engine's `DCutConfig.probe_share`). Drafting chains D-cut then
