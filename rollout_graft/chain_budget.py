@@ -12,18 +12,23 @@ maximise expected emitted tokens per predicted step time:
     time(K)        = a + b_rows · rows + b_draft · K      (fitted online to vLLM's measured steps,
                                                            per batch-size class: `SizedStepCost`)
 
-K = 0 (plain decoding) is always a candidate. After a plain decision the proposer drafts nothing
-until the next draft (a probe) is affordable: the engine's `ProbeCredit`, charged with what the
-probe cost beyond a plain step (the proposer's drafting time and the verification). A probe that
-D-cut would cut to K = 0 verifies max(rows, depth) draft tokens instead, as whole chains of the
-rows whose chains score most (`selection.best_chain_depths`; a probe of one token per row could
-not show what drafting deep yields): its evidence keeps
-the calibration and the cost fit current — else a calibration learned from a cold start's junk
-drafts (the prior knows nothing yet) would hold D-cut at K = 0 for good. Scores never increase
-along a chain, so the global top-K is a prefix of each chain: a depth per request
-(`selection.global_top_k_depths`). The step time is measured between consecutive `propose` calls
-(vLLM's whole step: schedule, forward, sample, propose) and fitted by exponentially weighted least
-squares (`StepCost`).
+K = 0 (plain decoding) is always a candidate. Every chain the proposer computed and D-cut did not
+send still teaches the calibration: the proposer keeps it as a *shadow* and compares it with the
+tokens the request goes on to emit (`ChainStep.shadowed`). A draft token without draft
+probabilities is accepted by vLLM's rejection sampler with the target's probability of it, which
+is also the probability that plain (or any lossless) decoding emits it there, so a shadow's
+matched prefix is distributed as its accepted prefix would have been: evidence of the same kind as
+a verified draft's, at the cost of drafting alone. The calibration forgets (`forget` per step that
+brought evidence), so when a rollout's drafts start to be accepted — a later epoch whose prompts
+recall their completions — D-cut follows within tens of steps, whether it drafted or not.
+
+After a plain decision the proposer drafts nothing until the next draft (a probe) is affordable:
+the engine's `ProbeCredit`, charged with what the probe cost beyond a plain step (the proposer's
+drafting time). A probe is an ordinary decision on fresh chains; what it cuts away becomes shadows.
+Scores never increase along a chain, so the global top-K is a prefix of each chain: a depth per
+request (`selection.global_top_k_depths`). The step time is measured between consecutive `propose`
+calls (vLLM's whole step: schedule, forward, sample, propose) and fitted by exponentially weighted
+least squares (`StepCost`).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import numpy as np
 
 from .budget import BudgetDecision, BudgetPolicy, ProbeCredit, ScoreCalibration
 from .cost import RowFit
-from .selection import best_chain_depths, global_top_k_depths
+from .selection import global_top_k_depths
 
 
 @dataclass
@@ -179,6 +184,7 @@ class ChainStep:
     verified: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # raw scores [n, depth], depths [n], accepted [n] of the rows that drafted
     ms: float | None  # the whole step (our own time included); None: not timed (it also prefilled)
     emitted: int  # tokens the step emitted (all requests)
+    shadowed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # as `verified`, for chains computed and not sent, matched against the text emitted since (resolved this step)
 
 
 class ChainDCut(BudgetPolicy):
@@ -190,11 +196,13 @@ class ChainDCut(BudgetPolicy):
     alternate full drafts and plain steps, so the fit sees both; a cold proposer that has nothing
     to draft yet does not end it); probe_share: `ProbeCredit.share`, kept per batch-size class
     (probes at a full batch cost many times a probe at one row: their debt held D-cut plain at
-    batch 1 for hundreds of steps, where drafting paid)."""
+    batch 1 for hundreds of steps, where drafting paid); forget: the calibration's memory per step
+    that brought evidence (verified drafts or resolved shadows; 1: never forgets)."""
 
-    def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01):
+    def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01,
+                 forget: float = 0.98):
         self.depth = depth
-        self.calibration = ScoreCalibration()
+        self.calibration = ScoreCalibration(forget=forget)
         self.cost = SizedStepCost()
         self.draft_cost = RowFit(0.9)  # the proposer's drafting time per step (what a probe costs)
         self.probe_share = probe_share
@@ -205,7 +213,7 @@ class ChainDCut(BudgetPolicy):
         self.draft_decisions = 0  # K > 0 decisions so far (every explore_every-th decodes plainly)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.rows = 0  # rows of the last decision (for `explain`)
-        self.measured: dict[tuple[int, bool], np.ndarray] = {}  # (rows class, drafted) → EW Σ [tokens, ms]
+        self.measured: dict[tuple[int, bool], np.ndarray] = {}  # (rows class, drafted) → EW Σ [tokens, ms] (`pays`)
 
     def plan(self, rows: int) -> int:
         """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
@@ -230,7 +238,8 @@ class ChainDCut(BudgetPolicy):
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        if self.cost.drafting_steps < self.warmup:  # alternate full drafts and plain steps: the fit sees both
+        warming = self.cost.drafting_steps < self.warmup
+        if warming:  # alternate full drafts and plain steps: the fit sees both
             k = proposed if self.decisions % 2 else 0
             self.plain = False
         else:
@@ -239,28 +248,25 @@ class ChainDCut(BudgetPolicy):
             if k > 0 and not self.pays(rows):  # the fit says draft, the measured steps say plain was faster
                 k = 0
             self.plain = k == 0
-            if self.plain and probe:  # the probe verifies whole chains of the best rows: fresh evidence
-                depths = best_chain_depths(cal, min(max(rows, self.depth), proposed))
-                return self._decided(draft, cal, depths, proposed, probe=True)
             if not self.plain:
                 self.draft_decisions += 1
                 if self.explore_every and self.draft_decisions % self.explore_every == 0:
                     k = 0  # a plain step keeps the guard's plain reference current (not a plain decision)
-        return self._decided(draft, cal, global_top_k_depths(cal, k), proposed, probe=False)
-
-    def _decided(self, draft: Chains, cal: np.ndarray, depths: np.ndarray, proposed: int, probe: bool):
-        rows = len(depths)
-        kept = int(depths.sum())
-        keep = np.arange(cal.shape[1]).reshape(1, -1) < depths.reshape(-1, 1)
-        decision = BudgetDecision(kept / max(rows * self.depth, 1), kept, proposed, float(rows + cal[keep].sum()), probe=probe)
-        return draft.cut(depths), decision
+        # the global top-k of the calibrated scores: Σ of the kept = gains[k] (a warm-up draft expects nothing: `pays`)
+        expected = None if warming else float(rows + gains[k])
+        decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, expected, probe=probe and self.plain)
+        return draft.cut(global_top_k_depths(cal, k)), decision
 
     def observe(self, step: ChainStep) -> None:
-        """Calibrate on what vLLM accepted, fit the step time, price the drafting, keep the probe credit."""
-        if step.verified is not None:
-            scores, depths, accepted = step.verified
-            pos = np.arange(scores.shape[1]).reshape(1, -1)
-            self.calibration.observe_host(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
+        """Calibrate on what vLLM accepted and what the shadows matched, fit the step time, price the
+        drafting, keep the probe credit."""
+        evidence = [e for e in (step.verified, step.shadowed) if e is not None]
+        if evidence:  # one observation a step: the calibration forgets per step, not per source
+            width = max(e[0].shape[1] for e in evidence)
+            scores = np.concatenate([np.pad(e[0], ((0, 0), (0, width - e[0].shape[1]))) for e in evidence])
+            depths, accepted = (np.concatenate([e[i] for e in evidence]).reshape(-1, 1) for i in (1, 2))
+            pos = np.arange(width).reshape(1, -1)
+            self.calibration.observe_host(scores, pos < depths, pos < accepted)
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
         probe = step.decision is not None and step.decision.probe
@@ -270,16 +276,25 @@ class ChainDCut(BudgetPolicy):
             plain_ms = float(self.cost.predict(step.rows, 0))  # before this step joins the fit
             self.credit(step.rows).settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
-            key = (size_class(step.rows), step.drafted > 0)
-            self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([step.emitted, step.ms])
+            drafted = step.drafted > 0
+            tokens = step.decision.expected_emitted if drafted else step.emitted
+            if tokens is not None:
+                key = (size_class(step.rows), drafted)
+                self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([tokens, step.ms])
         self.credit(step.rows).bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def pays(self, rows: int) -> bool:
-        """Whether steps that drafted emitted more tokens per ms than plain steps did, at this batch
-        size class (rows rounded down to a power of two; tokens per ms as the ratio of exponentially
-        weighted sums, so one slow step weighs by its time, not as one rate among few); True until
-        both were measured. It guards the fit, whose costs can be confounded (in a rollout, draft
-        tokens grow with the rows)."""
+        """Whether steps that drafted were expected to emit more tokens per ms of their measured time
+        than plain steps emitted, at this batch size class (rows rounded down to a power of two;
+        tokens per ms as the ratio of exponentially weighted sums, so one slow step weighs by its
+        time, not as one rate among few); True until both were measured. It guards the fit's time,
+        whose costs can be confounded (in a rollout, draft tokens grow with the rows). A drafting
+        step counts the tokens its decision expected (a warm-up step, which expects nothing, is not
+        counted), not those it emitted: acceptance is the calibration's to judge (kept current by
+        shadows), and a guard holding what drafts earned long ago — an earlier epoch's sibling
+        drafts, accepted rarely — held D-cut plain through a revisit whose drafts were accepted
+        mostly (docs/BENCHMARKS.md, "Shadow drafts"). So it fails when the fit priced drafting
+        steps below what they took."""
         cls = size_class(rows)
         spec, plain = self.measured.get((cls, True)), self.measured.get((cls, False))
         return spec is None or plain is None or spec[0] / spec[1] >= plain[0] / plain[1]

@@ -55,17 +55,3 @@ def global_top_k_depths(scores: np.ndarray, k: int) -> np.ndarray:
     # a shallower token wins a tie (its child cannot be kept without it)
     order = np.lexsort((np.tile(np.arange(depth), rows), -flat))[: min(k, int((flat > 0).sum()))]
     return np.bincount(order // depth, minlength=rows).astype(np.int64)
-
-
-def best_chain_depths(scores: np.ndarray, k: int) -> np.ndarray:
-    """Depth per row for k draft tokens taken as whole chains: the rows whose chains score most
-    (sum of scores) first, the last one cut to fit. scores: [rows, depth], 0 past a chain's end."""
-    lengths = (scores > 0).sum(1)
-    out = np.zeros(len(scores), dtype=np.int64)
-    left = k
-    for r in np.argsort(-scores.sum(1), kind="stable").tolist():
-        if left <= 0:
-            break
-        out[r] = min(int(lengths[r]), left)
-        left -= out[r]
-    return out

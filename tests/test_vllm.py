@@ -49,6 +49,7 @@ def runs(tmp_path_factory):
         {"name": "empty_t1", "spec": "empty", **SAMPLED},
         {"name": "empty_shipped_t1", "spec": "empty-shipped", **SAMPLED},
         {"name": "ngram_t1", "spec": "ngram", **SAMPLED},
+        {"name": "shadow_t1", "spec": "shadow-check", **SAMPLED, "n": 16},
     ]
     return _run(jobs, tmp_path_factory.mktemp("vllm"))
 
@@ -86,6 +87,19 @@ def test_counters_agree_with_vllm(runs):
         assert ours["draft_tokens"] == theirs["vllm:spec_decode_num_draft_tokens"], name
         assert ours["accepted_tokens"] == theirs["vllm:spec_decode_num_accepted_tokens"], name
     assert runs["fixed_t1"]["summary"]["draft_tokens"] > 0
+    assert runs["dcut_greedy"]["summary"]["shadow_tokens"] > 0  # chains D-cut cut away were matched
+
+
+def test_shadows_count_what_vllm_accepts(runs):
+    """Every verified draft also kept as a shadow (tests/shadow_check.py) and matched against the
+    text its request emitted next: exactly vLLM's accepted tokens, at T = 1 (the residual
+    distribution never emits the rejected draft token) — so a chain D-cut cut away is judged as
+    vLLM would have judged it."""
+    ours, theirs = runs["shadow_t1"]["summary"], runs["shadow_t1"]["counters"]
+    assert theirs["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert ours["shadow_accepted"] == theirs["vllm:spec_decode_num_accepted_tokens"]
+    assert ours["shadow_tokens"] == theirs["vllm:spec_decode_num_draft_tokens"]
+    assert ours["shadows"] == theirs["vllm:spec_decode_num_drafts"]
 
 
 def test_sampling_with_our_drafts_follows_the_target(runs):

@@ -250,9 +250,11 @@ def chains(scores: np.ndarray) -> Chains:
     return Chains([list(range(int((row > 0).sum()))) for row in scores], scores)
 
 
-def timed(policy, rows: int, drafted: int, ms: float, emitted: int, draft_ms: float = 0.0, verified=None) -> None:
-    """The policy observes a step vLLM took (`ms`) after drafting `drafted` tokens."""
-    decision = BudgetDecision(0.0, drafted, drafted, float(emitted), probe=False)
+def timed(policy, rows: int, drafted: int, ms: float, emitted: int, draft_ms: float = 0.0, verified=None,
+          expected: float | None = None) -> None:
+    """The policy observes a step vLLM took (`ms`) after drafting `drafted` tokens it expected to
+    yield `expected` tokens (default: `emitted`)."""
+    decision = BudgetDecision(0.0, drafted, drafted, float(emitted if expected is None else expected), probe=False)
     policy.observe(ChainStep(rows, 4, drafted, draft_ms, decision, verified, ms, emitted))
 
 
@@ -354,9 +356,8 @@ def test_identical_siblings_that_move_stay_distinct_requests():
 
 def test_dcut_backs_off_while_plain_decoding_wins():
     """After a plain decision, drafting again (a probe) waits until the probe credit affords the
-    proposer's drafting time: probes that find nothing cost ~1 % of the time. A probe D-cut would
-    cut to nothing verifies max(rows, depth) tokens as whole chains of the best rows (fresh
-    evidence of what drafting at depth yields: one token per row could not show it)."""
+    proposer's drafting time: probes that find nothing cost ~1 % of the time. A probe D-cut cuts to
+    nothing sends nothing (its chains become shadows)."""
     dear = ChainDCut(4, explore_every=0)
     for i in range(40):
         timed(dear, 8, i % 33, 18.0 + 5.0 * (i % 33), 8 + (i % 33) // 2)
@@ -368,9 +369,9 @@ def test_dcut_backs_off_while_plain_decoding_wins():
         if planned:
             probes += 1
             cut, decision = dear.cut(chains(scores))
-            assert (decision.kept, decision.probe) == ((8, True) if probes > 1 else (0, False))  # the first: a plain decision
-            assert cut.depths.tolist() == [4, 4] + [0] * 6 or probes == 1
-            dear.observe(ChainStep(8, planned, decision.kept, 2.0, decision, None, 20.0, 8))  # 2 ms beyond a 18 ms step
+            assert (decision.kept, decision.probe) == (0, probes > 1)  # the first: a plain decision
+            assert cut.depths.tolist() == [0] * 8
+            dear.observe(ChainStep(8, planned, 0, 2.0, decision, None, 20.0, 8))  # 2 ms beyond a 18 ms step
         else:
             dear.observe(ChainStep(8, 0, 0, 0.0, None, None, 18.0, 8))
     # 1 % of the time, ~2 ms a probe (its step beyond the fitted plain step, which the fit knows only roughly)
@@ -381,17 +382,99 @@ def test_dcut_backs_off_while_plain_decoding_wins():
     assert int(cut.depths.sum()) == 32 and decision.ratio == 1.0
 
 
-def test_probe_chains_are_whole_chains_of_the_best_rows():
-    from rollout_graft.selection import best_chain_depths
+@pytest.mark.parametrize("forget", [0.98, 1.0])
+def test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted(forget):
+    """A later epoch: D-cut learned that drafts are rejected (200 steps of rejected drafts, and
+    drafting steps that emitted little) and decodes plainly; now the chains it cuts away would be
+    accepted whole. Resolved shadows show it, and D-cut drafts again within a few probes —
+    sooner with a calibration that forgets (here 4 probes) than with one that never does (10)."""
+    policy = ChainDCut(4, explore_every=0, forget=forget)
+    scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
+    rejected = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.zeros(8, dtype=np.int64))
+    for i in range(200):  # a draft token costs 0.2 ms, a plain row-step 2.25 ms: p > 9 % pays
+        drafted = 32 * (i % 2)  # drafting steps expected 16 tokens (as the fit priced them) and emitted 8
+        timed(policy, 8, drafted, 18.0 + 0.2 * drafted, 8, verified=rejected if drafted else None, expected=16.0)
+    assert policy.cut(chains(scores))[1].kept == 0 and policy.plain
+    accepted = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.full(8, 4))
+    first = None
+    for step in range(300):
+        planned = policy.plan(8)
+        decision = policy.cut(chains(scores))[1] if planned else None
+        kept = decision.kept if decision else 0
+        if kept and first is None:
+            first = step
+        shadows = accepted if planned and not kept else None  # the chains cut away, matched next step
+        policy.observe(ChainStep(8, planned, kept, 0.1, decision, accepted if kept else None,
+                                 18.0 + 0.2 * kept, 8 + kept, shadows))
+    assert first is not None and (first <= 6 if forget < 1 else first >= 9)
 
-    scores = np.array([[0.5, 0.2, 0.0], [0.9, 0.8, 0.7], [0.6, 0.5, 0.4], [0.0, 0.0, 0.0]])
-    assert best_chain_depths(scores, 5).tolist() == [0, 3, 2, 0]  # the best chain whole, the next cut to fit
-    assert best_chain_depths(scores, 20).tolist() == [2, 3, 3, 0] and best_chain_depths(scores, 0).tolist() == [0] * 4
+
+def test_shadows_resolve_as_vllm_verifies():
+    """A verified draft, matched as a shadow against what its request emitted next, gives exactly
+    the accepted count (tests/shadow_check.py); replayed here, in vLLM in tests/test_vllm.py."""
+    from conftest import load_script
+    from shadow_check import ShadowChecked
+
+    bench = load_script("scripts/profile_vllm_proposer.py")
+    prop = ShadowChecked(bench.vllm_config(6, 256))
+    for seed in (0, 1, 0):  # no preemption: a preempted request's draft is never verified in vLLM
+        bench.replay(prop, 16, length=48, seed=seed)
+    s = prop.stats
+    assert s.draft_tokens > 100 and s.accepted_tokens > 0
+    assert (s.shadow_tokens, s.shadow_accepted, s.shadows) == (s.draft_tokens, s.accepted_tokens, s.drafts)
+
+
+def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
+    """Chains D-cut cut away are matched against the tokens their requests emit next: a wrong token
+    ends one (the rest counts as verified and rejected, as vLLM counts a draft), a chain emitted whole
+    resolves accepted whole, a request that stops sampling resolves with what it emitted."""
+    from conftest import load_script
+    from rollout_graft.vllm.proposer import RLDraftProposer
+
+    bench = load_script("scripts/profile_vllm_proposer.py")
+    prop = RLDraftProposer(bench.vllm_config(3, 64))
+    batch = Batch([P1, P1, P2])
+
+    def step(sampled):
+        batch.step(prop.tracker, sampled)
+        return prop._resolve_shadows()
+
+    step([[1], [1], [2]])
+    for req, chain in zip(prop.tracker.slots[:3], ([3, 4, 5], [3, 9, 9], [7, 7, 7])):
+        req.shadow, req.shadow_scores, req.shadow_at = chain, np.array([0.5, 0.25, 0.125]), len(req.text)
+        prop._shadows.append(req)
+    assert step([[3], [3], [7]]) is None  # every chain matched so far
+    scores, depths, accepted = step([[4, 5], [4], [7]])  # row 1 is wrong at its second token
+    assert depths.tolist() == [3, 3] and accepted.tolist() == [3, 1] and scores[1].tolist() == [0.5, 0.25, 0.125]
+    batch.texts = batch.texts[2:]  # rows 0 and 1 finished
+    assert step([[7]])[2].tolist() == [3]  # chain [7, 7, 7] matched whole
+    s = prop.stats
+    assert prop._shadows == [] and (s.shadows, s.shadow_tokens, s.shadow_accepted) == (3, 9, 7)
+
+
+def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
+    from conftest import load_script
+    from rollout_graft.vllm.proposer import RLDraftProposer
+
+    bench = load_script("scripts/profile_vllm_proposer.py")
+    prop = RLDraftProposer(bench.vllm_config(3, 64))
+    batch = Batch([P1, P2])
+    batch.step(prop.tracker, [[1], [2]])
+    req = prop.tracker.slots[0]
+    req.shadow, req.shadow_scores, req.shadow_at = [3, 4, 5], np.array([0.5, 0.25, 0.125]), len(req.text)
+    prop._shadows.append(req)
+    batch.step(prop.tracker, [[3], [6]])
+    assert prop._resolve_shadows() is None
+    batch.texts = batch.texts[1:]  # it finished (or was preempted) after emitting 3
+    batch.step(prop.tracker, [[6]])
+    scores, depths, accepted = prop._resolve_shadows()
+    assert depths.tolist() == [1] and accepted.tolist() == [1] and prop._shadows == []
 
 
 def test_measured_steps_overrule_a_fit_that_says_draft():
-    """The fit prices drafts as nearly free, but the steps that drafted emitted fewer tokens per ms
-    than plain ones (e.g. the proposer's own time): D-cut decodes plainly."""
+    """The fit prices drafts as nearly free, but the steps that drafted took longer than their
+    expected tokens were worth next to plain steps (e.g. the proposer's own time): D-cut decodes
+    plainly."""
     policy = ChainDCut(4, explore_every=0)
     for i in range(40):
         draft = i % 33
@@ -410,14 +493,15 @@ def test_drafting_keeps_measuring_plain_steps(explore_every):
     policy = ChainDCut(4, explore_every=explore_every)
     for i in range(40):  # the past: drafting steps 0.6 tokens/ms, plain ones 0.4; the fit sees drafts as free
         timed(policy, 8, 32 if i % 2 else 0, 20.0, 12 if i % 2 else 8)
-    scores = np.tile(0.9 ** np.arange(1, 5), (8, 1))
+    scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
+    verified = (scores, np.full(8, 4), np.array([1] * 4 + [0] * 4))  # 4 of 32 draft tokens accepted: 12 emitted
     drafted = []
     for _ in range(600):  # now plain steps take 10 ms (0.8 tokens/ms), drafting ones still 20
         planned = policy.plan(8)
         decision = policy.cut(chains(scores))[1] if planned else None
         kept = decision.kept if decision else 0
         ms, emitted = (20.0, 12) if kept else (10.0, 8)
-        policy.observe(ChainStep(8, planned, kept, 0.0, decision, None, ms, emitted))
+        policy.observe(ChainStep(8, planned, kept, 0.0, decision, verified if kept else None, ms, emitted))
         drafted.append(kept > 0 and not decision.probe)
     late = sum(drafted[-100:])
     assert (late <= 10) if explore_every else (late == 100)

@@ -2,8 +2,8 @@
 
     python tests/vllm_run.py JOBS.json OUT.json
 
-JOBS: a list of {"name", "spec": null | "ngram" | "empty" | "empty-shipped" | {speculative_config
-options}, "temperature",
+JOBS: a list of {"name", "spec": null | "ngram" | "empty" | "empty-shipped" | "shadow-check" |
+{speculative_config options}, "temperature",
 "max_tokens", "prompts": [str], "n": samples per prompt}. For each job: token ids of every
 completion, vLLM's spec-decode counters and our proposer's summary. vLLM
 runs in this process (no engine subprocess), one LLM at a time, with a small KV cache.
@@ -33,6 +33,8 @@ def _spec(spec):
     if spec in ("empty", "empty-shipped"):
         cls = "PlainEmptyProposer" if spec == "empty" else "EmptyProposer"
         return {"method": "custom_class", "model": f"rollout_graft.vllm.baselines.{cls}", "num_speculative_tokens": 4}
+    if spec == "shadow-check":  # tests/shadow_check.py (this script's folder is on sys.path)
+        return {"method": "custom_class", "model": "shadow_check.ShadowChecked", "num_speculative_tokens": 4}
     return speculative_config(**spec)
 
 
@@ -45,7 +47,7 @@ def run(job: dict) -> dict:
     outs = llm.generate(rows, SamplingParams(temperature=job["temperature"], max_tokens=job["max_tokens"]), use_tqdm=False)
     result = {"completions": [list(o.outputs[0].token_ids) for o in outs]}
     result["counters"] = {m.name: m.value for m in llm.get_metrics() if m.name in COUNTERS}
-    if isinstance(job["spec"], dict):  # ours
+    if isinstance(job["spec"], dict) or job["spec"] == "shadow-check":  # ours
         result["summary"] = proposer_summary(llm)
     del llm
     return result

@@ -60,6 +60,9 @@ class Request:
     length: int  # tokens committed (prompt + completion)
     draft: list[int] = field(default_factory=list)  # the chain proposed at its last step
     draft_scores: np.ndarray | None = None  # raw confidence of each draft token (prefix products)
+    shadow: list[int] = field(default_factory=list)  # a chain computed and not sent, matched against what it emits next
+    shadow_scores: np.ndarray | None = None
+    shadow_at: int = 0  # its text's length when the shadow was drafted
     seen: int = 0  # step it was last seen
     created: int = 0  # step it was first seen (its prefill ran in that step)
 

@@ -13,7 +13,9 @@ step here:
                     siblings, prompt, a previous epoch's completions — or from the global prior's
                     counts over every completion, whichever expects more accepted tokens:
                     `ngrams.NgramStore.chains`, one compiled call for the batch)
-         → cut     (D-cut: one batch-wide budget of draft tokens, a depth per request)
+         → cut     (D-cut: one batch-wide budget of draft tokens, a depth per request; a chain cut
+                    away is kept as a shadow and matched against the tokens its request emits next —
+                    what vLLM would have accepted of it, in distribution — for D-cut's calibration)
 
 The step time vLLM spends around us (schedule, forward, sample) is measured between calls and
 fitted by the budget policy, which is the engine's interface over chains (`chain_budget`): each
@@ -58,6 +60,9 @@ class ProposerStats:
     proposed_tokens: int = 0  # draft tokens found before the budget cut
     kept_tokens: int = 0  # draft tokens returned to vLLM
     plain_steps: int = 0  # steps where drafts existed but the budget kept none
+    shadows: int = 0  # chains cut away and matched against the text emitted since (resolved)
+    shadow_tokens: int = 0  # their tokens compared (as vLLM counts a draft's: all of it once one was rejected)
+    shadow_accepted: int = 0  # their tokens matched (what vLLM would have accepted, in distribution)
     propose_s: float = 0.0  # time spent in propose
     step_s: float = 0.0  # time between propose calls (vLLM's steps, idle gaps excluded)
 
@@ -90,6 +95,7 @@ class RLDraftProposer:
         self.stats = ProposerStats()
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
+        self._shadows: list[Request] = []  # requests holding a shadow chain not resolved yet
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner hands every drafter the target model; ours needs none."""
@@ -101,7 +107,7 @@ class RLDraftProposer:
         reqs = self.tracker.rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         active = [reqs[i] for i in self.tracker.active.tolist()]
         verified, accepted = self._learn(active)
-        self._observe(start, len(active), verified, accepted)
+        self._observe(start, len(active), verified, accepted, self._resolve_shadows())
         self._last_start = start
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         planned, drafted, decision = self.policy.plan(len(active)), 0, None
@@ -109,11 +115,15 @@ class RLDraftProposer:
         if planned:
             draft = self._draft(active)
             chains, decision = self.policy.cut(draft)
-            for i, req, tokens, scores in zip(self.tracker.active.tolist(), active, chains.tokens, chains.scores):
+            for j, (i, req, tokens) in enumerate(zip(self.tracker.active.tolist(), active, chains.tokens)):
                 if tokens:
-                    req.draft, req.draft_scores = tokens, scores[: len(tokens)]
+                    req.draft, req.draft_scores = tokens, chains.scores[j, : len(tokens)]
                     out[i] = tokens
                     drafted += len(tokens)
+                elif draft.tokens[j] and not req.shadow:  # cut away: a shadow (`_resolve_shadows`)
+                    req.shadow, req.shadow_at = draft.tokens[j], len(req.text)
+                    req.shadow_scores = draft.scores[j, : len(req.shadow)]
+                    self._shadows.append(req)
             proposed = int(draft.depths.sum())
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
@@ -125,15 +135,16 @@ class RLDraftProposer:
         self.stats.propose_s += time.perf_counter() - start
         return out
 
-    def _observe(self, now: float, rows: int, verified: tuple | None, accepted: int) -> None:
+    def _observe(self, now: float, rows: int, verified: tuple | None, accepted: int, shadowed: tuple | None) -> None:
         """The budget policy learns from the step since the last call, which verified the drafts
         returned then: what they earned (`verified`: raw scores, depths and accepted tokens of the
-        rows that drafted) and its time (from the last call's start: our own time included, a
-        draft's cost is also ours) — not timed if it also prefilled (a new request) or is the first."""
+        rows that drafted), what the shadows resolved now matched (`shadowed`, alike) and its time
+        (from the last call's start: our own time included, a draft's cost is also ours) — not
+        timed if it also prefilled (a new request) or is the first."""
         step = self._pending
         if step is None:
             return
-        step.verified, step.emitted = verified, step.rows + accepted
+        step.verified, step.emitted, step.shadowed = verified, step.rows + accepted, shadowed
         if self._last_start is not None and not self.tracker.created:
             step.ms = 1000.0 * (now - self._last_start)
             self.stats.step_s += step.ms / 1000.0
@@ -161,6 +172,42 @@ class RLDraftProposer:
         self.stats.draft_tokens += int(depths.sum())
         self.stats.accepted_tokens += accepted_total
         return (scores, depths, accepted), accepted_total
+
+    def _resolve_shadows(self) -> tuple | None:
+        """Shadows whose outcome the emitted text now shows: the first token that differs from the
+        chain (the rest of it counts as verified and rejected, as vLLM counts a draft), or the
+        whole chain matched. A request that sampled nothing this step (finished, preempted or
+        prefilling) resolves with what it emitted so far. Returns raw scores [n, depth], depths
+        [n] and accepted [n] as `_learn` does (None: nothing resolved). A Python pass over the
+        requests holding shadows, a few tokens each."""
+        if not self._shadows:
+            return None
+        step, done, left = self.tracker.step, [], []
+        for req in self._shadows:
+            chain = req.shadow
+            emitted = req.text[req.shadow_at : req.shadow_at + len(chain)]
+            n = next((j for j, (a, b) in enumerate(zip(chain, emitted)) if a != b), len(emitted))
+            if n < len(emitted) or n == len(chain):
+                done.append((req, len(chain), n))
+            elif req.seen < step:
+                done.append((req, n, n))
+            else:
+                left.append(req)
+        self._shadows = left
+        resolved = [(req, depth, n) for req, depth, n in done if depth]
+        for req, _, _ in done:
+            req.shadow = []
+        if not resolved:
+            return None
+        depths = np.array([d for _, d, _ in resolved])
+        accepted = np.array([n for _, _, n in resolved])
+        scores = np.zeros((len(resolved), self.k))
+        for row, (req, depth, _) in enumerate(resolved):
+            scores[row, :depth] = req.shadow_scores[:depth]
+        self.stats.shadows += len(resolved)
+        self.stats.shadow_tokens += int(depths.sum())
+        self.stats.shadow_accepted += int(accepted.sum())
+        return scores, depths, accepted
 
     def _draft(self, reqs: list[Request]) -> Chains:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
