@@ -238,23 +238,21 @@ class ChainDCut(BudgetPolicy):
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        warming = self.cost.drafting_steps < self.warmup
-        if warming:  # alternate full drafts and plain steps: the fit sees both
+        if self.cost.drafting_steps < self.warmup:  # alternate full drafts and plain steps: the fit sees both
             k = proposed if self.decisions % 2 else 0
             self.plain = False
         else:
             rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
             k = int(np.argmax(rates))
-            if k > 0 and not self.pays(rows):  # the fit says draft, the measured steps say plain was faster
-                k = 0
+            if k > 0 and not probe and not self.pays(rows):  # the measured steps say plain was faster:
+                k = 0  # plain, until a probe drafts again and measures them anew
             self.plain = k == 0
             if not self.plain:
                 self.draft_decisions += 1
                 if self.explore_every and self.draft_decisions % self.explore_every == 0:
                     k = 0  # a plain step keeps the guard's plain reference current (not a plain decision)
-        # the global top-k of the calibrated scores: Σ of the kept = gains[k] (a warm-up draft expects nothing: `pays`)
-        expected = None if warming else float(rows + gains[k])
-        decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, expected, probe=probe and self.plain)
+        # the global top-k of the calibrated scores: Σ of the kept = gains[k]
+        decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
         return draft.cut(global_top_k_depths(cal, k)), decision
 
     def observe(self, step: ChainStep) -> None:
@@ -276,25 +274,19 @@ class ChainDCut(BudgetPolicy):
             plain_ms = float(self.cost.predict(step.rows, 0))  # before this step joins the fit
             self.credit(step.rows).settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
-            drafted = step.drafted > 0
-            tokens = step.decision.expected_emitted if drafted else step.emitted
-            if tokens is not None:
-                key = (size_class(step.rows), drafted)
-                self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([tokens, step.ms])
+            key = (size_class(step.rows), step.drafted > 0)
+            self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([step.emitted, step.ms])
         self.credit(step.rows).bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def pays(self, rows: int) -> bool:
-        """Whether steps that drafted were expected to emit more tokens per ms of their measured time
-        than plain steps emitted, at this batch size class (rows rounded down to a power of two;
-        tokens per ms as the ratio of exponentially weighted sums, so one slow step weighs by its
-        time, not as one rate among few); True until both were measured. It guards the fit's time,
-        whose costs can be confounded (in a rollout, draft tokens grow with the rows). A drafting
-        step counts the tokens its decision expected (a warm-up step, which expects nothing, is not
-        counted), not those it emitted: acceptance is the calibration's to judge (kept current by
-        shadows), and a guard holding what drafts earned long ago — an earlier epoch's sibling
-        drafts, accepted rarely — held D-cut plain through a revisit whose drafts were accepted
-        mostly (docs/BENCHMARKS.md, "Shadow drafts"). So it fails when the fit priced drafting
-        steps below what they took."""
+        """Whether steps that drafted emitted more tokens per ms than plain steps did, at this batch
+        size class (rows rounded down to a power of two; tokens per ms as the ratio of exponentially
+        weighted sums, so one slow step weighs by its time, not as one rate among few); True until
+        both were measured. It guards the fit, whose costs can be confounded (in a rollout, draft
+        tokens grow with the rows). A probe is not held by it: while D-cut decodes plainly nothing
+        else measures drafting steps, and a guard holding what drafts earned long ago — an earlier
+        epoch's sibling drafts, accepted rarely — held D-cut plain through a revisit whose drafts
+        were accepted mostly (docs/BENCHMARKS.md, "Shadow drafts")."""
         cls = size_class(rows)
         spec, plain = self.measured.get((cls, True)), self.measured.get((cls, False))
         return spec is None or plain is None or spec[0] / spec[1] >= plain[0] / plain[1]
