@@ -47,12 +47,13 @@ class ChainConfig:
             --prior-memory 400000` — so the default is ≈ 0.5–2 GB; a rollout
             of R new tokens adds up to ~`max_match`·R contexts, fewer where text repeats).
         explore_every: D-cut: every n-th decision to draft decodes plainly instead (its measured
-            plain reference stays current; 0: never). Probes (below) verify whole chains of the best rows.
+            plain reference stays current; 0: never).
         probe_share: D-cut: after a plain decision, nothing is drafted until drafting again (a probe)
             is affordable: probes that find nothing cost at most this share of the time (plus what
             speculation saved; the engine's `DCutConfig.probe_share`). Drafting chains D-cut then
             cuts away cost the tiny target 17–20 % of its wall time without such a back-off
-            (docs/BENCHMARKS.md, "vLLM backend").
+            (docs/BENCHMARKS.md, "vLLM backend"). What a probe drafts and D-cut cuts away still
+            teaches its calibration (shadows: `chain_budget`).
         identity_tokens: trailing tokens that identify a request between steps (with its length);
             a request whose text is long enough to differ only before them could be taken for another.
     """
