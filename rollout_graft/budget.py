@@ -108,11 +108,11 @@ class ScoreCalibration:
     biased. Verified nodes are binned by log-score; each bin's acceptance rate (with a prior that
     pulls an empty bin back to the raw score) is the calibrated estimate. Bins are made
     non-increasing towards lower scores so the calibrated score stays monotone along paths.
-    `forget` < 1 scales the counts by it at every observation (the chain D-cut's, whose evidence
-    comes every step); the engine's D-cut never forgets.
+    `age` scales the counts (the chain D-cut forgets so, its evidence coming every step; the
+    engine's D-cut never forgets).
     """
 
-    def __init__(self, bins: int = 24, floor: float = 1e-6, prior_weight: float = 4.0, forget: float = 1.0):
+    def __init__(self, bins: int = 24, floor: float = 1e-6, prior_weight: float = 4.0):
         # host float32 arrays: both D-cuts count and map on the host, the vLLM proposer every step
         # (numpy's per-call cost, not torch's: D-cut's own time is part of a small model's step)
         self.edges = torch.logspace(torch.log10(torch.tensor(floor)).item(), 0.0, bins + 1).numpy()
@@ -120,7 +120,6 @@ class ScoreCalibration:
         self.seen = np.zeros(bins, dtype=np.float32)
         self.accepted = np.zeros(bins, dtype=np.float32)
         self.prior_weight = prior_weight
-        self.forget = np.float32(forget)
 
     def _bin(self, score: torch.Tensor) -> torch.Tensor:
         edges = torch.from_numpy(self.edges).to(score.device)
@@ -142,11 +141,13 @@ class ScoreCalibration:
     def observe_host(self, score: np.ndarray, verified: np.ndarray, accepted: np.ndarray) -> None:
         """`observe` for host numpy arrays (the vLLM proposer's)."""
         b = self._bin_of(score[verified])
-        if self.forget < 1:
-            self.seen *= self.forget
-            self.accepted *= self.forget
         self.seen += np.bincount(b, minlength=len(self.seen)).astype(np.float32)
         self.accepted += np.bincount(b, weights=accepted[verified].astype(np.float64), minlength=len(self.seen)).astype(np.float32)
+
+    def age(self, factor: float) -> None:
+        """Scale the counts by `factor` (< 1: older evidence weighs less)."""
+        self.seen *= np.float32(factor)
+        self.accepted *= np.float32(factor)
 
     def _rates(self) -> np.ndarray:
         """Each bin's calibrated acceptance rate (float32)."""

@@ -202,7 +202,8 @@ class ChainDCut(BudgetPolicy):
     def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01,
                  forget: float = 0.98):
         self.depth = depth
-        self.calibration = ScoreCalibration(forget=forget)
+        self.calibration = ScoreCalibration()
+        self.forget = forget
         self.cost = SizedStepCost()
         self.draft_cost = RowFit(0.9)  # the proposer's drafting time per step (what a probe costs)
         self.probe_share = probe_share
@@ -259,12 +260,11 @@ class ChainDCut(BudgetPolicy):
         """Calibrate on what vLLM accepted and what the shadows matched, fit the step time, price the
         drafting, keep the probe credit."""
         evidence = [e for e in (step.verified, step.shadowed) if e is not None]
-        if evidence:  # one observation a step: the calibration forgets per step, not per source
-            width = max(e[0].shape[1] for e in evidence)
-            scores = np.concatenate([np.pad(e[0], ((0, 0), (0, width - e[0].shape[1]))) for e in evidence])
-            depths, accepted = (np.concatenate([e[i] for e in evidence]).reshape(-1, 1) for i in (1, 2))
-            pos = np.arange(width).reshape(1, -1)
-            self.calibration.observe_host(scores, pos < depths, pos < accepted)
+        if evidence:
+            self.calibration.age(self.forget)  # per step with evidence, not per source
+        for scores, depths, accepted in evidence:
+            pos = np.arange(scores.shape[1]).reshape(1, -1)
+            self.calibration.observe_host(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
         probe = step.decision is not None and step.decision.probe
