@@ -13,9 +13,9 @@ completion in advance (siblings read their group's template of repeated phrases,
 shift of its own, with 10 % of tokens changed), so a draft is accepted up to its first token that
 differs from that completion, plus the step's own token, as vLLM's rejection sampler does with a
 greedy target. Finished rows leave and vLLM's condense moves the last rows into their slots. The
-step time the budget policy sees comes from a fake clock
-(`--step-ms`: a + b·rows + c·draft tokens), so runs are repeatable and D-cut decides the same way
-every time; the proposer's own time is measured with the real clock.
+step time the budget policy sees comes from a fake clock (`--step-ms`: a + b·rows + c·draft
+tokens, plus the proposer's own real time, which a vLLM step includes), so D-cut decides nearly
+the same way every run; the proposer's own time is measured with the real clock.
 
 Reports, per policy (`fixed`: every chain verified; `dcut`: the default; `plain`: never drafts) and batch size, the median
 microseconds per `propose` call over the steps with a full batch, and microseconds per
@@ -50,13 +50,26 @@ def vllm_config(k: int, max_model_len: int, vocab: int = VOCAB):
 
 
 class FakeClock:
-    """`time` stand-in for the proposer module: vLLM's step time, advanced by the driver."""
+    """`time` stand-in for the proposer module: vLLM's modelled step time, advanced by the driver,
+    plus the real time spent inside `propose` (`call`). The proposer's own time is part of a vLLM
+    step, and its drafting time prices D-cut's probes: a clock that stood still inside `propose`
+    made probes free, so D-cut probed every step here while it decoded plainly."""
 
     def __init__(self):
         self.now = 0.0
+        self._start: float | None = None  # real time at the start of the running call
 
     def perf_counter(self) -> float:
-        return self.now
+        return self.now + (time.perf_counter() - self._start if self._start is not None else 0.0)
+
+    def call(self, fn, *args):
+        """fn(*args) with this clock running in real time."""
+        self._start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.now += time.perf_counter() - self._start
+            self._start = None
 
 
 def completions(rng: np.random.Generator, batch: int, group: int, length: int, noise: float = 0.1,
@@ -134,7 +147,9 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
         if hasattr(proposer, "set_requests"):
             proposer.set_requests(list(slots), [plen[r] for r in slots])
         t = time.perf_counter()
-        got = proposer.propose(sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)], num, token_ids)
+        rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
+        got = (clock.call(proposer.propose, rows_in, num, token_ids) if clock is not None
+               else proposer.propose(rows_in, num, token_ids))
         if on_call is not None:
             on_call(len(slots), time.perf_counter() - t)
         if record:
