@@ -21,6 +21,5 @@ class ShadowChecked(RLDraftProposer):
         for i in self.tracker.active.tolist():
             req = self.tracker.slots[i]
             if req.draft:  # sent: its shadow resolves as vLLM verifies it
-                req.shadow, req.shadow_scores, req.shadow_at = list(req.draft), req.draft_scores, len(req.text)
-                self._shadows.append(req)
+                self._shadow(req, list(req.draft), req.draft_scores)
         return out

@@ -425,7 +425,7 @@ def test_shadows_resolve_as_vllm_verifies():
 def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
     """Chains D-cut cut away are matched against the tokens their requests emit next: a wrong token
     ends one (the rest counts as verified and rejected, as vLLM counts a draft), a chain emitted whole
-    resolves accepted whole, a request that stops sampling resolves with what it emitted."""
+    resolves accepted whole."""
     from conftest import load_script
     from rollout_graft.vllm.proposer import RLDraftProposer
 
@@ -439,8 +439,7 @@ def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
 
     step([[1], [1], [2]])
     for req, chain in zip(prop.tracker.slots[:3], ([3, 4, 5], [3, 9, 9], [7, 7, 7])):
-        req.shadow, req.shadow_scores, req.shadow_at = chain, np.array([0.5, 0.25, 0.125]), len(req.text)
-        prop._shadows.append(req)
+        prop._shadow(req, chain, np.array([0.5, 0.25, 0.125]))
     assert step([[3], [3], [7]]) is None  # every chain matched so far
     scores, depths, accepted = step([[4, 5], [4], [7]])  # row 1 is wrong at its second token
     assert depths.tolist() == [3, 3] and accepted.tolist() == [3, 1] and scores[1].tolist() == [0.5, 0.25, 0.125]
@@ -451,6 +450,8 @@ def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
 
 
 def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
+    """A request that samples nothing in a step (finished, preempted) resolves its shadow with the
+    tokens it emitted: those compared, all matched."""
     from conftest import load_script
     from rollout_graft.vllm.proposer import RLDraftProposer
 
@@ -458,9 +459,7 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
     prop = RLDraftProposer(bench.vllm_config(3, 64))
     batch = Batch([P1, P2])
     batch.step(prop.tracker, [[1], [2]])
-    req = prop.tracker.slots[0]
-    req.shadow, req.shadow_scores, req.shadow_at = [3, 4, 5], np.array([0.5, 0.25, 0.125]), len(req.text)
-    prop._shadows.append(req)
+    prop._shadow(prop.tracker.slots[0], [3, 4, 5], np.array([0.5, 0.25, 0.125]))
     batch.step(prop.tracker, [[3], [6]])
     assert prop._resolve_shadows() is None
     batch.texts = batch.texts[1:]  # it finished (or was preempted) after emitting 3

@@ -120,10 +120,8 @@ class RLDraftProposer:
                     req.draft, req.draft_scores = tokens, chains.scores[j, : len(tokens)]
                     out[i] = tokens
                     drafted += len(tokens)
-                elif draft.tokens[j] and not req.shadow:  # cut away: a shadow (`_resolve_shadows`)
-                    req.shadow, req.shadow_at = draft.tokens[j], len(req.text)
-                    req.shadow_scores = draft.scores[j, : len(req.shadow)]
-                    self._shadows.append(req)
+                elif draft.tokens[j] and not req.shadow:  # cut away: a shadow
+                    self._shadow(req, draft.tokens[j], draft.scores[j, : len(draft.tokens[j])])
             proposed = int(draft.depths.sum())
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
@@ -172,6 +170,12 @@ class RLDraftProposer:
         self.stats.draft_tokens += int(depths.sum())
         self.stats.accepted_tokens += accepted_total
         return (scores, depths, accepted), accepted_total
+
+    def _shadow(self, req: Request, chain: list[int], scores: np.ndarray) -> None:
+        """Keep `chain` (drafted from the request's text as it is now) to match against the tokens
+        the request emits next (`_resolve_shadows`)."""
+        req.shadow, req.shadow_scores, req.shadow_at = chain, scores, len(req.text)
+        self._shadows.append(req)
 
     def _resolve_shadows(self) -> tuple | None:
         """Shadows whose outcome the emitted text now shows: the first token that differs from the
