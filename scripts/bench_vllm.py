@@ -46,7 +46,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_jsonl  # noqa: E402
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_texts  # noqa: E402
 from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E402
 from rollout_graft.vllm.groups import RequestTracker  # noqa: E402
 
@@ -217,9 +217,7 @@ def main(argv=None) -> dict:
     sys.modules.setdefault("bench_vllm", sys.modules[__name__])  # vLLM imports the oracle from here
     built, tokenizer = build(args.methods, args.model, None, args.dtype)  # max_model_len: the model's
     # chat prompts (real-prompts/) go through the model's chat template, as TRL sends them
-    pool = [r["prompt"] if isinstance(r["prompt"], str)
-            else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-            for r in read_jsonl(args.prompts)]
+    pool = read_prompt_texts(args.prompts, tokenizer)
     results = {"command": " ".join(["python", "scripts/bench_vllm.py", *(argv or sys.argv[1:])]), "configs": []}
     rng, offset = random.Random(0), 0
     for temperature in args.temperatures:

@@ -44,7 +44,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from profile_vllm_proposer import replay_rows, vllm_config  # noqa: E402
 
-from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_jsonl  # noqa: E402
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_texts  # noqa: E402
 from rollout_graft.budget import BudgetDecision, BudgetPolicy  # noqa: E402
 
 
@@ -109,9 +109,7 @@ def record(args) -> None:
     from vllm import LLM, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(args.model)
-    prompts = [r["prompt"] if isinstance(r["prompt"], str)  # plain text, or chat messages (bench_vllm.py's rule)
-               else tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-               for r in read_jsonl(args.prompts)]
+    prompts = read_prompt_texts(args.prompts, tok)
     per = max(args.batch // args.group, 1)
     group = args.group if args.batch >= args.group else 1
     prompts = prompts[args.skip_prompts :]

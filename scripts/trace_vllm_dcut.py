@@ -25,7 +25,7 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 from vllm import LLM, SamplingParams  # noqa: E402
 
-from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_jsonl  # noqa: E402
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_texts  # noqa: E402
 from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E402
 
 
@@ -44,9 +44,7 @@ def main(cells: list[str], model: str = str(TINY_TARGET), prompts_path: str = st
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = [r["prompt"] if isinstance(r["prompt"], str)
-               else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-               for r in read_jsonl(prompts_path)]
+    prompts = read_prompt_texts(prompts_path, tokenizer)
     llm = LLM(model, dtype="float32", seed=0, enforce_eager=True,
               speculative_config=speculative_config(8, "dcut"))
     used, rows = 0, []

@@ -102,3 +102,20 @@ def test_loader_rejects_bad_arguments(kwargs):
         assert "'train'" in msg and "'test'" in msg
     else:
         assert "'math'" in msg and "'code'" in msg
+
+
+def test_prompt_texts_take_strings_as_they_are_and_chats_through_the_template(tmp_path):
+    """`read_prompt_texts` (the vLLM benchmarks' prompt pool): plain strings stay, chat messages go
+    through the tokenizer's chat template with the generation prompt."""
+    from transformers import AutoTokenizer
+
+    from rollout_graft.assets import TINY_TARGET, read_prompt_texts
+
+    tok = AutoTokenizer.from_pretrained(str(TINY_TARGET))
+    chat = load_real_prompts()[0]["prompt"]
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "Question: 1+1\nAnswer:"}) + "\n" + json.dumps({"prompt": chat}) + "\n")
+    texts = read_prompt_texts(path, tok)
+    assert texts == ["Question: 1+1\nAnswer:",
+                     tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)]
+    assert chat[-1]["content"] in texts[1] and texts[1] != chat[-1]["content"]

@@ -39,6 +39,7 @@ __all__ = [
     "load_real_prompts",
     "load_tiny_prompts",
     "read_jsonl",
+    "read_prompt_texts",
 ]
 
 
@@ -48,6 +49,14 @@ def read_jsonl(path: str | Path, **match: str | None) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [r for r in rows if all(v is None or r.get(k, v) == v for k, v in match.items())]
+
+
+def read_prompt_texts(path: str | Path, tokenizer) -> list[str]:
+    """The `prompt` of every row of a JSON-lines file as the text a generation call takes: a string
+    as it is, chat messages through the tokenizer's chat template (as TRL sends them to vLLM)."""
+    return [r["prompt"] if isinstance(r["prompt"], str)
+            else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in read_jsonl(path)]
 
 
 def load_tiny_prompts(split: str | None = None) -> list[dict]:
