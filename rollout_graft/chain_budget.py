@@ -9,8 +9,10 @@ paper itself. The policies implement the engine's `BudgetPolicy` (plan → cut �
 maximise expected emitted tokens per predicted step time:
 
     E[emitted | K] = rows + Σ_{top-K tokens} score        (one bonus/recovered token per row)
-    time(K)        = a + b_rows · rows + b_draft · K      (fitted online to vLLM's measured steps,
-                                                           per batch-size class: `SizedStepCost`)
+    time(K)        = a + b_rows · rows + b_draft · K + b_spec · [K > 0]
+                                                          (fitted online to vLLM's measured steps,
+                                                           per batch-size class: `SizedStepCost`;
+                                                           b_spec: the speculative path's own cost)
 
 K = 0 (plain decoding) is always a candidate. Every chain the proposer computed and D-cut did not
 send still teaches the calibration: the proposer keeps it as a *shadow* and compares it with the
@@ -44,22 +46,34 @@ from .selection import global_top_k_depths
 
 @dataclass
 class StepCost:
-    """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens, exponentially weighted least
-    squares with a weak prior that a draft token costs what a row costs (pessimistic: speculation
-    has to show it pays). `samples` counts the steps measured. Plain Python floats: it runs every
-    step, and a 3×3 fit in numpy calls costs tens of µs of per-call overhead (a vLLM step of a
-    small model is a few ms; on a GPU the proposer's time is not overlapped)."""
+    """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens + b_spec·[draft_tokens > 0],
+    exponentially weighted least squares with a weak prior that a draft token costs what a row
+    costs (pessimistic: speculation has to show it pays). b_spec is what a step pays for taking
+    vLLM's speculative path at all (its speculative metadata and rejection sampler; a step where no
+    request drafted takes the plain path: `plugin`): on the tiny target 1.7 ms at 8 rows and 3.6 ms
+    at 64, a fifth to a third of a plain step, where a draft token costs 0.05 ms — without it a fit
+    over the whole drafts it measured priced a step verifying a few tokens 7–13 % below what it took,
+    and D-cut drafted at a loss (docs/BENCHMARKS.md, "The speculative path's own cost").
+    b_spec's prior is 0 with the weight of `spec_prior` steps, so the drafting steps measured
+    outweigh it while they are recent, and as they are forgotten (D-cut decoding plainly measures
+    none) it shrinks towards 0 until D-cut drafts again and measures it anew: a cost over-estimated
+    once (vLLM's first speculative steps take twice the others; a busy machine) does not hold D-cut
+    plain for good, as it held it at batch 1 from a rollout's first steps on.
+    `samples` counts the steps measured. Plain Python floats: it runs every step, and a 4×4 fit in
+    numpy calls costs tens of µs of per-call overhead (a vLLM step of a small model is a few ms; on
+    a GPU the proposer's time is not overlapped)."""
 
     forget: float = 0.97
     prior_weight: float = 1e-3
-    gram: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
-    moment: list[float] = field(default_factory=lambda: [0.0] * 3)
+    spec_prior: float = 1.0
+    gram: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
+    moment: list[float] = field(default_factory=lambda: [0.0] * 4)
     samples: int = 0
 
     fitted: np.ndarray | None = None  # `coef` since the last observation
 
     def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
-        x, f = (1.0, float(rows), float(draft_tokens)), self.forget
+        x, f = (1.0, float(rows), float(draft_tokens), float(draft_tokens > 0)), self.forget
         self.gram = [[f * g + xi * xj for g, xj in zip(row, x)] for row, xi in zip(self.gram, x)]
         self.moment = [f * m + ms * xi for m, xi in zip(self.moment, x)]
         self.samples += 1
@@ -67,24 +81,27 @@ class StepCost:
 
     @property
     def coef(self) -> np.ndarray:
-        """[a, b_rows, b_draft] (ms), none negative (a coefficient the fit drives below 0 is fixed at 0
-        and the others refitted). A constant batch size leaves a and b_rows confounded; predictions at
-        the measured batch sizes are right either way."""
+        """[a, b_rows, b_draft, b_spec] (ms), none negative (a coefficient the fit drives below 0 is
+        fixed at 0 and the others refitted). A constant batch size leaves a and b_rows confounded;
+        predictions at the measured batch sizes are right either way."""
         if self.fitted is None:
             self.fitted = self._fit()
         return self.fitted
 
     def _fit(self) -> np.ndarray:
         if self.samples == 0:
-            return np.array([0.0, 1.0, 1.0])
+            return np.array([0.0, 1.0, 1.0, 0.0])
         g, scale = self.gram, self.gram[0][0] * self.prior_weight
-        # the prior: a draft token costs what a row costs (penalise b_draft - b_rows), plus a tiny ridge
-        penalty = [[1e-9, 0.0, 0.0], [0.0, scale + 1e-9, -scale], [0.0, -scale, scale + 1e-9]]
-        free = [0, 1, 2]
-        coef = [0.0] * 3
+        # the priors: a draft token costs what a row costs (penalise b_draft - b_rows); the speculative
+        # path costs nothing (`spec_prior` steps' worth); a tiny ridge
+        spec = self.spec_prior + 1e-9
+        penalty = [[1e-9, 0.0, 0.0, 0.0], [0.0, scale + 1e-9, -scale, 0.0], [0.0, -scale, scale + 1e-9, 0.0],
+                   [0.0, 0.0, 0.0, spec]]
+        free = [0, 1, 2, 3]
+        coef = [0.0] * 4
         while free:
             x = _solve([[g[i][j] + penalty[i][j] for j in free] for i in free], [self.moment[i] for i in free])
-            coef = [0.0] * 3
+            coef = [0.0] * 4
             for i, xi in zip(free, x):
                 coef[i] = xi
             if min(coef) >= 0:
@@ -93,8 +110,9 @@ class StepCost:
         return np.maximum(np.array(coef), 0.0)
 
     def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
-        a, b_rows, b_draft = self.coef
-        return a + b_rows * rows + b_draft * np.asarray(draft_tokens, dtype=np.float64)
+        a, b_rows, b_draft, b_spec = self.coef
+        k = np.asarray(draft_tokens, dtype=np.float64)
+        return a + b_rows * rows + b_draft * k + b_spec * (k > 0)
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float]:
@@ -193,8 +211,9 @@ class ChainDCut(BudgetPolicy):
     instead, so the measured guard (`pays`) never compares with plain steps measured long ago (on
     a machine whose speed moves, such a reference let D-cut draft at a loss for a whole rollout;
     0: never); warmup: drafting steps measured before the fit decides (until then decisions
-    alternate full drafts and plain steps, so the fit sees both; a cold proposer that has nothing
-    to draft yet does not end it); probe_share: `ProbeCredit.share`, kept per batch-size class
+    take full drafts, plain steps and drafts of about a token per row in turn, so the fit sees
+    both and tells the speculative path's cost from a draft token's; a cold proposer that has
+    nothing to draft yet does not end it); probe_share: `ProbeCredit.share`, kept per batch-size class
     (probes at a full batch cost many times a probe at one row: their debt held D-cut plain at
     batch 1 for hundreds of steps, where drafting paid); forget: the calibration's memory per step
     that brought evidence (verified drafts or resolved shadows; 1: never forgets)."""
@@ -214,7 +233,7 @@ class ChainDCut(BudgetPolicy):
         self.draft_decisions = 0  # K > 0 decisions so far (every explore_every-th decodes plainly)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.rows = 0  # rows of the last decision (for `explain`)
-        self.measured: dict[tuple[int, bool], np.ndarray] = {}  # (rows class, drafted) → EW Σ [tokens, ms] (`pays`)
+        self.measured: dict[tuple[int, bool], tuple[float, float]] = {}  # (rows class, drafted) → EW Σ (tokens, ms) (`pays`)
 
     def plan(self, rows: int) -> int:
         """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
@@ -239,8 +258,8 @@ class ChainDCut(BudgetPolicy):
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        if self.cost.drafting_steps < self.warmup:  # alternate full drafts and plain steps: the fit sees both
-            k = proposed if self.decisions % 2 else 0
+        if self.cost.drafting_steps < self.warmup:  # full drafts, plain steps and a token per row in turn:
+            k = (proposed, 0, min(rows, proposed), 0)[self.decisions % 4]  # the fit tells b_spec from b_draft
             self.plain = False
         else:
             rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
@@ -271,12 +290,21 @@ class ChainDCut(BudgetPolicy):
         if step.ms is None:  # not timed: a probe costs at least our drafting
             self.credit(step.rows).spend(step.draft_ms if probe else 0.0)
         else:
-            plain_ms = float(self.cost.predict(step.rows, 0))  # before this step joins the fit
+            plain_ms = self.plain_step_ms(step.rows)  # before this step is measured
             self.credit(step.rows).settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
             key = (size_class(step.rows), step.drafted > 0)
-            self.measured[key] = 0.9 * self.measured.get(key, np.zeros(2)) + np.array([step.emitted, step.ms])
+            tokens, ms = self.measured.get(key, (0.0, 0.0))
+            self.measured[key] = (0.9 * tokens + step.emitted, 0.9 * ms + step.ms)
         self.credit(step.rows).bank_at_most(2.0 * self.draft_cost.predict(step.rows))
+
+    def plain_step_ms(self, rows: int) -> float:
+        """A plain step of `rows` rows as the guard measured plain steps at this batch-size class (ms
+        per token × rows; one token per row), else as fitted. Every step's credit reads it, and
+        while D-cut decodes plainly nothing else needs the fit: refitting it every step was most of
+        D-cut's own time there (~100 µs a step at batch 8 in vLLM)."""
+        plain = self.measured.get((size_class(rows), False))
+        return rows * plain[1] / plain[0] if plain is not None else float(self.cost.predict(rows, 0))
 
     def pays(self, rows: int) -> bool:
         """Whether steps that drafted emitted more tokens per ms than plain steps did, at this batch
@@ -293,13 +321,16 @@ class ChainDCut(BudgetPolicy):
 
     def explain(self) -> str:
         """Why D-cut verifies what it verifies: a draft token with acceptance p adds p tokens for
-        b_draft ms; a plain step gives one token per row for (a + b_rows·rows) / rows ms; so it pays
-        iff p > b_draft · rows / (a + b_rows·rows)."""
+        b_draft ms, and a step that verifies any draft pays b_spec once; a plain step gives one token
+        per row for (a + b_rows·rows) / rows ms; so K draft tokens pay iff their Σ p exceeds
+        (b_spec + b_draft·K) · rows / (a + b_rows·rows)."""
         rows = max(self.rows, 1)
-        a, b_rows, b_draft = self.cost.fit_for(rows).coef
+        a, b_rows, b_draft, b_spec = self.cost.fit_for(rows).coef
         per_token = (a + b_rows * rows) / rows
         seen = float(self.calibration.seen.sum())
         rate = float(self.calibration.accepted.sum()) / seen if seen else float("nan")
-        return (f"at {rows} requests a plain step costs {per_token:.2f} ms per token; a verified draft token costs "
-                f"{b_draft:.2f} ms, so it pays when accepted with probability > {b_draft / per_token:.0%}; "
-                f"draft tokens were accepted at {rate:.0%} ({int(seen)} verified, fit over {self.cost.samples} steps)")
+        return (f"at {rows} requests a plain step costs {per_token:.2f} ms per token; a step that drafts costs "
+                f"{b_spec:.2f} ms more and each verified draft token {b_draft:.2f} ms, so a draft token pays when "
+                f"accepted with probability > {b_draft / per_token:.0%} (and the step's drafts together pay "
+                f"its {b_spec / per_token:.2f} tokens' worth of speculative path); draft tokens were accepted at "
+                f"{rate:.0%} ({int(seen)} verified, fit over {self.cost.samples} steps)")

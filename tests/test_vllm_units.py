@@ -235,14 +235,50 @@ def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
     assert counts.resets == 1 and len(counts) == 0
 
 
-def test_step_cost_fit_recovers_a_linear_cost():
-    cost = StepCost()
+def test_step_cost_fit_recovers_a_linear_cost_and_the_speculative_paths():
+    cost = StepCost(spec_prior=0.0)
     rng = np.random.default_rng(0)
     for _ in range(200):
-        rows, draft = int(rng.integers(1, 64)), int(rng.integers(0, 256))
-        cost.observe(rows, draft, 5.0 + 0.5 * rows + 0.1 * draft)
-    a, b_rows, b_draft = cost.coef
-    assert a == pytest.approx(5.0, abs=0.2) and b_rows == pytest.approx(0.5, abs=0.02) and b_draft == pytest.approx(0.1, abs=0.01)
+        rows, draft = int(rng.integers(1, 64)), int(rng.integers(0, 256)) * int(rng.integers(0, 2))
+        cost.observe(rows, draft, 5.0 + 0.5 * rows + 0.1 * draft + 2.0 * (draft > 0))
+    a, b_rows, b_draft, b_spec = cost.coef
+    assert a == pytest.approx(5.0, abs=0.2) and b_rows == pytest.approx(0.5, abs=0.02)
+    assert b_draft == pytest.approx(0.1, abs=0.01) and b_spec == pytest.approx(2.0, abs=0.2)
+    assert cost.predict(10, [0, 1, 10]).tolist() == pytest.approx([10.0, 12.1, 13.0], abs=0.2)
+
+
+def test_step_cost_forgets_the_speculative_paths_cost_it_no_longer_measures():
+    """b_spec's prior (0, one step's weight) takes over as the drafting steps are forgotten, so an
+    over-estimate — vLLM's first speculative steps are slow — does not keep D-cut plain for good."""
+    cost = StepCost()
+    for i in range(40):
+        k = (0, 1, 0, 8)[i % 4]  # plain steps and drafts of 1 and 8 tokens: the speculative path 4 ms
+        cost.observe(1, k, 6.0 + 4.0 * (k > 0) + 0.1 * k)
+    assert cost.predict(1, 1) - cost.predict(1, 0) > 3.0
+    for _ in range(150):  # plain steps only
+        cost.observe(1, 0, 6.0)
+    assert cost.predict(1, 0) == pytest.approx(6.0, abs=0.1) and cost.predict(1, 1) - cost.predict(1, 0) < 1.0
+    assert cost.predict(1, 8) == pytest.approx(10.8, abs=0.5)  # what it measured most of stays
+
+
+def test_dcut_drafts_nothing_that_does_not_pay_the_speculative_paths_cost():
+    """8 rows, a plain step 10 ms; a step that drafts pays 2 ms more, plus 0.05 ms a token. One
+    chain of 4 tokens at acceptance 0.9 (3.2 tokens expected: 4 ms of plain steps' worth) pays; one
+    token at 0.9 (0.9 tokens: 1.1 ms) does not, though it costs only 0.05 ms on its own — a fit
+    without the speculative path's cost (a straight line through the full drafts) priced it so."""
+    policy = ChainDCut(4, explore_every=0)
+    for i in range(60):
+        draft = (i % 3) * 16  # plain, half and full drafts
+        timed(policy, 8, draft, 10.0 + 2.0 * (draft > 0) + 0.05 * draft, 8 + int(0.5 * draft))
+    assert policy.cost.predict(8, [0, 1, 32]).tolist() == pytest.approx([10.0, 12.05, 13.6], abs=0.7)  # b_spec's prior
+    policy.calibration.observe_host(np.full((500, 4), 0.9), np.ones((500, 4), bool),
+                                    np.random.default_rng(0).random((500, 4)) < 0.9 ** np.arange(1, 5))
+    one = np.zeros((8, 4))
+    one[0, 0] = 0.9
+    assert policy.cut(chains(one))[1].kept == 0
+    policy.plain = False
+    one[0] = 0.9 ** np.arange(1, 5)
+    assert policy.cut(chains(one))[1].kept == 4
 
 
 def chains(scores: np.ndarray) -> Chains:
