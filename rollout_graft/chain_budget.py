@@ -47,25 +47,28 @@ from .selection import global_top_k_depths
 @dataclass
 class StepCost:
     """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens + b_spec·[draft_tokens > 0],
-    exponentially weighted least squares with a weak prior that a draft token costs what a row
-    costs (pessimistic: speculation has to show it pays). b_spec is what a step pays for taking
-    vLLM's speculative path at all (its speculative metadata and rejection sampler; a step where no
-    request drafted takes the plain path: `plugin`): on the tiny target 1.7 ms at 8 rows and 3.6 ms
-    at 64, a fifth to a third of a plain step, where a draft token costs 0.05 ms — without it a fit
-    over the whole drafts it measured priced a step verifying a few tokens 7–13 % below what it took,
-    and D-cut drafted at a loss (docs/BENCHMARKS.md, "The speculative path's own cost").
-    b_spec's prior is 0 with the weight of `spec_prior` steps, so the drafting steps measured
-    outweigh it while they are recent, and as they are forgotten (D-cut decoding plainly measures
-    none) it shrinks towards 0 until D-cut drafts again and measures it anew: a cost over-estimated
-    once (vLLM's first speculative steps take twice the others; a busy machine) does not hold D-cut
-    plain for good, as it held it at batch 1 from a rollout's first steps on.
+    exponentially weighted least squares. b_spec is what a step pays for taking vLLM's speculative
+    path at all (its speculative metadata and rejection sampler; a step where no request drafted
+    takes the plain path: `plugin`): on the tiny target 1.2 ms at 8 rows and 5.0 ms at 64, 16 % and
+    28 % of a plain step, where a draft token costs 0.04–0.06 ms — a fit without it priced steps
+    that verified at most a token per row 6–8 % below what they took, so D-cut drafted at
+    break-even at a loss (`scripts/vllm_step_cost.py`; docs/BENCHMARKS.md, "The speculative path's
+    own cost").
+
+    The two costs of drafting have priors of 0, with the weight of one step that took the
+    speculative path (`spec_prior`) and of one draft token (`draft_prior`): the drafting steps
+    measured outweigh them while they are recent, and as they are forgotten (D-cut decoding
+    plainly measures none) the costs shrink until D-cut drafts again and measures them anew. A cost
+    over-estimated once — vLLM's first speculative steps take twice the others, a busy machine —
+    held D-cut plain for good otherwise (at batch 1, from a rollout's first steps on); so did an
+    earlier prior that a draft token costs what a row costs, which at batch 1 is a whole step.
     `samples` counts the steps measured. Plain Python floats: it runs every step, and a 4×4 fit in
     numpy calls costs tens of µs of per-call overhead (a vLLM step of a small model is a few ms; on
     a GPU the proposer's time is not overlapped)."""
 
     forget: float = 0.97
-    prior_weight: float = 1e-3
     spec_prior: float = 1.0
+    draft_prior: float = 1.0
     gram: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
     moment: list[float] = field(default_factory=lambda: [0.0] * 4)
     samples: int = 0
@@ -91,12 +94,10 @@ class StepCost:
     def _fit(self) -> np.ndarray:
         if self.samples == 0:
             return np.array([0.0, 1.0, 1.0, 0.0])
-        g, scale = self.gram, self.gram[0][0] * self.prior_weight
-        # the priors: a draft token costs what a row costs (penalise b_draft - b_rows); the speculative
-        # path costs nothing (`spec_prior` steps' worth); a tiny ridge
-        spec = self.spec_prior + 1e-9
-        penalty = [[1e-9, 0.0, 0.0, 0.0], [0.0, scale + 1e-9, -scale, 0.0], [0.0, -scale, scale + 1e-9, 0.0],
-                   [0.0, 0.0, 0.0, spec]]
+        g = self.gram
+        # the priors (`draft_prior`, `spec_prior`: drafting costs nothing) and a tiny ridge
+        penalty = [[1e-9, 0.0, 0.0, 0.0], [0.0, 1e-9, 0.0, 0.0], [0.0, 0.0, self.draft_prior + 1e-9, 0.0],
+                   [0.0, 0.0, 0.0, self.spec_prior + 1e-9]]
         free = [0, 1, 2, 3]
         coef = [0.0] * 4
         while free:

@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""vLLM's step time against the draft tokens it verifies, measured with our proposer (tiny target).
+
+    python scripts/vllm_step_cost.py --batch 8 --rollouts 16 --json docs/bench/vllm_step_cost_b8.json
+
+Our proposer drafts as usual, but a random policy cuts each step's chains: a depth of 0, 1, 2, 4 or
+8 tokens (0 twice as often: vLLM's plain path), for a random quarter, half or all of the rows. Each
+step's time (between `propose` calls, as D-cut measures it) is kept with its rows, draft tokens and
+rows that drafted. It then fits, on the steps with a (nearly) full batch, the step-cost models a
+budget policy could use — `linear` (a + b_rows·rows + b_draft·tokens), `spec` (+ b_spec when any
+row drafted: what `chain_budget.StepCost` fits), and two richer ones (+ rows that drafted; + the
+deepest chain) — and reports each model's cross-validated mean absolute error and its bias on the
+steps that drafted at most a token per row (the drafts D-cut weighs at break-even). Its timings
+follow this machine's load, so runs differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+import numpy as np  # noqa: E402
+
+from rollout_graft.budget import BudgetDecision  # noqa: E402
+from rollout_graft.vllm.proposer import RLDraftProposer  # noqa: E402
+
+STEPS: list[tuple[int, int, float, int, int]] = []  # rows, draft tokens, ms, rows that drafted, deepest chain
+
+
+class RandomCut:
+    """Cuts each step's chains to a random depth for a random share of the rows; records the steps."""
+
+    def __init__(self, depth: int):
+        self.depth, self.rng, self.cut_to, self.share = depth, random.Random(0), 0, 1.0
+
+    def plan(self, rows: int) -> int:
+        self.cut_to = self.rng.choice([0, 0, 1, 2, 4, 8])
+        self.share = self.rng.choice([0.25, 0.5, 1.0])
+        return min(self.cut_to, self.depth)
+
+    def cut(self, draft):
+        depths = np.minimum(draft.depths, self.cut_to)
+        depths[max(1, round(self.share * len(depths))):] = 0
+        return draft.cut(depths), BudgetDecision(1.0)
+
+    def observe(self, step) -> None:
+        if step.ms is not None:
+            drafted = step.verified[1] if step.verified is not None else np.zeros(0, dtype=int)
+            STEPS.append((step.rows, step.drafted, step.ms, len(drafted), int(drafted.max(initial=0))))
+
+    def explain(self) -> str:
+        return "random cuts (scripts/vllm_step_cost.py)"
+
+
+class RandomCutProposer(RLDraftProposer):
+    def __init__(self, vllm_config):
+        super().__init__(vllm_config)
+        self.policy = RandomCut(self.k)
+
+
+def _steps(worker) -> list:
+    import vllm_step_cost
+
+    return list(vllm_step_cost.STEPS)
+
+
+MODELS = {  # name → features of a step (rows, tokens, any drafted, rows drafting, deepest chain)
+    "linear": lambda r, t, a, n, d: [1.0, r, t],
+    "spec": lambda r, t, a, n, d: [1.0, r, t, a],
+    "spec+drafting_rows": lambda r, t, a, n, d: [1.0, r, t, a, n],
+    "spec+deepest": lambda r, t, a, n, d: [1.0, r, t, a, d],
+}
+
+
+def fit_models(steps: np.ndarray, batch: int) -> dict:
+    """Least-squares fits of each model on the steps with ≥ 3/4 of the batch (the slowest 3 %
+    dropped: a busy machine's hiccups), 5-fold cross-validated."""
+    steps = steps[steps[:, 0] >= 0.75 * batch]
+    steps = steps[steps[:, 2] < np.percentile(steps[:, 2], 97)]
+    rows, tokens, ms, drafting, deepest = steps.T
+    fold = np.random.default_rng(0).integers(0, 5, len(steps))
+    small = (tokens > 0) & (tokens <= rows)
+    out = {"steps": len(steps), "plain_ms": float(np.median(ms[tokens == 0])), "models": {}}
+    for name, features in MODELS.items():
+        x = np.array([features(*s) for s in zip(rows, tokens, (tokens > 0).astype(float), drafting, deepest)])
+        errors = np.concatenate([np.abs(x[fold == k] @ np.linalg.lstsq(x[fold != k], ms[fold != k], rcond=None)[0]
+                                        - ms[fold == k]) for k in range(5)])
+        coef = np.linalg.lstsq(x, ms, rcond=None)[0]
+        out["models"][name] = {"mae_ms": float(errors.mean()), "coef": coef.round(4).tolist(),
+                               "bias_small_drafts_ms": float(np.mean(x[small] @ coef - ms[small])), "small_drafts": int(small.sum())}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=8, help="rows per rollout (groups of 8 samples per prompt)")
+    ap.add_argument("--rollouts", type=int, default=16)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--json", help="write the steps and the fits here")
+    args = ap.parse_args()
+    import sys
+
+    sys.modules.setdefault("vllm_step_cost", sys.modules[__name__])  # vLLM imports the proposer from here
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_texts
+
+    prompts = read_prompt_texts(str(TINY_PROMPTS), AutoTokenizer.from_pretrained(str(TINY_TARGET)))
+    llm = LLM(str(TINY_TARGET), dtype="float32", seed=0, enforce_eager=True,
+              speculative_config={"method": "custom_class", "model": "vllm_step_cost.RandomCutProposer",
+                                  "num_speculative_tokens": 8})
+    group, used = min(8, args.batch), 0
+    for _ in range(args.rollouts):
+        rows = prompts[used : used + args.batch // group]
+        used += len(rows)
+        llm.generate([p for p in rows for _ in range(group)],
+                     SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens), use_tqdm=False)
+    steps = np.array(llm.collective_rpc(_steps)[0], dtype=np.float64)
+    result = {"command": " ".join(["python", "scripts/vllm_step_cost.py", *sys.argv[1:]]), **fit_models(steps, args.batch)}
+    print(f"{result['steps']} steps at ≥ 3/4 of batch {args.batch}; a plain step {result['plain_ms']:.2f} ms (median)")
+    for name, m in result["models"].items():
+        print(f"{name:20s} MAE {m['mae_ms']:.3f} ms  bias on ≤ 1 token per row {m['bias_small_drafts_ms']:+.2f} ms "
+              f"({m['small_drafts']} steps)  coef {m['coef']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**result, "raw_steps": steps.tolist()}, f)
+
+
+if __name__ == "__main__":
+    main()
