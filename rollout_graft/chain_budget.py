@@ -92,8 +92,8 @@ class StepCost:
         return self.fitted
 
     def _fit(self) -> np.ndarray:
-        if self.samples == 0:
-            return np.array([0.0, 1.0, 1.0, 0.0])
+        if self.samples == 0:  # a row 1 ms; drafting free (the priors)
+            return np.array([0.0, 1.0, 0.0, 0.0])
         g = self.gram
         # the priors (`draft_prior`, `spec_prior`: drafting costs nothing) and a tiny ridge
         penalty = [[1e-9, 0.0, 0.0, 0.0], [0.0, 1e-9, 0.0, 0.0], [0.0, 0.0, self.draft_prior + 1e-9, 0.0],
@@ -302,8 +302,9 @@ class ChainDCut(BudgetPolicy):
     def plain_step_ms(self, rows: int) -> float:
         """A plain step of `rows` rows as the guard measured plain steps at this batch-size class (ms
         per token × rows; one token per row), else as fitted. Every step's credit reads it, and
-        while D-cut decodes plainly nothing else needs the fit: refitting it every step was most of
-        D-cut's own time there (50–90 µs of its ~300 µs a step at batch 8 in vLLM)."""
+        while D-cut decodes plainly nothing else needs the fit: refitting it every step was a quarter
+        of D-cut's policy time there (`scripts/profile_vllm_proposer.py`; docs/BENCHMARKS.md, "The
+        speculative path's own cost")."""
         plain = self.measured.get((size_class(rows), False))
         return rows * plain[1] / plain[0] if plain is not None else float(self.cost.predict(rows, 0))
 
