@@ -287,17 +287,16 @@ class ChainDCut(BudgetPolicy):
             self.calibration.observe_host(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
-        probe = step.decision is not None and step.decision.probe
-        if step.ms is None:  # not timed: a probe costs at least our drafting
-            self.credit(step.rows).spend(step.draft_ms if probe else 0.0)
-        else:
-            plain_ms = self.plain_step_ms(step.rows)  # before this step is measured
-            self.credit(step.rows).settle(step.ms, plain_ms, step.rows, step.emitted, probe, least=step.draft_ms)
+        credit = self.credit(step.rows)
+        if step.decision is not None and step.decision.probe:  # cut to nothing: vLLM took its plain path,
+            credit.spend(step.draft_ms)  # so the probe cost our drafting, not the step's noise beside plain steps
+        if step.ms is not None:
+            credit.settle(step.ms, self.plain_step_ms(step.rows), step.rows, step.emitted, probe=False)
             self.cost.observe(step.rows, step.drafted, step.ms)
             key = (size_class(step.rows), step.drafted > 0)
             tokens, ms = self.measured.get(key, (0.0, 0.0))
             self.measured[key] = (0.9 * tokens + step.emitted, 0.9 * ms + step.ms)
-        self.credit(step.rows).bank_at_most(2.0 * self.draft_cost.predict(step.rows))
+        credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def plain_step_ms(self, rows: int) -> float:
         """A plain step of `rows` rows as the guard measured plain steps at this batch-size class (ms

@@ -422,6 +422,20 @@ def test_dcut_backs_off_while_plain_decoding_wins():
     assert int(cut.depths.sum()) == 32 and decision.ratio == 1.0
 
 
+def test_a_probe_cut_to_nothing_costs_its_drafting_not_the_steps_noise():
+    """A probe D-cut cuts to nothing sends no draft, so vLLM takes its plain path: the probe cost our
+    drafting (0.5 ms here), whatever the machine made of the step (30 ms beside plain steps of 18).
+    Charged with the step's time beyond plain steps, one slow step put a class 12 ms in debt and
+    held D-cut from probing for hundreds of steps (on a revisit, where drafts had started to pay)."""
+    policy = ChainDCut(4, explore_every=0)
+    for _ in range(10):
+        timed(policy, 8, 0, 18.0, 8, draft_ms=0.5)
+    before = policy.credit(8).ms
+    probe = BudgetDecision(0.0, 0, 32, 8.0, probe=True)
+    policy.observe(ChainStep(8, 4, 0, 0.5, probe, None, 30.0, 8))
+    assert policy.credit(8).ms == pytest.approx(before - 0.5 + 0.01 * 30.0)
+
+
 @pytest.mark.parametrize("forget", [0.98, 1.0])
 def test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted(forget):
     """A later epoch: D-cut learned that drafts are rejected (200 steps of rejected drafts, and
