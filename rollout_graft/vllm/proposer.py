@@ -96,6 +96,7 @@ class RLDraftProposer:
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
         self._shadows: list[Request] = []  # requests holding a shadow chain not resolved yet
+        self._shapes: set[int] = set()  # token counts of the decode steps vLLM ran (a count's first step is not timed)
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner hands every drafter the target model; ours needs none."""
@@ -138,14 +139,23 @@ class RLDraftProposer:
         returned then: what they earned (`verified`: raw scores, depths and accepted tokens of the
         rows that drafted), what the shadows resolved now matched (`shadowed`, alike) and its time
         (from the last call's start: our own time included, a draft's cost is also ours) — not
-        timed if it also prefilled (a new request) or is the first."""
+        timed if it also prefilled (a new request), is the first, or is the first to run its number
+        of tokens: vLLM-CPU's first step of a token count took 1.4× (median, up to 2.3×) its later
+        ones, the second 1.0× (`docs/bench/vllm_step_cost_b8.json`), and drafting steps run new
+        counts far more often than plain ones (8 rows with up to 8 draft tokens each: 65 counts),
+        so fitted with them drafting looked dear for a process's first rollouts and D-cut decoded
+        plainly (docs/BENCHMARKS.md, "A token count's first step")."""
         step = self._pending
         if step is None:
             return
         step.verified, step.emitted, step.shadowed = verified, step.rows + accepted, shadowed
         if self._last_start is not None and not self.tracker.created:
-            step.ms = 1000.0 * (now - self._last_start)
-            self.stats.step_s += step.ms / 1000.0
+            ms = 1000.0 * (now - self._last_start)
+            self.stats.step_s += ms / 1000.0
+            scheduled = step.rows + step.drafted  # tokens vLLM ran: one per row and its draft
+            if scheduled in self._shapes:
+                step.ms = ms
+            self._shapes.add(scheduled)
         self.policy.observe(step)
 
     def _learn(self, reqs: list[Request]) -> tuple[tuple | None, int]:
