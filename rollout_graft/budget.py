@@ -181,14 +181,16 @@ class ProbeCredit:
     def spend(self, extra_ms: float) -> None:
         self.ms -= max(extra_ms, 0.0)
 
-    def settle(self, ms: float, plain_ms: float, rows: int, emitted: int, probe: bool, least: float = 0.0) -> None:
+    def settle(self, ms: float, plain_ms: float, rows: int, emitted: int, probe: bool, cost: float | None = None) -> None:
         """One step's account (`ms`, against `plain_ms` predicted for a plain step of `rows` rows):
-        it earns `share` of its time; a probe spends what it cost beyond a plain step (at least
-        `least`); a step whose drafts were accepted also earns what it saved against plain steps."""
+        it earns `share` of its time; a probe spends what it cost beyond a plain step — `cost` where
+        the caller knows it (a chain draft cut to nothing: vLLM took its plain path, so only the
+        drafting), else `ms - plain_ms`; a step whose drafts were accepted also earns what it saved
+        against plain steps."""
         saved = plain_ms * emitted / rows - ms if emitted > rows and not probe else 0.0
         self.earn(ms, saved)
         if probe:
-            self.spend(max(ms - plain_ms, least))
+            self.spend(ms - plain_ms if cost is None else cost)
 
     def bank_at_most(self, ms: float) -> None:
         """A long spell of paying speculation banks no more than `ms` (two probes)."""

@@ -288,10 +288,11 @@ class ChainDCut(BudgetPolicy):
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
         credit = self.credit(step.rows)
-        if step.decision is not None and step.decision.probe:  # cut to nothing: vLLM took its plain path,
-            credit.spend(step.draft_ms)  # so the probe cost our drafting, not the step's noise beside plain steps
-        if step.ms is not None:
-            credit.settle(step.ms, self.plain_step_ms(step.rows), step.rows, step.emitted, probe=False)
+        probe = step.decision is not None and step.decision.probe  # cut to nothing: it cost our drafting
+        if step.ms is None:  # not timed
+            credit.spend(step.draft_ms if probe else 0.0)
+        else:  # the probe's cost is our drafting, not the step's noise beside plain steps
+            credit.settle(step.ms, self.plain_step_ms(step.rows), step.rows, step.emitted, probe, cost=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
             key = (size_class(step.rows), step.drafted > 0)
             tokens, ms = self.measured.get(key, (0.0, 0.0))

@@ -10,8 +10,12 @@ rows that drafted. It then fits, on the steps with a (nearly) full batch, the st
 budget policy could use — `linear` (a + b_rows·rows + b_draft·tokens), `spec` (+ b_spec when any
 row drafted: what `chain_budget.StepCost` fits), and two richer ones (+ rows that drafted; + the
 deepest chain) — and reports each model's cross-validated mean absolute error and its bias on the
-steps that drafted at most a token per row (the drafts D-cut weighs at break-even). Its timings
-follow this machine's load, so runs differ.
+steps that drafted at most a token per row (the drafts D-cut weighs at break-even), and how much
+slower a token count's first step is than its later ones (`first_counts`: why the proposer does
+not time it). Every step is timed here, a count's first too. Its timings follow this machine's
+load, so runs differ. `--from-json` refits the raw steps of an earlier run instead of running vLLM:
+
+    python scripts/vllm_step_cost.py --from-json docs/bench/vllm_step_cost_b8.json
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -59,6 +64,8 @@ class RandomCut:
 
 
 class RandomCutProposer(RLDraftProposer):
+    untimed_first_counts = False  # every step timed: `first_counts` measures the first ones
+
     def __init__(self, vllm_config):
         super().__init__(vllm_config)
         self.policy = RandomCut(self.k)
@@ -97,6 +104,18 @@ def fit_models(steps: np.ndarray, batch: int) -> dict:
     return out
 
 
+def first_counts(steps: np.ndarray, least: int = 4) -> dict:
+    """Each token count's (rows + draft tokens) first and second step against the median of its
+    steps after the first, over the counts run at least `least` times (steps in the order run)."""
+    times: dict[int, list[float]] = {}
+    for rows, tokens, ms, *_ in steps.tolist():
+        times.setdefault(int(rows + tokens), []).append(ms)
+    first = [t[0] / np.median(t[1:]) for t in times.values() if len(t) >= least]
+    second = [t[1] / np.median(t[1:]) for t in times.values() if len(t) >= least]
+    return {"counts": len(first), "first_median": float(np.median(first)), "first_min": float(min(first)),
+            "first_max": float(max(first)), "second_median": float(np.median(second))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8, help="rows per rollout (groups of 8 samples per prompt)")
@@ -104,9 +123,13 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", help="write the steps and the fits here")
+    ap.add_argument("--from-json", help="refit the raw steps kept in this earlier --json instead of running vLLM")
     args = ap.parse_args()
-    import sys
-
+    if args.from_json:
+        with open(args.from_json) as f:
+            kept = json.load(f)
+        report({"command": kept["command"], **analyse(np.array(kept["raw_steps"]), args.batch)})
+        return
     sys.modules.setdefault("vllm_step_cost", sys.modules[__name__])  # vLLM imports the proposer from here
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
@@ -124,14 +147,25 @@ def main() -> None:
         llm.generate([p for p in rows for _ in range(group)],
                      SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens), use_tqdm=False)
     steps = np.array(llm.collective_rpc(_steps)[0], dtype=np.float64)
-    result = {"command": " ".join(["python", "scripts/vllm_step_cost.py", *sys.argv[1:]]), **fit_models(steps, args.batch)}
-    print(f"{result['steps']} steps at ≥ 3/4 of batch {args.batch}; a plain step {result['plain_ms']:.2f} ms (median)")
-    for name, m in result["models"].items():
-        print(f"{name:20s} MAE {m['mae_ms']:.3f} ms  bias on ≤ 1 token per row {m['bias_small_drafts_ms']:+.2f} ms "
-              f"({m['small_drafts']} steps)  coef {m['coef']}")
+    result = {"command": " ".join(["python", "scripts/vllm_step_cost.py", *sys.argv[1:]]), **analyse(steps, args.batch)}
+    report(result)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**result, "raw_steps": steps.tolist()}, f)
+
+
+def analyse(steps: np.ndarray, batch: int) -> dict:
+    return {**fit_models(steps, batch), "first_counts": first_counts(steps)}
+
+
+def report(result: dict) -> None:
+    print(f"{result['steps']} steps at ≥ 3/4 of the batch; a plain step {result['plain_ms']:.2f} ms (median)")
+    for name, m in result["models"].items():
+        print(f"{name:20s} MAE {m['mae_ms']:.3f} ms  bias on ≤ 1 token per row {m['bias_small_drafts_ms']:+.2f} ms "
+              f"({m['small_drafts']} steps)  coef {m['coef']}")
+    fc = result["first_counts"]
+    print(f"a token count's first step: {fc['first_median']:.2f}× its later steps' median ({fc['first_min']:.2f}–"
+          f"{fc['first_max']:.2f}, {fc['counts']} counts run ≥ 4 times); its second {fc['second_median']:.2f}×")
 
 
 if __name__ == "__main__":

