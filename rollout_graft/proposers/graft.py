@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import get_args
 
 import torch
 
@@ -36,9 +36,6 @@ from ..verify import Acceptance, accepted_along
 from .base import Proposer, StepContext
 from .drafter import DrafterProposer, check_same_vocabulary, load_draft_model
 from .retrieval import RetrievalProposer
-
-if TYPE_CHECKING:
-    from ..engine import RolloutEngine
 
 
 def _select_rows(draft: Draft, rows: torch.Tensor, width: int) -> Draft:
@@ -226,12 +223,3 @@ class GraftProposer(Proposer):
             use = (slots == n).view(-1, 1)
             out = Draft(**{f: torch.where(use, getattr(part, f), getattr(out, f)) for f in Draft.__slots__})
         return out
-
-
-def calibrate(engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams | None = None, path: str | Path | None = None,
-              objective: CalibrationObjective = "accepted") -> tuple[float, ...]:
-    """`GraftProposer.calibrate` for a `RolloutEngine` built with method "graft", with a warm-up
-    rollout of `engine` over `prompts` (rows, as `generate` takes them)."""
-    if not isinstance(engine.proposer, GraftProposer):
-        raise ValueError("calibrate() needs an engine built with EngineConfig(method='graft')")
-    return engine.proposer.calibrate(lambda: engine.generate(prompts, params or SamplingParams()), objective, path)
