@@ -87,14 +87,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def load_script(relpath: str):
-    """Import a repo script (scripts/…, recipes/…) as a module, registered under its file name."""
+    """Import a repo script (scripts/…, lab/…, recipes/…) by its file path, registered under its file
+    name; its folder is not put on sys.path (scripts import the installed package, never each other)."""
     import importlib.util
     import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / relpath
-    if str(path.parent) not in sys.path:  # as when run: a script imports its siblings (bench → report)
-        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

@@ -7,7 +7,7 @@ from conftest import load_script
 
 @pytest.fixture(scope="module")
 def eval_heldout():
-    return load_script("scripts/eval_heldout.py")
+    return load_script("lab/eval_heldout.py")
 
 
 @pytest.fixture
@@ -37,6 +37,6 @@ def test_eval_heldout_is_deterministic_and_complete(eval_heldout, keep_threads, 
 
 
 def test_eval_heldout_defaults_follow_the_recipe(eval_heldout):
-    recipe = eval_heldout.recipe
+    recipe = load_script("recipes/grpo_qwen3.py")
     assert eval_heldout.evaluate.__kwdefaults__["max_new_tokens"] == recipe.RECIPE_DEFAULTS["max_completion_length"]
     assert recipe.ScriptArguments().eval_split == eval_heldout.evaluate.__kwdefaults__["split"]

@@ -1,4 +1,4 @@
-"""scripts/make_tiny_models.py: an early-target snapshot is the real step-N state of the full run."""
+"""lab/make_tiny_models.py: an early-target snapshot is the real step-N state of the full run."""
 
 import random
 
@@ -9,7 +9,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 
 def load_builder():
-    return load_script("scripts/make_tiny_models.py")
+    return load_script("lab/make_tiny_models.py")
 
 
 def tiny_run(builder, **kwargs):

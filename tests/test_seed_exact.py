@@ -4,7 +4,7 @@ The uniform behind the token at completion position t of row r is hash(seed, r, 
 (`sampling.uniforms`), so neither the trees, nor D-cut's timing-driven widths, nor the waves, nor
 what an index or the recall memory learnt in earlier calls can change a token — only the speed.
 The strongest losslessness check: it compares samples one by one, not their distribution (the
-chi-square tests in test_lossless.py check the sampler itself). Larger run: scripts/seed_exact.py.
+chi-square tests in test_lossless.py check the sampler itself). Larger run: lab/seed_exact.py.
 """
 
 import pytest
@@ -55,7 +55,7 @@ def tiny():
     return tok, target, draft, [p for p in prompts for _ in range(4)]  # 3 groups of 4 rows
 
 
-METHODS = load_script("scripts/seed_exact.py").METHODS  # the configurations the large check counts
+METHODS = load_script("lab/seed_exact.py").METHODS  # the configurations the large check counts
 PARAMS = SamplingParams(temperature=1.0, top_k=30, top_p=0.95, min_p=0.02, max_new_tokens=24, seed=7)
 
 

@@ -469,7 +469,7 @@ def test_shadows_resolve_as_vllm_verifies():
     from conftest import load_script
     from shadow_check import ShadowChecked
 
-    bench = load_script("scripts/profile_vllm_proposer.py")
+    bench = load_script("lab/profile_vllm_proposer.py")
     prop = ShadowChecked(bench.vllm_config(6, 256))
     for seed in (0, 1, 0):  # no preemption: a preempted request's draft is never verified in vLLM
         bench.replay(prop, 16, length=48, seed=seed)
@@ -485,7 +485,7 @@ def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
     from conftest import load_script
     from rollout_graft.vllm.proposer import RLDraftProposer
 
-    bench = load_script("scripts/profile_vllm_proposer.py")
+    bench = load_script("lab/profile_vllm_proposer.py")
     prop = RLDraftProposer(bench.vllm_config(3, 64))
     batch = Batch([P1, P1, P2])
 
@@ -521,7 +521,7 @@ def test_a_token_counts_first_step_is_not_timed():
         def observe(self, step):
             self.times.append((step.rows, step.ms))
 
-    prop = RLDraftProposer(load_script("scripts/profile_vllm_proposer.py").vllm_config(3, 64))
+    prop = RLDraftProposer(load_script("lab/profile_vllm_proposer.py").vllm_config(3, 64))
     prop.policy = policy = Recorder()
     batch = Batch([P1, P1, P2])
     for sampled in ([[1], [1], [2]], [[3], [4], [5]], [[3], [4], [5]], [[3], [4], [5]], [[6], [7]], [[6], [7]]):
@@ -541,7 +541,7 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
     from conftest import load_script
     from rollout_graft.vllm.proposer import RLDraftProposer
 
-    bench = load_script("scripts/profile_vllm_proposer.py")
+    bench = load_script("lab/profile_vllm_proposer.py")
     prop = RLDraftProposer(bench.vllm_config(3, 64))
     batch = Batch([P1, P2])
     batch.step(prop.tracker, [[1], [2]])
@@ -646,7 +646,7 @@ class Reference:
 
 @pytest.mark.parametrize("options", [{}, {"share_in_group": False, "recall": 1}, {"recall": 1}])
 def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
-    """A replayed persistent batch (scripts/profile_vllm_proposer.py: groups of 8, drafts accepted
+    """A replayed persistent batch (lab/profile_vllm_proposer.py: groups of 8, drafts accepted
     up to their first wrong token, finished rows condensed, a request preempted every 5 steps and
     resumed in the last row, the same prompts again in later rollouts) gets, every call, exactly
     the drafts of `Reference`, which knows each row's request: finding requests and groups from the
@@ -654,7 +654,7 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
     from conftest import load_script
     from rollout_graft.vllm import proposer
 
-    bench = load_script("scripts/profile_vllm_proposer.py")
+    bench = load_script("lab/profile_vllm_proposer.py")
     config = ChainConfig(budget_policy="fixed", **options)
     reference = Reference(6, 64 + 48 + 10, config.recall, config.share_in_group)
 
@@ -702,11 +702,11 @@ print("fixed")
 
 
 def test_step_cost_script_tells_the_speculative_paths_cost_from_a_draft_tokens():
-    """scripts/vllm_step_cost.py's fits (the measurement behind `StepCost`'s b_spec): on steps built
+    """lab/vllm_step_cost.py's fits (the measurement behind `StepCost`'s b_spec): on steps built
     with a speculative path of 2 ms, the linear model under-prices small drafts and `spec` does not."""
     from conftest import load_script
 
-    fit_models = load_script("scripts/vllm_step_cost.py").fit_models
+    fit_models = load_script("lab/vllm_step_cost.py").fit_models
     rng = np.random.default_rng(0)
     steps = []
     for _ in range(400):
@@ -718,11 +718,11 @@ def test_step_cost_script_tells_the_speculative_paths_cost_from_a_draft_tokens()
 
 
 def test_step_cost_script_measures_a_token_counts_first_step():
-    """scripts/vllm_step_cost.py's `first_counts` (why the proposer does not time a count's first
+    """lab/vllm_step_cost.py's `first_counts` (why the proposer does not time a count's first
     step): steps whose counts' first runs take 1.5× the others."""
     from conftest import load_script
 
-    first_counts = load_script("scripts/vllm_step_cost.py").first_counts
+    first_counts = load_script("lab/vllm_step_cost.py").first_counts
     rng = np.random.default_rng(0)
     seen, steps = set(), []
     for _ in range(300):

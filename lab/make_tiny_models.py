@@ -28,10 +28,10 @@ Target and draft train concurrently in two spawned processes with one torch thre
 
 Usage::
 
-    python scripts/make_tiny_models.py            # full build (~800 CPU-s: ~11-12 min on 2 idle cores)
-    python scripts/make_tiny_models.py --smoke    # quick reduced-step run into a temp dir
-    python scripts/make_tiny_models.py --check    # only evaluate the existing assets
-    python scripts/make_tiny_models.py --only early-target --early-target-steps 540 --out DIR
+    python lab/make_tiny_models.py            # full build (~800 CPU-s: ~11-12 min on 2 idle cores)
+    python lab/make_tiny_models.py --smoke    # quick reduced-step run into a temp dir
+    python lab/make_tiny_models.py --check    # only evaluate the existing assets
+    python lab/make_tiny_models.py --only early-target --early-target-steps 540 --out DIR
         # only the target's step-540 state of the same run (same data, RNG stream and LR schedule,
         # which spans all --target-steps) as DIR/target-early/; ~0.3 CPU-s per step
 """

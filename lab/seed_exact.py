@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Seed-exactness at scale: rows of every method that differ from plain "ar" sampling with one seed.
 
-    python scripts/seed_exact.py --prompts 64 --group 8 --max-new-tokens 64 --json seed_exact.json
+    python lab/seed_exact.py --prompts 64 --group 8 --max-new-tokens 64 --json seed_exact.json
 
 Every method (retrieval, +suffix, +recall, group_lead, graft; fixed and D-cut budgets) runs on the
 embedded tiny target (fp32, T=1 with top-k/top-p/min-p) on a fresh engine (seed A) and again warm

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """vLLM's step time against the draft tokens it verifies, measured with our proposer (tiny target).
 
-    python scripts/vllm_step_cost.py --batch 8 --rollouts 16 --json docs/bench/vllm_step_cost_b8.json
+    python lab/vllm_step_cost.py --batch 8 --rollouts 16 --json docs/bench/vllm_step_cost_b8.json
 
 Our proposer drafts as usual, but a random policy cuts each step's chains: a depth of 0, 1, 2, 4 or
 8 tokens (0 twice as often: vLLM's plain path), for a random quarter, half or all of the rows. Each
@@ -15,7 +15,7 @@ slower a token count's first step is than its later ones (`first_counts`: why th
 not time it). Every step is timed here, a count's first too. Its timings follow this machine's
 load, so runs differ. `--from-json` refits the raw steps of an earlier run instead of running vLLM:
 
-    python scripts/vllm_step_cost.py --from-json docs/bench/vllm_step_cost_b8.json
+    python lab/vllm_step_cost.py --from-json docs/bench/vllm_step_cost_b8.json
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class RandomCut:
             STEPS.append((step.rows, step.drafted, step.ms, len(drafted), int(drafted.max(initial=0))))
 
     def explain(self) -> str:
-        return "random cuts (scripts/vllm_step_cost.py)"
+        return "random cuts (lab/vllm_step_cost.py)"
 
 
 class RandomCutProposer(RLDraftProposer):
@@ -147,7 +147,7 @@ def main() -> None:
         llm.generate([p for p in rows for _ in range(group)],
                      SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens), use_tqdm=False)
     steps = np.array(llm.collective_rpc(_steps)[0], dtype=np.float64)
-    result = {"command": " ".join(["python", "scripts/vllm_step_cost.py", *sys.argv[1:]]), **analyse(steps, args.batch)}
+    result = {"command": " ".join(["python", "lab/vllm_step_cost.py", *sys.argv[1:]]), **analyse(steps, args.batch)}
     report(result)
     if args.json:
         with open(args.json, "w") as f:

@@ -1,17 +1,18 @@
 #!/usr/bin/env python
 """Held-out accuracy of a target on the tiny math test prompts (T=1 samples, plain decoding).
 
-    python scripts/eval_heldout.py                                   # the embedded target/
-    python scripts/eval_heldout.py --model DIR/target-early          # scripts/make_tiny_models.py --only early-target
-    python scripts/eval_heldout.py --model outputs/grpo_qwen3-graft  # a checkpoint saved by recipes/grpo_qwen3.py
+    python lab/eval_heldout.py                                   # the embedded target/
+    python lab/eval_heldout.py --model DIR/target-early          # lab/make_tiny_models.py --only early-target
+    python lab/eval_heldout.py --model outputs/grpo_qwen3-graft  # a checkpoint saved by recipes/grpo_qwen3.py
 
 The first --num-prompts rows of the test split, each sampled --samples times, all rows in one
 `RolloutEngine(model, EngineConfig(method="ar")).generate` call seeded with --seed (each prompt's
 samples are consecutive rows, as in a GRPO group). A sample is correct when its final `#### N`
 equals the gold answer, and well formatted when it ends with a `#### <integer>` line: the
-recipe's own `correctness_reward` and `format_reward`, applied to completions decoded as TRL
-decodes them. The prompts come from the recipe's `load_prompts` (its `--num_eval_prompts` set
-is the first rows of the same split), `--max-new-tokens` defaults to its `max_completion_length`.
+recipe's `correctness_reward` and `format_reward` (`rollout_graft.assets.rewards`), applied to
+completions decoded as TRL decodes them. The prompts are the split's rows in file order, as the
+recipe loads them (its `--num_eval_prompts` set is the first rows of the same split);
+`--max-new-tokens` defaults to the recipe's `max_completion_length` (128).
 
 A fixed seed, thread count and device give identical results. The T=1 estimate itself is noisy:
 on the embedded target, seeds 0..7 gave 23.4 % to 28.1 % (512 samples; measured with the sampler before
@@ -23,38 +24,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.append(str(Path(__file__).resolve().parents[1] / "recipes"))  # for grpo_qwen3
 
-import grpo_qwen3 as recipe  # the recipe's prompts, rewards and defaults
 import torch
 
 from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
-from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_jsonl
+from rollout_graft.assets.rewards import correctness_reward, format_reward
+
+MAX_NEW_TOKENS = 128  # the recipe's max_completion_length (tests/test_eval_heldout.py checks they agree)
 
 
 def evaluate(model: str | Path = TINY_TARGET, *, num_prompts: int = 128, samples: int = 4, temperature: float = 1.0,
-             seed: int = 0, max_new_tokens: int = recipe.RECIPE_DEFAULTS["max_completion_length"],
+             seed: int = 0, max_new_tokens: int = MAX_NEW_TOKENS,
              dataset_path: str | Path = TINY_PROMPTS, split: str = "test", device: str = "cpu") -> dict:
     """Accuracy and format rate of `samples` completions per held-out prompt (see the module docstring)."""
-    data = recipe.load_prompts(recipe.ScriptArguments(dataset_path=str(dataset_path)), split, num_prompts)
+    data = read_jsonl(dataset_path, split=split)[:num_prompts]
+    if not data:
+        raise ValueError(f"{dataset_path} has no rows with split={split!r}")
     engine = RolloutEngine.from_pretrained(str(model), config=EngineConfig(method="ar"), device=device)
     tok = engine.tokenizer
-    prompt_ids = tok(text=list(data["prompt"]))["input_ids"]  # as TRL tokenizes text prompts
+    prompt_ids = tok(text=[r["prompt"] for r in data])["input_ids"]  # as TRL tokenizes text prompts
     rows = [ids for ids in prompt_ids for _ in range(samples)]
-    answers = [a for a in data["answer"] for _ in range(samples)]
+    answers = [str(r["answer"]) for r in data for _ in range(samples)]
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     start = time.perf_counter()
     out = engine.generate(rows, params)
     seconds = time.perf_counter() - start
     completions = tok.batch_decode(out.completion_ids, skip_special_tokens=True)  # as TRL decodes them
-    correct = recipe.correctness_reward(completions, answer=answers)
-    formatted = recipe.format_reward(completions)
+    correct = correctness_reward(completions, answer=answers)
+    formatted = format_reward(completions)
     n = len(rows)
     return {
         "accuracy": sum(correct) / n,
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--samples", type=int, default=4, help="samples per prompt")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0, help="seed of the engine's generator")
-    ap.add_argument("--max-new-tokens", type=int, default=recipe.RECIPE_DEFAULTS["max_completion_length"],
+    ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
                     help="completion length limit (default: the recipe's max_completion_length)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--device", default="cpu")

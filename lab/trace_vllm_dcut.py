@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Trace chain D-cut's state through a sequence of rollouts in one vLLM engine (tiny target).
 
-    python scripts/trace_vllm_dcut.py 1:1 8:1 64:1 1:0 1:0 1:0
-    python scripts/trace_vllm_dcut.py --model M --prompts P.jsonl 8:0 8:0:again   # a later epoch
+    python lab/trace_vllm_dcut.py 1:1 8:1 64:1 1:0 1:0 1:0
+    python lab/trace_vllm_dcut.py --model M --prompts P.jsonl 8:0 8:0:again   # a later epoch
 
 Each argument is one rollout, `batch:temperature` (batch 8 and up: groups of 8 samples per prompt;
 prompts no earlier rollout used; at most --max-tokens new tokens), or `batch:temperature:again`

@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""Micro-benchmark of `RLDraftProposer`'s own CPU time per vLLM step (no vLLM engine, no model).
+
+    python lab/profile_vllm_proposer.py --batches 8 64 256 --json out.json [--cprofile 256]
+    python lab/profile_vllm_proposer.py --prior-memory 400000   # bytes per context of the prior
+
+Drives the real proposer with persistent-batch arrays shaped as vLLM's `custom_class` call passes
+them (`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`: int32 `token_ids_cpu`
+[max_num_reqs, max_model_len] written in place, `num_tokens_no_spec` [max_num_reqs], one list of
+sampled tokens per row, `[]` for empty slots). Each batch is batch/8 GRPO groups of 8 samples
+(prompts of 64 tokens), completions growing to 256 tokens. A synthetic "target" fixes every row's
+completion in advance (siblings read their group's template of repeated phrases, each from a
+shift of its own, with 10 % of tokens changed), so a draft is accepted up to its first token that
+differs from that completion, plus the step's own token, as vLLM's rejection sampler does with a
+greedy target. Finished rows leave and vLLM's condense moves the last rows into their slots. The
+step time the budget policy sees comes from a fake clock (`--step-ms`: a + b·rows + c·draft
+tokens, plus the proposer's own real time, which a vLLM step includes), so D-cut decides nearly
+the same way every run; the proposer's own time is measured with the real clock.
+
+Reports, per policy (`fixed`: every chain verified; `dcut`: the default; `plain`: never drafts) and batch size, the median
+microseconds per `propose` call over the steps with a full batch, and microseconds per
+request-step (all steps), split into tracker (`RequestTracker.rows`), learn (acceptance counters,
+policy calls excluded), drafting (`_draft`: counting the new text, then the chains), policy (`self.policy.*` calls) and
+the rest of `propose`. This measures the proposer's CPU time only, not end-to-end speed.
+
+The persistent-batch replay itself is `rollout_graft_tools.chain_replay` (shared with `lab/replay.py vllm`
+and tests/test_vllm_units.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from rollout_graft.budget import FixedBudget
+from rollout_graft_tools.chain_replay import PROMPT, VOCAB, FakeClock, replay, vllm_config
+
+
+class Parts:
+    """Real time spent in the proposer's parts (wrapping its bound methods on the instance)."""
+
+    NAMES = ("tracker", "learn", "draft", "policy")
+
+    def __init__(self, proposer):
+        self.t = dict.fromkeys(self.NAMES, 0.0)
+        self.policy_in_learn = 0.0
+        self._in_learn = False
+        proposer.tracker.rows = self._wrap(proposer.tracker.rows, "tracker")
+        proposer._draft = self._wrap(proposer._draft, "draft")
+        proposer._learn = self._wrap(proposer._learn, "learn", learn=True)
+        for name in ("plan", "cut", "observe"):
+            setattr(proposer.policy, name, self._wrap(getattr(proposer.policy, name), "policy"))
+
+    def _wrap(self, fn, part, learn=False):
+        def timed(*args, **kwargs):
+            if learn:
+                self._in_learn = True
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t
+                self.t[part] += dt
+                if learn:
+                    self._in_learn = False
+                elif part == "policy" and self._in_learn:
+                    self.policy_in_learn += dt
+        return timed
+
+    def seconds(self) -> dict[str, float]:
+        out = dict(self.t)
+        out["learn"] -= self.policy_in_learn
+        return out
+
+
+class NeverDraft(FixedBudget):
+    """`--policies plain`: every decision is K = 0 and no probe comes (the floor of the proposer's
+    own work while D-cut decodes plainly: rows found, texts extended; counting waits for a draft)."""
+
+    def plan(self, rows: int) -> int:
+        return 0
+
+
+def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, profile: bool = False) -> dict:
+    from rollout_graft.vllm import proposer as module
+    from rollout_graft.vllm.config import ChainConfig
+
+    cls = type("Bench", (module.RLDraftProposer,), {"config": ChainConfig(budget_policy="fixed" if policy == "plain" else policy)})
+    prop = cls(vllm_config(k, PROMPT + length + 2 * k + 8))
+    if policy == "plain":
+        prop.policy = NeverDraft(k)
+    clock = FakeClock()
+    module.time = clock  # the step time the policy sees: the fake clock (restored below)
+    try:
+        replay(prop, batch, length=length, seed=10_000 + batch, clock=clock, step_ms=step_ms, record=False)  # warm-up
+        parts = Parts(prop)
+        full, rows_total, total = [], 0, 0.0
+
+        def on_call(rows, s):
+            nonlocal rows_total, total
+            rows_total += rows
+            total += s
+            if rows == batch:
+                full.append(s)
+
+        stats0 = dict(vars(prop.stats))
+        if profile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+        for rep in range(repeats):
+            replay(prop, batch, length=length, seed=rep, clock=clock, step_ms=step_ms, on_call=on_call, record=False)
+        if profile:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    finally:
+        module.time = time
+    sec = parts.seconds()
+    per_req = {name: 1e6 * s / rows_total for name, s in sec.items()}
+    per_req["other"] = 1e6 * total / rows_total - sum(per_req.values())
+    st = vars(prop.stats)
+    d = {key: st[key] - stats0[key] for key in ("rows", "draft_tokens", "accepted_tokens", "kept_tokens")}
+    return {"batch": batch, "policy": policy, "k": k, "calls_full": len(full),
+            "us_per_call_median": 1e6 * statistics.median(full) if full else float("nan"),
+            "us_per_request_step": 1e6 * total / rows_total,
+            "parts_us_per_request_step": per_req,
+            "drafted_per_row": d["draft_tokens"] / max(d["rows"], 1),
+            "mat": 1 + d["accepted_tokens"] / max(d["rows"], 1)}
+
+
+def prior_memory(tokens: int, seed: int = 0) -> dict:
+    """Host bytes per context of a prior that counted `tokens` completion tokens (phrases of 3-10
+    tokens from a bank of 2000, so contexts repeat): the store's two hash tables over the contexts
+    held (`ChainConfig.max_prior_contexts`' bound)."""
+    from rollout_graft.vllm.ngrams import NgramCounts
+
+    rng = np.random.default_rng(seed)
+    bank = [rng.integers(1, VOCAB, int(rng.integers(3, 11))) for _ in range(2000)]
+    text = np.concatenate([bank[i] for i in rng.integers(0, len(bank), tokens // 3)])[:tokens].tolist()
+    prior = NgramCounts(4)
+    for start in range(0, len(text), 1000):  # a step's worth of text at a time, as a proposer counts it
+        prior.teach(text, start, start + 1000)
+    store = prior.store
+    return {"tokens": len(text), "contexts": len(prior), "bytes": int(store.ctx.nbytes + store.pairs.nbytes),
+            "bytes_per_context": (store.ctx.nbytes + store.pairs.nbytes) / max(len(prior), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut", "plain"])
+    ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
+    ap.add_argument("--length", type=int, default=256, help="completion tokens per request")
+    ap.add_argument("--repeats", type=int, default=2, help="measured rollouts per setting (after one warm-up)")
+    ap.add_argument("--step-ms", type=float, nargs=3, default=[5.0, 0.01, 0.02],
+                    help="fake vLLM step time: a + b·rows + c·draft tokens (ms)")
+    ap.add_argument("--cprofile", type=int, nargs="*", default=[], help="batch sizes to print a cProfile of")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--prior-memory", type=int, metavar="TOKENS",
+                    help="instead: host bytes per context of a prior that counted this many tokens")
+    args = ap.parse_args()
+    if args.prior_memory:
+        print(json.dumps(prior_memory(args.prior_memory)))
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    results = []
+    print(f"{'policy':>6} {'batch':>5} {'us/call':>9} {'us/req':>7} | "
+          + " ".join(f"{n:>7}" for n in (*Parts.NAMES, "other")) + " | drafted/row   MAT")
+    for policy in args.policies:
+        for batch in args.batches:
+            r = run(batch, policy, args.k, args.length, args.repeats, tuple(args.step_ms), batch in args.cprofile)
+            results.append(r)
+            p = r["parts_us_per_request_step"]
+            print(f"{policy:>6} {batch:>5} {r['us_per_call_median']:>9.0f} {r['us_per_request_step']:>7.1f} | "
+                  + " ".join(f"{p[n]:>7.1f}" for n in (*Parts.NAMES, "other"))
+                  + f" | {r['drafted_per_row']:>11.2f} {r['mat']:>5.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+#!/usr/bin/env python
+"""Acceptance studies by replay, without the target: record plain rollouts once, replay draft sources
+on them. One tool, an adapter per backend:
+
+    engine   the engine's trees (`rollout_graft_tools.replay`): retrieval variants on a recording
+             of the plain path with the target's top-k at every position
+    vllm     the vLLM backend's chains (`rollout_graft_tools.chain_replay`): our chain proposer
+             (and vLLM's suffix decoding) through a replayed persistent batch
+
+    python lab/replay.py engine record --num-prompts 8 --group-size 8 --out rec.safetensors
+    python lab/replay.py engine run rec.safetensors --variants retrieval retrieval-noshare --json replay.json
+    python lab/replay.py engine bound rec.safetensors        # what copying from siblings' text could give
+    python lab/replay.py vllm record --batch 64 --rollouts 4 --out rec.json
+    python lab/replay.py vllm run rec.json --json replay.json
+
+Engine: `run` needs no model: trees come from the real RetrievalProposer, acceptance from the
+recorded tokens, index updates from the recorded distributions of on-path positions only (the
+engine also learns from rejected nodes, so replay's MAT is lower than an engine run's: compare
+variants with each other; exactness: rollout_graft_tools/replay.py). Its JSON follows the
+benchmark's layout (`configs[*].methods[variant]`), so `scripts/report.py` renders it.
+
+vLLM: `record` runs plain vLLM (no speculation) for `--rollouts` GRPO rollouts of `--batch` rows
+(batch/G prompts × G samples, EOS on), each on prompts no earlier rollout used. `run` replays them
+in order through each proposer (one instance per variant, kept across rollouts as in one vLLM
+engine): a draft is accepted up to its first token that differs from the recorded completion,
+plus one token — exactly vLLM's rejection sampler on drafts without probabilities, so replaying
+plain samples gives the acceptance of a real speculative run in distribution. Variants:
+`ours@K/τ` (chains of at most K tokens cut where the raw score falls below τ) and `suffix@K/p`
+(vLLM's suffix decoding, min_token_prob p; needs arctic-inference); for each suffix variant, our
+curves interpolated at its draft tokens per step ("higher MAT than suffix at equal drafted").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import torch  # noqa: E402
+
+from rollout_graft import EngineConfig, RetrievalConfig, SamplingParams  # noqa: E402
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_texts  # noqa: E402
+from rollout_graft.proposers import RetrievalProposer  # noqa: E402
+from rollout_graft.templates import TemplateConfig  # noqa: E402
+from rollout_graft_tools.bounds import suffix_chain_bound  # noqa: E402
+from rollout_graft_tools.chain_replay import SuffixReplay, at_drafted, ours_proposer, replay_rollouts  # noqa: E402
+from rollout_graft_tools.prompts import load_prompts  # noqa: E402
+from rollout_graft_tools.replay import Recording, record, replay  # noqa: E402
+
+
+# ---------------------------------------------------------------------- engine: trees
+def variants(base: RetrievalConfig) -> dict[str, RetrievalConfig]:
+    """Named retrieval variants (the bench's names where they exist)."""
+    return {
+        "retrieval": base,
+        "retrieval-noshare": replace(base, share_in_group=False),
+        "retrieval-noprior": replace(base, use_prior=False),
+        "retrieval-bare": replace(base, share_in_group=False, use_prior=False),
+        "retrieval-order2": replace(base, context_order=2),
+        "retrieval+suffix": replace(base, suffix_depth=8),
+        "retrieval+suffix-noshare": replace(base, suffix_depth=8, share_in_group=False),
+        "retrieval-overwrite": replace(base, merge_decay=0.0),
+        "breadth-first": replace(base, template=replace(base.template, kind="breadth_first")),
+        "best-first-d4": replace(base, template=TemplateConfig(depth=4, width=base.template.width)),
+    }
+
+
+def engine_record(args) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device).eval()
+    prompts = load_prompts(args.prompts, tokenizer, args.split, args.num_prompts, args.offset)
+    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    rec = record(model, tokenizer, prompts, args.group_size, params, args.out, top_k=args.top_k)
+    lens = [len(c) for c in rec.completions]
+    print(f"recorded {rec.rows} rows ({len(prompts)} prompts × {args.group_size}), {sum(lens)} completion tokens "
+          f"(mean {sum(lens) / len(lens):.0f}), top-{args.top_k} per position → {args.out} "
+          f"({Path(args.out).stat().st_size / 1e6:.2f} MB)")
+
+
+def hist_cell(hist: list[int], at_least: int) -> str:
+    rows = sum(hist)
+    return f"{100 * sum(hist[at_least:]) / max(rows, 1):.0f}"
+
+
+def engine_table(results: dict) -> str:
+    lines = ["| variant | MAT | steps | row-steps | verified tok/step | accepted ≥1 % | ≥2 % | ≥4 % | accepted-length histogram |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, m in results["configs"][0]["methods"].items():
+        h = m["accept_hist"]
+        lines.append(f"| {name} | {m['mat']:.3f} | {m['target_forwards']} | {m['row_steps']} | "
+                     f"{m['verify_tokens_per_step']:.0f} | {hist_cell(h, 1)} | {hist_cell(h, 2)} | {hist_cell(h, 4)} | "
+                     f"{' '.join(map(str, h))} |")
+    return "\n".join(lines)
+
+
+def engine_run(args) -> dict:
+    rec = Recording.load(args.recording)
+    warm = [Recording.load(p) for p in args.warm]
+    table_of = variants(RetrievalConfig(prior_path=args.prior, update_prior=bool(warm)))
+    unknown = [v for v in args.variants if v not in table_of]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {list(table_of)}")
+    groups = int(rec.row_group.max()) + 1
+    entry = {"temperature": rec.params.temperature, "prompts": groups, "group": rec.rows // groups, "batch": rec.rows,
+             "methods": {}}
+    for name in args.variants:
+        cfg = EngineConfig(method="retrieval", budget=args.budget, max_depth=args.max_depth, retrieval=table_of[name])
+        proposer = RetrievalProposer(cfg.retrieval, rec.vocab, args.device)
+        for w in warm:  # the prior learns from other recordings first (as over earlier GRPO steps)
+            replay(w, cfg, proposer=proposer, device=args.device)
+        entry["methods"][name] = {**replay(rec, cfg, proposer=proposer, device=args.device).as_dict(),
+                                  "retrieval": asdict(cfg.retrieval)}
+    results = {"command": "python " + " ".join(sys.argv), "replay": True, "recording": args.recording,
+               "model": rec.model, "params": asdict(rec.params), "budget": args.budget, "max_depth": args.max_depth,
+               "prior": args.prior, "warm": args.warm, "configs": [entry]}
+    print(engine_table(results))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return results
+
+
+def engine_bound(args) -> dict:
+    res = {src: suffix_chain_bound(args.recording, src, depth=args.depth) for src in ("own", "siblings", "whole")}
+    print(f"suffix chain (depth {args.depth}), tokens per step: own text {res['own']:.2f}, + siblings up to the same "
+          f"position {res['siblings']:.2f}, + siblings' whole completions {res['whole']:.2f}")
+    return res
+
+
+# ---------------------------------------------------------------------- vLLM: chains
+
+def vllm_record(args) -> None:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompts = read_prompt_texts(args.prompts, tok)
+    per = max(args.batch // args.group, 1)
+    group = args.group if args.batch >= args.group else 1
+    prompts = prompts[args.skip_prompts :]
+    if per * args.rollouts > len(prompts):
+        raise SystemExit(f"{args.rollouts} rollouts of {per} prompts need {per * args.rollouts} prompts; "
+                         f"{args.prompts} has {len(prompts)} after the {args.skip_prompts} skipped")
+    llm = LLM(args.model, dtype=args.dtype, seed=args.seed, enforce_eager=True)
+    rollouts = []
+    for n in range(args.rollouts):
+        rows = [p for p in prompts[n * per : (n + 1) * per] for _ in range(group)]
+        outs = llm.generate(rows, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens), use_tqdm=False)
+        rollouts.append({"prompts": [list(o.prompt_token_ids) for o in outs],
+                         "completions": [list(o.outputs[0].token_ids) for o in outs]})
+    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    args.out.write_text(json.dumps({"args": meta, "vocab": len(tok), "rollouts": rollouts}))
+
+
+def vllm_run(args) -> dict:
+    rec = json.loads(args.recording.read_text())
+    rollouts = rec["rollouts"]
+    max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * args.k + 2
+    results: dict[str, dict] = {}
+    names = [("ours", {})] + [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]
+    for name, options in names:
+        for tau in args.taus:
+            results[f"{name}@{args.k}/{tau:g}"] = replay_rollouts(ours_proposer(args.k, tau, rec["vocab"], max_len, options), rollouts)
+    for p in args.min_token_probs:
+        results[f"suffix@{args.k}/{p:g}"] = replay_rollouts(SuffixReplay(args.k, p, max_len), rollouts)
+    curves = {name: [v for k, v in results.items() if k.startswith(f"{name}@")] for name, _ in names}
+    compare = {k: {"drafted_per_step": v["drafted_per_step"], "suffix_mat": v["mat"],
+                   **{f"{name}_mat_at_equal_drafted": at_drafted(curve, v["drafted_per_step"])
+                      for name, curve in curves.items()}}
+               for k, v in results.items() if k.startswith("suffix")}
+    out = {"recording": str(args.recording), "recorded_with": rec["args"], "k": args.k, "variants": results,
+           "suffix_vs_ours": compare}
+    print(f"{'variant':<18} {'MAT':>6} {'drafted/step':>13} {'accepted/step':>14}")
+    for k, v in results.items():
+        print(f"{k:<18} {v['mat']:6.3f} {v['drafted_per_step']:13.2f} {v['accepted_per_step']:14.2f}")
+    for k, v in compare.items():
+        for name in curves:
+            o = v[f"{name}_mat_at_equal_drafted"]
+            print(f"{k}: suffix MAT {v['suffix_mat']:.3f} at {v['drafted_per_step']:.2f} drafted/step; "
+                  f"{name} at the same: {'outside its curve' if o is None else f'{o:.3f}'}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    backends = ap.add_subparsers(dest="backend", required=True)
+    engine = backends.add_parser("engine", help="the engine's trees").add_subparsers(dest="cmd", required=True)
+    r = engine.add_parser("record", help="run the plain path once and record completions + target top-k")
+    r.add_argument("--model", default=str(TINY_TARGET))
+    r.add_argument("--prompts", default=str(TINY_PROMPTS), help="JSON lines with a 'prompt' (text or chat messages)")
+    r.add_argument("--split", default="test")
+    r.add_argument("--offset", type=int, default=0, help="start at this prompt of the split")
+    r.add_argument("--num-prompts", type=int, default=8)
+    r.add_argument("--group-size", type=int, default=8)
+    r.add_argument("--temperature", type=float, default=1.0)
+    r.add_argument("--max-new-tokens", type=int, default=256)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--top-k", type=int, default=8, help="successors recorded per position (>= the index's top_k)")
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--out", required=True)
+    r.set_defaults(func=engine_record)
+    p = engine.add_parser("run", help="replay retrieval variants on a recording (no model)")
+    p.add_argument("recording")
+    p.add_argument("--variants", nargs="+", default=["retrieval", "retrieval-noshare", "retrieval-noprior", "breadth-first"],
+                   help=f"any of {list(variants(RetrievalConfig()))}")
+    p.add_argument("--budget", type=int, default=EngineConfig().budget, help="candidate nodes per sequence and step")
+    p.add_argument("--max-depth", type=int, default=EngineConfig().max_depth)
+    p.add_argument("--prior", default=None, help="a saved adjacency prior (scripts/warm_prior.py) to start from")
+    p.add_argument("--warm", nargs="*", default=[], help="recordings replayed first to warm the prior (on-path rule)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None, help="write the results here (the benchmark's layout)")
+    p.set_defaults(func=engine_run)
+    b = engine.add_parser("bound", help="tokens/step of a lone suffix-chain drafter copying from own / sibling text")
+    b.add_argument("recording")
+    b.add_argument("--depth", type=int, default=8)
+    b.set_defaults(func=engine_bound)
+    chains = backends.add_parser("vllm", help="the vLLM backend's chains").add_subparsers(dest="cmd", required=True)
+    r = chains.add_parser("record", help="plain vLLM rollouts, kept as token ids")
+    r.add_argument("--model", default=str(TINY_TARGET))
+    r.add_argument("--prompts", type=Path, default=TINY_PROMPTS, help="JSON lines with a `prompt` per row")
+    r.add_argument("--batch", type=int, default=64)
+    r.add_argument("--group", type=int, default=8)
+    r.add_argument("--skip-prompts", type=int, default=0, help="start at this prompt (a recording on prompts another did not use)")
+    r.add_argument("--rollouts", type=int, default=4)
+    r.add_argument("--temperature", type=float, default=1.0)
+    r.add_argument("--max-tokens", type=int, default=128)
+    r.add_argument("--dtype", default="float32")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", type=Path, required=True)
+    r.set_defaults(func=vllm_record)
+    u = chains.add_parser("run", help="replay chain proposers on a recording")
+    u.add_argument("recording", type=Path)
+    u.add_argument("--k", type=int, default=8, help="longest chain (num_speculative_tokens)")
+    u.add_argument("--taus", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    u.add_argument("--min-token-probs", type=float, nargs="*", default=[0.1, 0.3, 0.5],
+                   help="suffix decoding's thresholds (none: ours only; suffix needs arctic-inference)")
+    u.add_argument("--ours", nargs="*", default=[], metavar="NAME=JSON",
+                   help="more variants of ours: a name and ChainConfig options, e.g. noprior='{\"use_prior\": false}'")
+    u.add_argument("--json", type=Path)
+    u.set_defaults(func=vllm_run)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    main()
