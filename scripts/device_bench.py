@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One-command GPU benchmark of the engine on SmolLM2-135M-Instruct (issue 20; docs/BENCHMARKS.md, "GPU").
+"""The GPU machine's benchmark: the engine on SmolLM2-135M-Instruct, in one prepared command.
 
 The GPU machine has torch and transformers but no package registry and takes at most 64 MiB of
 files per command, so the model travels as its GGUF (98 MB) cut into pieces:
@@ -8,16 +8,17 @@ files per command, so the model travels as its GGUF (98 MB) cut into pieces:
     bash scripts/device_bench.sh                         # there, once per piece (carry one piece each time)
 
 `run` (what the wrapper calls) stashes the pieces that arrived under the rollout_graft cache; once
-all have, it joins and checks them, converts the GGUF (scripts/prepare_models.py) and, in this one
-process, measures bf16, T=1 and T=0, EOS on: HF `generate`, our `ar`, `retrieval` at fixed budgets,
-`retrieval+dcut` and the suffix/recall variants (scripts/bench_rollout.py's methods and timing), at
-batch 1, 8, 64 and 256 while the time budget lasts. Tokens/s are ratios to `ar` in the same run;
-the JSON also holds MAT, the widths D-cut chose, the profiled forward-cost table and the skipped
-cells. While pieces are missing, `run` smoke-tests the engine on the device with the embedded
-tiny target instead. The JSON is rewritten after every cell (a timeout keeps what was measured).
+all have, it joins and checks them, converts the GGUF (rollout_graft_tools.models) and measures
+with the benchmark's own loop (`scripts/bench.py --backend engine`: rollout_graft_tools.benchmark),
+bf16, T=1 and T=0, EOS on: HF `generate`, our `ar`, `retrieval` at fixed budgets,
+`retrieval+dcut` and the suffix/recall variants, at batch 1, 8, 64 and 256 while the time budget
+lasts (largest batches last). The JSON also holds the widths D-cut chose, the profiled
+forward-cost table and the skipped cells, and is rewritten after every cell (a timeout keeps what
+was measured). While pieces are missing, `run` smoke-tests the engine on the device with the
+embedded tiny target instead.
 
     python scripts/device_bench.py run --device cpu --quick --out /tmp/device_bench.json   # CI path
-    python scripts/report.py /tmp/device_bench.json --markdown
+    python scripts/report.py --show /tmp/device_bench.json
 """
 
 from __future__ import annotations
@@ -26,24 +27,19 @@ import argparse
 import hashlib
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import bench_rollout as bench  # noqa: E402  (scripts/ is on sys.path when run as a script)
-import prepare_models as prep  # noqa: E402
-import report  # noqa: E402
-
-from rollout_graft import RolloutEngine, SamplingParams  # noqa: E402
 from rollout_graft.assets import REAL_PROMPTS, TINY_PROMPTS, TINY_TARGET  # noqa: E402
-from rollout_graft.warmup import warm_prior  # noqa: E402
+from rollout_graft_tools import models as prep  # noqa: E402
+from rollout_graft_tools import tables  # noqa: E402
+from rollout_graft_tools.benchmark import cell, environment, measure_cell  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PACK_DIR = REPO / ".cache" / "device"  # ignored by git: travels only when named in `carry`
@@ -59,16 +55,15 @@ class Plan:
     batches: tuple[int, ...] = (1, 8, 64, 256)  # rows = prompts × group; later batches run while time is left
     group: int = 8  # samples per prompt (a batch smaller than this is one prompt's group)
     max_new_tokens: int = 128
-    repeats: int = 2  # timed runs per method, after one untimed warm-up run of every engine
+    repeats: int = 2  # timed runs per method, after one untimed warm-up rollout of every engine
     budget: int = 60  # base budget: D-cut's widest tree; @N methods override it
-    warmup_rounds: int = 3  # adjacency-prior warm-up over the train prompts
-    warmup_prompts: int = 8
+    prior_rounds: int = 3  # adjacency-prior warm-up over the train prompts
     time_budget_s: float = 450.0  # from the process start; a cell predicted to overrun is skipped
     profile_repeats: int = 3  # CostModel.profile: best of this many forwards per cheap cell
     profile_cell_limit_ms: float = 400.0  # a cell slower than this ends its row (the rest extrapolated)
 
 
-QUICK = Plan(batches=(1, 2), group=2, max_new_tokens=6, repeats=1, warmup_rounds=1, warmup_prompts=1, time_budget_s=100.0,
+QUICK = Plan(batches=(1, 2), group=2, max_new_tokens=6, repeats=1, prior_rounds=1, time_budget_s=100.0,
              profile_repeats=1, profile_cell_limit_ms=20.0)
 
 
@@ -116,7 +111,6 @@ def stash(incoming: Path, src: prep.Source) -> Path | None:
         (store / "manifest.json").write_text(json.dumps(meta))
         for wheel in manifest.parent.glob("wheels/*.whl"):
             shutil.copy2(wheel, store / wheel.name)
-    _use_wheels(store)
     target = prep.cache_root() / "pypi" / src.name / src.gguf
     if target.exists():
         return target
@@ -138,68 +132,7 @@ def stash(incoming: Path, src: prep.Source) -> Path | None:
     return target
 
 
-def _use_wheels(store: Path) -> None:
-    """Pure-Python wheels shipped with piece 1 (gguf) are importable straight from the zip."""
-    for wheel in sorted(store.glob("*.whl")):
-        if str(wheel) not in sys.path:
-            sys.path.append(str(wheel))
-
-
 # ---------------------------------------------------------------------- measuring
-def environment(device: str, dtype: str) -> dict:
-    import torch
-    import transformers
-
-    env = {"device": device, "dtype": dtype, "torch": torch.__version__, "transformers": transformers.__version__,
-           "python": sys.version.split()[0], "threads": torch.get_num_threads()}
-    if device.startswith("cuda"):
-        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
-    return env
-
-
-def shape(batch: int, group: int) -> tuple[int, int]:
-    """(prompts, group) of a batch: whole groups of `group`, or one prompt's group if smaller."""
-    g = min(group, batch)
-    if batch % g:
-        raise ValueError(f"batch {batch} is not a multiple of the group size {g}: pick batches in multiples of --group")
-    return batch // g, g
-
-
-def measure_cell(model, tokenizer, prompts_path: Path, prior: str, plan: Plan, temperature: float, batch: int,
-                 methods: list[str], seed: int) -> dict:
-    """One (temperature, batch) entry in bench_rollout's layout: every engine built and warmed once
-    (untimed; recall learns from it, D-cut calibrates), then `plan.repeats` interleaved timed runs."""
-    n_prompts, group = shape(batch, plan.group)
-    prompts = bench.load_prompts(prompts_path, tokenizer, "test", n_prompts)
-    rows = [p for p in prompts for _ in range(group)]
-    base = SamplingParams(temperature=temperature, max_new_tokens=plan.max_new_tokens, seed=seed)
-    cfgs = {name: bench.variant(name, plan.budget, prior) for name in methods if name != "hf"}
-    engines = {name: RolloutEngine(model, cfg, tokenizer=tokenizer) for name, cfg in cfgs.items()}
-    for name, engine in engines.items():
-        bench.run_engine(model, tokenizer, cfgs[name], rows, replace(base, seed=seed + 10_000), engine)
-    runs: dict[str, list[dict]] = {name: [] for name in methods}
-    for rep in range(plan.repeats):
-        params = replace(base, seed=seed + rep)
-        for name in random.Random(seed + rep).sample(methods, len(methods)):
-            runs[name].append(bench.run_hf(model, tokenizer, prompts, group, params) if name == "hf" else
-                              bench.run_engine(model, tokenizer, cfgs[name], rows, params, engines[name]))
-    entry = {"temperature": temperature, "prompts": n_prompts, "group": group, "batch": len(rows), "methods": {}}
-    for name in methods:
-        entry["methods"][name] = m = bench.median_of(runs[name])
-        m["dcut_widths"] = report.dcut_widths(m.get("budget_trace") or [], plan.budget)
-    ar = entry["methods"].get("ar")
-    for m in entry["methods"].values():
-        m["ratio_vs_ar"] = m["tokens_per_s"] / ar["tokens_per_s"] if ar else None
-        m["paired_ratio_vs_ar"] = report.paired_ratio(m, ar)
-    return entry
-
-
-def warm_hf(model, tokenizer, prompts_path: Path) -> None:
-    """One short untimed `generate`: CUDA/kernel start-up is not billed to the first cell's hf run."""
-    prompt = bench.load_prompts(prompts_path, tokenizer, "test", 1)
-    bench.run_hf(model, tokenizer, prompt, 1, SamplingParams(temperature=1.0, max_new_tokens=4, seed=0))
-
-
 def cells(plan: Plan) -> list[tuple[float, int]]:
     """(temperature, batch) in the order they run: every temperature's smaller batches first, the
     largest batch last, so a run that runs short of time loses only the largest cells."""
@@ -225,58 +158,54 @@ def write(results: dict, out: Path) -> None:
 
 def bench_model(model_path: Path, prompts_path: Path, plan: Plan, device: str, dtype: str, out: Path, seed: int,
                 methods: list[str], results: dict, start: float) -> dict:
-    """Load the target, profile its forward cost, warm the prior per temperature, run the cells."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """Load the target, profile its forward cost, run the cells while the time budget lasts."""
     from rollout_graft.cost import CostModel
+    from rollout_graft_tools.bench_engine import EngineBackend
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device).eval()
+    backend = EngineBackend(str(model_path), str(prompts_path), methods, device=device, dtype=dtype,
+                            budget=plan.budget, prior_rounds=plan.prior_rounds)
     t0 = time.perf_counter()
     # the default grid, so D-cut's engines read this very table back from the disk cache
-    cost = CostModel.profile(model, repeats=plan.profile_repeats, cell_limit_ms=plan.profile_cell_limit_ms, refresh=True)
+    cost = CostModel.profile(backend.model, repeats=plan.profile_repeats, cell_limit_ms=plan.profile_cell_limit_ms,
+                             refresh=True)
     results["cost_table"] = {**cost.to_json(), "profile_s": time.perf_counter() - t0}
-    warm_hf(model, tokenizer, prompts_path)
-    prior = tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False).name
-    warm_prompts = bench.load_prompts(prompts_path, tokenizer, "train", plan.warmup_prompts)
     done: list[tuple[int, float]] = []
-    warmed = None
-    for temperature, batch in cells(plan):
-        elapsed = time.perf_counter() - start
-        if elapsed + predict_s(done, batch) > plan.time_budget_s:
-            results["skipped"].append({"temperature": temperature, "batch": batch, "why": (
-                f"predicted {predict_s(done, batch):.0f} s after {elapsed:.0f} s of a {plan.time_budget_s:.0f} s budget")})
-            continue
-        t0 = time.perf_counter()
-        if warmed != temperature:  # the prior is warmed at the temperature it serves
-            params = SamplingParams(temperature=temperature, max_new_tokens=plan.max_new_tokens, seed=seed)
-            warm_prior(model, warm_prompts, prior, rounds=plan.warmup_rounds, group=plan.group, params=params,
-                             tokenizer=tokenizer, budget=plan.budget)
-            results["prior_warmup_s"][str(temperature)] = time.perf_counter() - t0
-            warmed = temperature
-        entry = measure_cell(model, tokenizer, prompts_path, prior, plan, temperature, batch, methods, seed)
-        entry["cell_s"] = time.perf_counter() - t0
-        if device.startswith("cuda"):
-            entry["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        done.append((batch, entry["cell_s"]))
-        results["configs"].append(entry)
-        results["elapsed_s"] = time.perf_counter() - start
-        write(results, out)
-        print(f"T={temperature} batch={batch}: {entry['cell_s']:.0f} s  " + "  ".join(
-            f"{n} {m['ratio_vs_ar']:.2f}×" for n, m in entry["methods"].items()), flush=True)
-    os.unlink(prior)
+    try:
+        for temperature, batch in cells(plan):
+            elapsed = time.perf_counter() - start
+            if elapsed + predict_s(done, batch) > plan.time_budget_s:
+                results["skipped"].append({"temperature": temperature, "batch": batch, "why": (
+                    f"predicted {predict_s(done, batch):.0f} s after {elapsed:.0f} s of a {plan.time_budget_s:.0f} s budget")})
+                continue
+            t0 = time.perf_counter()
+            c = cell(temperature, batch, plan.group, plan.max_new_tokens)
+            entry = measure_cell(backend, methods, c, plan.repeats, seed, warmup_rollouts=1)
+            for m in entry["methods"].values():
+                m["dcut_widths"] = tables.dcut_widths(m.get("budget_trace") or [], plan.budget)
+            entry["cell_s"] = time.perf_counter() - t0
+            if device.startswith("cuda"):
+                import torch
+
+                entry["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            done.append((batch, entry["cell_s"]))
+            results["configs"].append(entry)
+            results["setup_s"] = backend.setup_s
+            results["elapsed_s"] = time.perf_counter() - start
+            write(results, out)
+            print(f"T={temperature} batch={batch}: {entry['cell_s']:.0f} s  " + "  ".join(
+                f"{n} {m['vs_plain']:.2f}×" for n, m in entry["methods"].items()), flush=True)
+    finally:
+        backend.close()
     return results
 
 
 def run(args) -> dict | None:
     start = time.perf_counter()
     plan = QUICK if args.quick else Plan()
-    overrides = {"time_budget_s": args.time_budget, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
-                 "batches": tuple(args.batches or ()) or None, "temperatures": tuple(args.temperatures or ()) or None}
+    overrides = {"time_budget_s": args.time_budget, "batches": tuple(args.batches or ()) or None}
     plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
     device = args.device or ("cuda" if _cuda() else "cpu")
-    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
     out = Path(args.out or Path(os.environ.get("OUT", REPO / "runs")) / "device_bench.json")
     if args.threads:
         import torch
@@ -284,18 +213,18 @@ def run(args) -> dict | None:
         torch.set_num_threads(args.threads)
     model, prompts, prepare_s = _target(args, start)
     if model is None:  # pieces still missing: check the engine on this device with the tiny target meanwhile
-        if args.no_smoke:
-            return None
         print("smoke test: the quick benchmark on the embedded tiny target", flush=True)
         model, prompts, plan, out = TINY_TARGET, TINY_PROMPTS, QUICK, out.with_name("device_smoke.json")
-    results = {"command": "python " + " ".join(sys.argv), "model": str(model), "plan": asdict(plan),
-               "environment": environment(device, dtype), "prepare_s": prepare_s, "budget": plan.budget,
-               "reuse_engine": True, "dtype": dtype, "device": device, "configs": [], "skipped": [],
-               "prior_warmup_s": {}, "time_budget_s": plan.time_budget_s}
-    bench_model(Path(model), Path(prompts), plan, device, dtype, out, args.seed, list(args.methods), results, start)
+    methods = list(args.methods)
+    if "ar" not in methods:
+        methods.insert(0, "ar")
+    results = {**environment(device, dtype), "backend": "engine", "plain": "ar", "model": str(model),
+               "plan": asdict(plan), "prepare_s": prepare_s, "budget": plan.budget, "configs": [], "skipped": [],
+               "time_budget_s": plan.time_budget_s}
+    bench_model(Path(model), Path(prompts), plan, device, dtype, out, args.seed, methods, results, start)
     results["elapsed_s"] = time.perf_counter() - start
     write(results, out)
-    print(report.render(out, results), flush=True)
+    print(tables.render(out, results), flush=True)
     print(f"wrote {out}", flush=True)
     return results
 
@@ -309,15 +238,13 @@ def _cuda() -> bool:
 def _target(args, start: float) -> tuple[Path | None, Path, float]:
     """(model folder, prompts, seconds spent preparing): the tiny target with --quick, else
     SmolLM2 from the shipped pieces (None while some are missing) with the real prompts."""
-    if args.model:
-        return Path(args.model), Path(args.prompts or REAL_PROMPTS), 0.0
     if args.quick:
         return TINY_TARGET, TINY_PROMPTS, 0.0
     src = prep.SMOLLM2
     if not (prep.model_dir(src.name) / "prepared.json").exists() and stash(Path(args.pieces), src) is None:
         return None, Path(REAL_PROMPTS), 0.0
     path = prep.prepare(src)
-    return path, Path(args.prompts or REAL_PROMPTS), time.perf_counter() - start
+    return path, Path(REAL_PROMPTS), time.perf_counter() - start
 
 
 def pack_command(args) -> None:
@@ -345,21 +272,13 @@ def main(argv=None):
     p.add_argument("--no-wheel", action="store_true", help="ship no gguf wheel (the device has gguf)")
     r = sub.add_parser("run", help="there: stash pieces; once all arrived, convert and benchmark")
     r.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    r.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="default: bfloat16 on cuda, float32 on cpu")
     r.add_argument("--quick", action="store_true", help="the embedded tiny target, smallest settings (CI)")
-    r.add_argument("--model", default=None, help="a prepared HF folder instead of the shipped SmolLM2")
-    r.add_argument("--prompts", default=None, help="prompts JSONL (default: the real prompts; tiny with --quick)")
     r.add_argument("--pieces", default=str(PACK_DIR), help="where the carried pieces arrive")
-    r.add_argument("--methods", nargs="+", default=list(METHODS), help="bench_rollout methods (NAME@N: budget N)")
+    r.add_argument("--methods", nargs="+", default=list(METHODS), help="engine methods (scripts/bench.py; NAME@N: budget N)")
     r.add_argument("--time-budget", type=float, default=None, help="seconds from the start; later cells are skipped")
     r.add_argument("--batches", type=int, nargs="+", default=None, help="rows per cell (default 1 8 64 256)")
-    r.add_argument("--temperatures", type=float, nargs="+", default=None, help="default 1.0 0.0")
-    r.add_argument("--repeats", type=int, default=None)
-    r.add_argument("--max-new-tokens", type=int, default=None)
     r.add_argument("--threads", type=int, default=None)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--no-smoke", action="store_true", help="while pieces are missing, only stash them")
     r.add_argument("--out", default=None, help="JSON path (default: $OUT/device_bench.json, else runs/)")
     args = ap.parse_args(argv)
     return pack_command(args) if args.command == "pack" else run(args)

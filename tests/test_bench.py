@@ -1,23 +1,29 @@
-"""scripts/bench_rollout.py end to end on the embedded tiny target (a few seconds): the JSON it writes."""
+"""scripts/bench.py --backend engine end to end on the embedded tiny target (a few seconds): the JSON it
+writes — ratios to `ar` paired per repeat, the A/A twin, the HF peer, and what every JSON records."""
 
 import json
 
 from conftest import load_script
 
 
-def test_bench_writes_same_run_ratios(tmp_path):
-    bench = load_script("scripts/bench_rollout.py")
+def test_bench_writes_same_run_ratios_and_the_environment(tmp_path):
+    bench = load_script("scripts/bench.py")
     out = tmp_path / "bench.json"
-    methods = ["ar", "ar-twin", "retrieval@8", "retrieval+lead", "retrieval+recall+dcut"]
-    bench.main(["--num-prompts", "1", "--group-size", "2", "--max-new-tokens", "12", "--ignore-eos", "--temperatures", "1.0",
-                "--methods", *methods, "--repeats", "2", "--reuse-engine", "--warmup-rounds", "1",
-                "--warmup-prompts", "1", "--threads", "1", "--out", str(out)])
+    methods = ["ar", "ar-twin", "hf", "retrieval@8", "retrieval+lead", "retrieval+recall+dcut"]
+    argv = ["--backend", "engine", "--device", "cpu", "--methods", *methods, "--batches", "2", "--group", "2",
+            "--max-tokens", "12", "--ignore-eos", "--repeats", "2", "--revisit", "--threads", "1", "--out", str(out)]
+    bench.main(argv)
     result = json.loads(out.read_text())
-    assert result["reuse_engine"] is True
+    assert result["command"] == "python scripts/bench.py " + " ".join(argv)
+    assert result["backend"] == "engine" and result["plain"] == "ar" and result["device"] == "cpu"
+    assert result["cpu"]["model"] is not None and isinstance(result["cpu"]["flags"], list)
+    assert {"torch", "transformers", "python", "rollout_graft"} <= set(result)
     [entry] = result["configs"]
-    assert entry["batch"] == 2 and list(entry["methods"]) == methods
-    for name, m in entry["methods"].items():
-        assert len(m["tokens_per_s_runs"]) == 2 and m["tokens"] == 24  # --ignore-eos: every row writes 12 tokens
-        assert m["mat"] >= 1.0 and m["ratio_vs_ar"] > 0 and m["cpu_ratio_vs_ar"] > 0 and m["cpu_s"] > 0
-    assert entry["methods"]["ar"]["ratio_vs_ar"] == 1.0 == entry["methods"]["ar"]["cpu_ratio_vs_ar"]
-    assert entry["methods"]["ar"]["paired_ratio_vs_ar"] == 1.0
+    assert entry["batch"] == 2 and entry["group"] == 2 and list(entry["methods"]) == methods
+    for m in entry["methods"].values():
+        assert len(m["tokens_per_s_runs"]) == len(m["vs_plain_runs"]) == 2
+        assert m["tokens"] == 24  # --ignore-eos: every row writes 12 tokens
+        assert m["mat"] >= 1.0 and m["vs_plain"] > 0 and m["cpu_vs_plain"] > 0 and m["cpu_s"] > 0
+    ar = entry["methods"]["ar"]
+    assert ar["vs_plain"] == 1.0 == ar["cpu_vs_plain"] and ar["vs_plain_runs"] == [1.0, 1.0]
+    assert entry["methods"]["retrieval@8"]["mat"] > 1.0  # drafts from the group's index are accepted

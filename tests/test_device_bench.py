@@ -53,9 +53,10 @@ def test_largest_batches_run_last_and_a_cell_that_would_overrun_is_predicted(db)
     assert db.predict_s([], 8) == 0.0
     assert db.predict_s([(64, 30.0)], 256) == 60.0  # 30 s × √(256 / 64)
     assert db.predict_s([(64, 30.0)], 1) == 30.0  # never predicted cheaper than the latest cell
-    assert db.shape(1, 8) == (1, 1) and db.shape(64, 8) == (8, 8)
+    assert (db.cell(1.0, 1, 8, 4).prompts, db.cell(1.0, 1, 8, 4).group) == (1, 1)
+    assert (db.cell(1.0, 64, 8, 4).prompts, db.cell(1.0, 64, 8, 4).group) == (8, 8)
     with pytest.raises(ValueError, match="multiple of the group"):
-        db.shape(12, 8)
+        db.cell(1.0, 12, 8, 4)
 
 
 def test_quick_mode_writes_the_device_json(db, tmp_path):
@@ -64,14 +65,14 @@ def test_quick_mode_writes_the_device_json(db, tmp_path):
     db.main(["run", "--device", "cpu", "--quick", "--threads", "1", "--methods", *methods, "--out", str(out)])
     results = json.loads(out.read_text())
     assert [(e["temperature"], e["batch"]) for e in results["configs"]] == [(1.0, 1), (0.0, 1), (1.0, 2), (0.0, 2)]
-    assert results["skipped"] == [] and results["environment"]["device"] == "cpu"
+    assert results["skipped"] == [] and results["device"] == "cpu" and results["cpu"]["model"] is not None
     for entry in results["configs"]:
         assert list(entry["methods"]) == methods
-        assert entry["methods"]["ar"]["ratio_vs_ar"] == 1.0 == entry["methods"]["ar"]["paired_ratio_vs_ar"]
+        assert entry["methods"]["ar"]["vs_plain"] == 1.0
         for m in entry["methods"].values():
-            assert m["tokens"] > 0 and m["mat"] >= 1.0 and m["ratio_vs_ar"] > 0
+            assert m["tokens"] > 0 and m["mat"] >= 1.0 and m["vs_plain"] > 0
         assert set(entry["methods"]["retrieval+dcut"]["dcut_widths"]) <= {"1", "2"}  # keyed by rows
     cost = results["cost_table"]
     assert len(cost["latency_ms"]) == len(cost["batches"]) and all(len(r) == len(cost["tokens"]) for r in cost["latency_ms"])
-    text = db.report.render(out, results)
+    text = db.tables.render(out, results)
     assert "Profiled verify forward" in text and "retrieval+recall" in text

@@ -1,0 +1,149 @@
+#!/usr/bin/env python
+"""Rollout benchmark of either backend (docs/DESIGN.md §7): GRPO rollouts, P prompts × G samples,
+EOS on, every method measured in the same run as the backend's plain path.
+
+    python scripts/bench.py --backend engine --methods ar ar-twin hf retrieval+dcut --out engine.json
+    python scripts/bench.py --backend vllm --methods plain plain-twin suffix@8 ours+dcut@8 --out vllm.json
+    python scripts/bench.py --backend engine --device cuda --dtype bfloat16 --model DIR --prompts P.jsonl ...
+
+Each repeat runs every method once, in a fresh seeded order, on prompts no earlier repeat used;
+`--revisit` first runs each repeat's prompts once, untimed (a later GRPO epoch: `recall` and every
+method's caches may reuse that text). The JSON keeps, per (temperature, batch) and method, the
+median run and its ratio to the plain path (`ar` on the engine, vLLM `plain`): the median over
+repeats of each repeat's paired ratio (`vs_plain`, with every repeat's in `vs_plain_runs`); put
+the plain path's A/A twin (`ar-twin`, `plain-twin`) beside it to see the run's noise, and the peer
+a user would pick instead (`hf` for the engine; vLLM's `suffix@K`, `ngram@K`). Every JSON records
+the command, the CPU model and flags, the versions and the device.
+
+Engine methods: rollout_graft_tools/bench_engine.py (NAME@N: budget N). vLLM methods:
+rollout_graft_tools/bench_vllm.py; each runs in a process of its own beside its own `plain`
+(vLLM binds a process's threads; its counters are process-wide). Render a JSON again with
+`python scripts/report.py --show RUN.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET  # noqa: E402
+from rollout_graft_tools import tables  # noqa: E402
+from rollout_graft_tools.benchmark import cell, environment, measure_cell  # noqa: E402
+
+DEFAULT_METHODS = {"engine": ["ar", "ar-twin", "hf", "retrieval+dcut"], "vllm": ["plain", "plain-twin", "ours+dcut@8"]}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=["engine", "vllm"], default="engine")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the engine; vLLM picks its own build's device)")
+    ap.add_argument("--model", default=str(TINY_TARGET), help="HF model folder (scripts/prepare_models.py --print-path NAME)")
+    ap.add_argument("--prompts", default=str(TINY_PROMPTS), help="JSON lines with a `prompt` (text or chat messages)")
+    ap.add_argument("--methods", nargs="+", default=None, help="default: engine " + " ".join(DEFAULT_METHODS["engine"])
+                    + "; vllm " + " ".join(DEFAULT_METHODS["vllm"]))
+    ap.add_argument("--batches", nargs="+", type=int, default=[8, 64], help="rows per rollout (prompts × G)")
+    ap.add_argument("--group", type=int, default=8, help="G: samples per prompt (one prompt's group if the batch is smaller)")
+    ap.add_argument("--temperatures", nargs="+", type=float, default=[1.0])
+    ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per row at most")
+    ap.add_argument("--ignore-eos", action="store_true", help="every row writes --max-tokens (steadier timings)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--revisit", action="store_true", help="a later GRPO epoch: each repeat's prompts run once before, untimed")
+    ap.add_argument("--warmup-rollouts", type=int, default=0, help="per cell, untimed rollouts of every method first")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (engine)")
+    ap.add_argument("--budget", type=int, default=60, help="engine: candidate nodes per sequence and step")
+    ap.add_argument("--draft-model", default=str(TINY_DRAFT), help="engine: the drafter of the graft methods")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="write the results JSON here")
+    ap.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # vLLM: a child of the driver
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    args.methods = args.methods or DEFAULT_METHODS[args.backend]
+    if args.backend == "vllm" and not args.in_process:
+        results = drive(args, argv)
+    else:
+        results = measure(args, argv)
+    print(tables.speed(results))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def measure(args, argv: list[str]) -> dict:
+    """Every cell of this process's methods, through one backend."""
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.backend == "engine":
+        from rollout_graft_tools.bench_engine import EngineBackend
+
+        backend = EngineBackend(args.model, args.prompts, args.methods, device=args.device, dtype=args.dtype,
+                                budget=args.budget, draft_model=args.draft_model)
+    else:
+        from rollout_graft_tools.bench_vllm import VLLMBackend
+
+        backend = VLLMBackend(args.model, args.prompts, args.methods, dtype=args.dtype)
+    results = {**environment(args.device, args.dtype, ["scripts/bench.py", *argv]), "backend": args.backend,
+               "plain": backend.plain, "model": args.model, "revisit": args.revisit, "budget": args.budget, "configs": []}
+    try:
+        for t in args.temperatures:
+            for b in args.batches:
+                c = cell(t, b, args.group, args.max_tokens, args.ignore_eos)
+                results["configs"].append(measure_cell(backend, args.methods, c, args.repeats, args.seed,
+                                                       args.revisit, args.warmup_rollouts))
+    finally:
+        backend.close()
+    if getattr(backend, "setup_s", None):
+        results["setup_s"] = backend.setup_s
+    return results
+
+
+def drive(args, argv: list[str]) -> dict:
+    """vLLM: each method in a child process of its own beside `plain`; their cells merged."""
+    base = _without(argv, "--out", "--methods")
+    children = [["plain", m] for m in args.methods if m != "plain"] or [["plain"]]
+    merged: dict | None = None
+    for methods in children:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "out.json"
+            cmd = [sys.executable, __file__, *base, "--methods", *methods, "--out", str(out), "--in-process"]
+            subprocess.run(cmd, check=True)
+            part = json.loads(out.read_text())
+        if merged is None:
+            merged = {**part, "command": " ".join(["python", "scripts/bench.py", *argv])}
+        for cfg, new in zip(merged["configs"], part["configs"]):
+            cfg["methods"][methods[-1]] = new["methods"][methods[-1]]
+    if "plain" not in args.methods:
+        for cfg in merged["configs"]:
+            cfg["methods"].pop("plain", None)
+    return merged
+
+
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """argv without these flags and their values."""
+    out, skip = [], False
+    for a in argv:
+        if a.startswith("--"):
+            skip = a in flags
+        if not skip:
+            out.append(a)
+    return out
+
+
+if __name__ == "__main__":
+    main()
