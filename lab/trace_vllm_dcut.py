@@ -12,9 +12,8 @@ measured guard at 1, 8 and 64 rows (`pays`), whether the last decision was plain
 per batch-size class (ms), the step-cost fit used at batch 1, 8 and 64 ([a, b_rows, b_draft, b_spec] ms),
 the guard's tokens per ms per class (`d`: drafting steps, `p`: plain), plain and drafting steps
 measured per class, drafting steps so far, the predicted drafting time at one row
-and the acceptance rate so far. This is how D-cut's cold start, its one-fit-for-all-sizes cost
-model and its shared probe credit were traced (docs/BENCHMARKS.md, "Count-based chains"). Its
-decisions follow measured step times, so runs differ.
+and the acceptance rate so far: a trace of D-cut's cold start, its cost model per batch-size class
+and its probe credit. Its decisions follow measured step times, so runs differ.
 """
 
 import os

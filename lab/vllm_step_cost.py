@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -32,50 +31,7 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 import numpy as np  # noqa: E402
 
-from rollout_graft.budget import BudgetDecision  # noqa: E402
-from rollout_graft.vllm.proposer import RLDraftProposer  # noqa: E402
-
-STEPS: list[tuple[int, int, float, int, int]] = []  # rows, draft tokens, ms, rows that drafted, deepest chain
-
-
-class RandomCut:
-    """Cuts each step's chains to a random depth for a random share of the rows; records the steps."""
-
-    def __init__(self, depth: int):
-        self.depth, self.rng, self.cut_to, self.share = depth, random.Random(0), 0, 1.0
-
-    def plan(self, rows: int) -> int:
-        self.cut_to = self.rng.choice([0, 0, 1, 2, 4, 8])
-        self.share = self.rng.choice([0.25, 0.5, 1.0])
-        return min(self.cut_to, self.depth)
-
-    def cut(self, draft):
-        depths = np.minimum(draft.depths, self.cut_to)
-        depths[max(1, round(self.share * len(depths))):] = 0
-        return draft.cut(depths), BudgetDecision(1.0)
-
-    def observe(self, step) -> None:
-        if step.ms is not None:
-            drafted = step.verified[1] if step.verified is not None else np.zeros(0, dtype=int)
-            STEPS.append((step.rows, step.drafted, step.ms, len(drafted), int(drafted.max(initial=0))))
-
-    def explain(self) -> str:
-        return "random cuts (lab/vllm_step_cost.py)"
-
-
-class RandomCutProposer(RLDraftProposer):
-    untimed_first_counts = False  # every step timed: `first_counts` measures the first ones
-
-    def __init__(self, vllm_config):
-        super().__init__(vllm_config)
-        self.policy = RandomCut(self.k)
-
-
-def _steps(worker) -> list:
-    import vllm_step_cost
-
-    return list(vllm_step_cost.STEPS)
-
+from rollout_graft_tools.random_cut import steps_of  # noqa: E402
 
 MODELS = {  # name → features of a step (rows, tokens, any drafted, rows drafting, deepest chain)
     "linear": lambda r, t, a, n, d: [1.0, r, t],
@@ -130,7 +86,6 @@ def main() -> None:
             kept = json.load(f)
         report({"command": kept["command"], **analyse(np.array(kept["raw_steps"]), args.batch)})
         return
-    sys.modules.setdefault("vllm_step_cost", sys.modules[__name__])  # vLLM imports the proposer from here
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
@@ -138,7 +93,7 @@ def main() -> None:
 
     prompts = read_prompt_texts(str(TINY_PROMPTS), AutoTokenizer.from_pretrained(str(TINY_TARGET)))
     llm = LLM(str(TINY_TARGET), dtype="float32", seed=0, enforce_eager=True,
-              speculative_config={"method": "custom_class", "model": "vllm_step_cost.RandomCutProposer",
+              speculative_config={"method": "custom_class", "model": "rollout_graft_tools.random_cut.RandomCutProposer",
                                   "num_speculative_tokens": 8})
     group, used = min(8, args.batch), 0
     for _ in range(args.rollouts):
@@ -146,7 +101,7 @@ def main() -> None:
         used += len(rows)
         llm.generate([p for p in rows for _ in range(group)],
                      SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens), use_tqdm=False)
-    steps = np.array(llm.collective_rpc(_steps)[0], dtype=np.float64)
+    steps = np.array(llm.collective_rpc(steps_of)[0], dtype=np.float64)
     result = {"command": " ".join(["python", "lab/vllm_step_cost.py", *sys.argv[1:]]), **analyse(steps, args.batch)}
     report(result)
     if args.json:

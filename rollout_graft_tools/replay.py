@@ -111,7 +111,7 @@ class Recording:
             meta = f.metadata() or {}
             if meta.get("format") != FORMAT:
                 raise ValueError(f"{path} is not a replay recording (format {meta.get('format')!r}, want {FORMAT!r}); "
-                                 "write one with rollout_graft_tools.replay.record or `scripts/replay.py record`")
+                                 "write one with rollout_graft_tools.replay.record or `lab/replay.py engine record`")
             t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         return Recording(**t, params=SamplingParams(**json.loads(meta["params"])), model=meta["model"],
                          vocab=int(meta["vocab"]), finish_reasons=json.loads(meta["finish_reasons"]))
