@@ -43,7 +43,7 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import IntervalStrategy
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
-from rollout_graft.assets import TINY_ANSWER_PATTERN, TINY_PROMPTS, TINY_TARGET, read_jsonl
+from rollout_graft.assets import TINY_ANSWER_PATTERN, TINY_PROMPTS, TINY_TARGET, read_prompt_rows
 from trainers import GraftConfig, GraftGRPOTrainer
 
 BACKENDS = ("graft", "vllm", "hf")
@@ -154,7 +154,7 @@ def format_reward(completions, **kwargs) -> list[float]:
 
 # ---------------------------------------------------------------------------- data
 def load_prompts(args: ScriptArguments, split: str, limit: int | None = None) -> Dataset:
-    rows = read_jsonl(args.dataset_path, split=split)[:limit]
+    rows = read_prompt_rows(args.dataset_path, split=split)[:limit]  # every row checked: ValueError names its line
     if not rows:
         raise ValueError(f"{args.dataset_path} has no rows with split={split!r}")
     prompts = [[{"role": "user", "content": r["prompt"]}] if args.conversational else r["prompt"] for r in rows]

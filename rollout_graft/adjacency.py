@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
+from .files import atomic_save_safetensors, load_safetensors
 from .templates import Template
 from .tree import RETRIEVAL, Draft
 
@@ -194,12 +194,54 @@ class AdjacencyIndex:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
+        """Write the index as safetensors, atomically (an interrupted save leaves the old file)."""
         fields = {"ids": self.ids, "probs": self.probs, "ctx_ids": self.ctx_ids, "ctx_probs": self.ctx_probs,
                   "ctx_tag": self.ctx_tag}
-        save_file({k: v.cpu().contiguous() for k, v in fields.items() if v is not None}, str(path))
+        atomic_save_safetensors({k: v.cpu().contiguous() for k, v in fields.items() if v is not None}, path)
 
     @staticmethod
     def load(path: str | Path, device: torch.device | str = "cpu") -> "AdjacencyIndex":
-        t = load_file(str(path), device=str(device))
-        return AdjacencyIndex(t["ids"].long(), t["probs"].to(torch.float16), t.get("ctx_ids"),
-                              t.get("ctx_probs"), t.get("ctx_tag"))
+        """The index `save` wrote; ValueError naming `path` when it is unreadable or malformed (`_check_saved`)."""
+        t = load_safetensors(path, "the adjacency prior")
+        _check_saved(t, path)
+        ctx = [t[k].to(device) if k in t else None for k in ("ctx_ids", "ctx_probs", "ctx_tag")]
+        return AdjacencyIndex(t["ids"].long().to(device), t["probs"].to(torch.float16).to(device),
+                              None if ctx[0] is None else ctx[0].long(),
+                              None if ctx[1] is None else ctx[1].to(torch.float16), None if ctx[2] is None else ctx[2].long())
+
+
+def _check_saved(t: dict[str, torch.Tensor], path) -> None:
+    """A saved index: `ids` [groups, V, k] integer successor ids in [0, V) or EMPTY, `probs` of
+    the same shape, finite and in [0, 1]; the second-order table complete or absent, its ids
+    alike and its tags in [0, V²) or EMPTY."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"the adjacency prior {path} {what}: it is corrupt or not a prior saved by "
+                          "rollout_graft (`save_prior`, graft_prior.safetensors); warm or save it again")
+
+    if "ids" not in t or "probs" not in t:
+        raise bad(f"lacks tensor(s) {[k for k in ('ids', 'probs') if k not in t]} (has {sorted(t)})")
+    ids, probs = t["ids"], t["probs"]
+    if ids.dim() != 3 or probs.shape != ids.shape or 0 in ids.shape:
+        raise bad(f"has ids {list(ids.shape)} and probs {list(probs.shape)}; both must be [groups, vocab, k], non-empty")
+    vocab = ids.shape[1]
+    ctx = [k for k in ("ctx_ids", "ctx_probs", "ctx_tag") if k in t]
+    if ctx and len(ctx) != 3:
+        raise bad(f"has only {ctx} of its second-order table (ctx_ids, ctx_probs, ctx_tag)")
+    pairs = [("ids", ids, probs)] + ([("ctx_ids", t["ctx_ids"], t["ctx_probs"])] if ctx else [])
+    for name, i, p in pairs:
+        if i.dtype.is_floating_point or i.dtype == torch.bool or not p.dtype.is_floating_point:
+            raise bad(f"has {name} of dtype {i.dtype} and its probabilities of dtype {p.dtype} (want integer ids, float probs)")
+        if i.shape != p.shape or i.dim() != 3 or i.shape[2] != ids.shape[2]:
+            raise bad(f"has {name} {list(i.shape)} and its probabilities {list(p.shape)}: shapes differ from [groups, rows, k={ids.shape[2]}]")
+        out = (i != EMPTY) & ((i < 0) | (i >= vocab))
+        if out.any():
+            raise bad(f"has {name} {int(i[out][0])} outside the vocabulary [0, {vocab}) ({int(out.sum())} such)")
+        p = p.float()
+        if not torch.isfinite(p).all() or ((p < 0) | (p > 1.001)).any():
+            raise bad(f"has probabilities for {name} that are NaN/inf or outside [0, 1]")
+    if ctx:
+        tag = t["ctx_tag"]
+        if tag.shape != t["ctx_ids"].shape[:2] or tag.dtype.is_floating_point:
+            raise bad(f"has ctx_tag {list(tag.shape)} {tag.dtype}, want integer [groups, rows] = {list(t['ctx_ids'].shape[:2])}")
+        if ((tag != EMPTY) & ((tag < 0) | (tag >= vocab * vocab))).any():
+            raise bad(f"has ctx_tag values outside [0, vocab²={vocab * vocab})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -100,6 +101,28 @@ def _integer(name: str, value, example: str) -> int:
     return int(value)
 
 
+def check_types(obj, ints: tuple[str, ...] = (), reals: tuple[str, ...] = (), bools: tuple[str, ...] = (),
+                paths: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
+    """TypeError naming the first field of `obj` whose value has the wrong type (ints: int, not bool
+    or float; reals: a number; bools: True/False; paths: str or os.PathLike); `optional` fields may
+    also be None. Ints and reals are normalised to Python int / float."""
+    where = type(obj).__name__
+    for names, kind in ((ints, "int"), (reals, "real"), (bools, "bool"), (paths, "path")):
+        for name in names:
+            value = getattr(obj, name)
+            if value is None and name in optional:
+                continue
+            if kind == "int":
+                value = _integer(f"{where}.{name}", value, "a whole number such as 8")
+            elif kind == "real":
+                value = _real(f"{where}.{name}", value, "e.g. 0.5")
+            elif kind == "bool" and not isinstance(value, bool):
+                raise TypeError(f"{where}.{name} must be True or False, got {type(value).__name__} {value!r}")
+            elif kind == "path" and not isinstance(value, (str, os.PathLike)):
+                raise TypeError(f"{where}.{name} must be a local path (str), got {type(value).__name__} {value!r}")
+            setattr(obj, name, value)
+
+
 def _token_ids(name: str, ids) -> list[int]:
     """A list/tuple of token ids (ints >= 0) as list[int]; TypeError for a single id, a string, floats, bools."""
     if not isinstance(ids, (list, tuple)):
@@ -131,12 +154,13 @@ class RetrievalConfig:
         suffix_depth: length of the draft chain copied from text already written (0: off): the
             continuation after the longest match of the row's last tokens in its group's rows
             (prompt and siblings' completions; only its own row without `share_in_group`),
-            merged into the retrieval tree in front of it (`history.TokenHistory`).
+            merged into the retrieval tree in front of it (`history.TokenHistory`). 0 turns it
+            (and `recall`) off.
         suffix_match: most trailing tokens compared when matching (the longest match wins).
         suffix_min_match: fewest matching tokens that count as a match.
         recall: earlier completions remembered per prompt across rollouts (`generate` calls) and
             read by the suffix chains of a row with the same prompt (GRPO epochs revisit prompts);
-            0 = off. Needs `suffix_depth` > 0.
+            0 = off. Needs `suffix_depth` > 0 (with `suffix_depth=0`, recall is off too).
         recall_prompts: prompts remembered at most (the least recently seen are forgotten).
         suffix_rows: rows whose text one row searches, itself included (bounds the work for large
             groups; the group's first rows, i.e. the leaders of `EngineConfig.group_lead`, first).
@@ -153,22 +177,28 @@ class RetrievalConfig:
     merge_decay: float = 0.5
     context_order: Literal[1, 2] = 1
     context_rows: int | None = None
-    suffix_depth: int = 0
+    suffix_depth: int = 8  # on: GRPO's siblings and epochs repeat text (lab/recall_study.py, docs/RESULTS.md)
     suffix_match: int = 4
     suffix_min_match: int = 1
     suffix_rows: int = 16
-    recall: int = 0
+    recall: int = 4  # on: a GRPO epoch revisits every prompt
     recall_prompts: int = 4096
     suffix_confidence: float = 0.6
 
     def __post_init__(self) -> None:
+        check_types(self, ints=("top_k", "context_order", "context_rows", "suffix_depth", "suffix_match", "suffix_min_match",
+                                "suffix_rows", "recall", "recall_prompts"),
+                    reals=("merge_decay", "suffix_confidence"), bools=("share_in_group", "use_prior", "update_prior"),
+                    paths=("prior_path",), optional=("context_rows", "prior_path"))
+        if not isinstance(self.template, TemplateConfig):
+            raise TypeError(f"RetrievalConfig.template must be a TemplateConfig, got {type(self.template).__name__}")
         if self.suffix_depth < 0:
             raise ValueError(f"suffix_depth must be >= 0 chain nodes (0 = off), got {self.suffix_depth}")
         if self.recall < 0 or self.recall_prompts < 1:
             raise ValueError(f"recall must be >= 0 completions per prompt and recall_prompts >= 1, got {self.recall}, "
                              f"{self.recall_prompts}")
-        if self.recall and not self.suffix_depth:
-            raise ValueError("recall feeds the suffix chains: set suffix_depth > 0 (e.g. 8) or recall=0")
+        if not self.suffix_depth:  # recall feeds the suffix chains: without them it has nothing to do
+            self.recall = 0
         if self.suffix_rows < 1:
             raise ValueError(f"suffix_rows must be >= 1 (the row itself), got {self.suffix_rows}")
         if not 1 <= self.suffix_min_match <= self.suffix_match:
@@ -229,6 +259,13 @@ class DraftConfig:
     adaptive_split: bool = True
 
     def __post_init__(self) -> None:
+        check_types(self, ints=("top_k", "beam", "depth", "split_budget", "fixed_draft_nodes"),
+                    bools=("prune", "graft", "adaptive_split"), paths=("draft_model", "thresholds_path"),
+                    optional=("draft_model", "thresholds_path"))
+        for name in ("checkpoints", "thresholds", "split"):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise TypeError(f"DraftConfig.{name} must be a tuple, got {type(getattr(self, name)).__name__} "
+                                f"{getattr(self, name)!r}")
         if self.top_k < 1 or self.beam < 1 or self.depth < 1:
             raise ValueError(f"draft top_k, beam and depth must be >= 1, got {self.top_k}, {self.beam}, {self.depth}")
         self.checkpoints = tuple(int(c) for c in self.checkpoints)
@@ -272,7 +309,11 @@ class DCutConfig:
     calibration_prior: float = 4.0
 
     def __post_init__(self) -> None:
-        self.ratios = tuple(self.ratios)
+        check_types(self, reals=("probe_share", "calibration_prior"))
+        if not isinstance(self.ratios, (list, tuple)):
+            raise TypeError(f"DCutConfig.ratios must be a tuple of fractions, e.g. (0.5, 1.0); got "
+                            f"{type(self.ratios).__name__} {self.ratios!r}")
+        self.ratios = tuple(_real("every DCutConfig.ratios value", r, "a fraction such as 0.5") for r in self.ratios)
         if not self.ratios or any(not 0.0 <= r <= 1.0 for r in self.ratios):
             raise ValueError(f"DCutConfig.ratios must be fractions in [0, 1], got {self.ratios}")
         if not 0.0 < self.probe_share <= 1.0:
@@ -315,6 +356,12 @@ class EngineConfig:
     group_lead: int = 0
 
     def __post_init__(self) -> None:
+        check_types(self, ints=("budget", "max_depth", "group_lead"), reals=("compact_slack",),
+                    bools=("cost_profile_refresh",))
+        for name, cls in (("retrieval", RetrievalConfig), ("draft", DraftConfig)):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), cls):
+                raise TypeError(f"EngineConfig.{name} must be a {cls.__name__} (or None for its defaults), got "
+                                f"{type(getattr(self, name)).__name__}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
         if self.budget_policy not in ("fixed", "dcut"):

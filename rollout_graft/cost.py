@@ -13,14 +13,16 @@ faster than a quarter of it are timed again in whole passes over the grid and th
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
+import warnings
 from bisect import bisect_left
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from .files import atomic_write_json, is_finite_number, is_int, read_json, require_keys
 from .runner import ModelRunner
 from .stats import StepTiming
 
@@ -44,8 +46,10 @@ def _interp(xs: list[float], x: float) -> tuple[int, int, float]:
 class CostModel:
     """latency_ms[batch][tokens_per_row] of one verify forward."""
 
-    def __init__(self, batches: list[int], tokens: list[int], latency_ms: list[list[float]], key: str = ""):
+    def __init__(self, batches: list[int], tokens: list[int], latency_ms: list[list[float]], key: str = "",
+                 meta: dict | None = None):
         self.batches, self.tokens, self.latency_ms, self.key = list(batches), list(tokens), latency_ms, key
+        self.meta = dict(meta or {})  # when and under what load it was profiled (`profile`; {} for an old cache)
 
     def predict(self, batch: int, tokens_per_row: float) -> float:
         """Predicted milliseconds for `batch` rows verifying `tokens_per_row` nodes each."""
@@ -56,11 +60,34 @@ class CostModel:
 
     # ------------------------------------------------------------------ persistence
     def to_json(self) -> dict:
-        return {"batches": self.batches, "tokens": self.tokens, "latency_ms": self.latency_ms, "key": self.key}
+        return {"batches": self.batches, "tokens": self.tokens, "latency_ms": self.latency_ms, "key": self.key,
+                **self.meta}
 
     @staticmethod
-    def from_json(d: dict) -> "CostModel":
-        return CostModel(d["batches"], d["tokens"], d["latency_ms"], d.get("key", ""))
+    def from_json(d: dict, source: str = "cost table") -> "CostModel":
+        """The table `to_json` wrote; ValueError naming `source` when it is malformed (missing keys,
+        grids that are not increasing positive ints, a latency table of the wrong shape or with
+        negative or non-finite values). Keys of `META_KEYS` missing (an older cache) leave them unset."""
+        require_keys(d, ("batches", "tokens", "latency_ms"), source, "the cost table")
+        for name in ("batches", "tokens"):
+            grid = d[name]
+            if (not isinstance(grid, list) or not grid or not all(is_int(x) and x > 0 for x in grid)
+                    or grid != sorted(set(grid))):
+                raise ValueError(f"the cost table {source}: {name} must be a non-empty increasing list of positive "
+                                 f"ints, got {grid!r}")
+        table = d["latency_ms"]
+        shape = (len(d["batches"]), len(d["tokens"]))
+        if (not isinstance(table, list) or len(table) != shape[0]
+                or not all(isinstance(r, list) and len(r) == shape[1] for r in table)):
+            raise ValueError(f"the cost table {source}: latency_ms must be {shape[0]} rows of {shape[1]} numbers "
+                             "(batches × tokens)")
+        if not all(is_finite_number(x) and x >= 0 for r in table for x in r):
+            raise ValueError(f"the cost table {source}: latency_ms holds a negative, non-finite or non-numeric value")
+        key = d.get("key", "")
+        if not isinstance(key, str):
+            raise ValueError(f"the cost table {source}: key must be a string, got {key!r}")
+        return CostModel(d["batches"], d["tokens"], [[float(x) for x in r] for r in table], key,
+                         {k: d[k] for k in META_KEYS if k in d})
 
     # ------------------------------------------------------------------ profiling
     @staticmethod
@@ -79,9 +106,11 @@ class CostModel:
         key = CostModel.key_for(model)
         path = _cache_dir() / f"{key}.json"
         if use_cache and not refresh and path.exists():
-            cached = CostModel.from_json(json.loads(path.read_text()))
-            if cached.batches == list(batches) and cached.tokens == list(tokens):
+            cached = _read_cache(path)
+            if cached is not None and cached.batches == list(batches) and cached.tokens == list(tokens):
                 return cached
+        meta = {"profiled_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "loadavg": {"before": _loadavg()}, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
         runner = ModelRunner(model)
         _time_forward(runner, 1, 1, context, runner.vocab_size, 1)  # first-call allocations
         table = _grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms)
@@ -89,11 +118,34 @@ class CostModel:
             # machine then distorts one pass, not a region of the table, and the best of the passes is kept
             again = _grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms / 4, table)
             table = [[min(x, y) for x, y in zip(r1, r2)] for r1, r2 in zip(table, again)]
-        cost = CostModel(list(batches), list(tokens), _monotone(table), key)
+        meta["loadavg"]["after"] = _loadavg()
+        cost = CostModel(list(batches), list(tokens), _monotone(table), key, meta)
         if use_cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cost.to_json()))
+            atomic_write_json(path, cost.to_json())
         return cost
+
+
+META_KEYS = ("profiled_at", "loadavg", "cpu_count", "torch_threads")
+"""What `CostModel.meta` records of a profile: when (`profiled_at`, ISO-8601 UTC), the machine's
+1/5/15-minute load averages before and after it (`loadavg`: {"before": [...], "after": [...]}, None
+where `os.getloadavg` is unavailable), `os.cpu_count()` and torch's threads."""
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):  # Windows; a system without load averages
+        return None
+
+
+def _read_cache(path: Path) -> CostModel | None:
+    """The cached table at `path`, or None (with a warning naming the file) when it is corrupt:
+    the caller profiles again and overwrites it."""
+    try:
+        return CostModel.from_json(read_json(path, "the cost cache"), str(path))
+    except ValueError as e:
+        warnings.warn(f"{e}; profiling again (the cache is rewritten)", RuntimeWarning, stacklevel=3)
+        return None
 
 
 class RowFit:

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from .budget import BudgetDecision, BudgetPolicy, DCut, FixedBudget, StepRecord
 from .config import EngineConfig, SamplingParams
 from .cost import CostModel
+from .files import local_dir
 from .proposers import GraftProposer, NoProposer, Proposer, RetrievalProposer, StepContext
 from .runner import ModelRunner
 from .sampling import check_finite, row_keys, uniforms
@@ -135,17 +136,20 @@ class RolloutEngine:
     @classmethod
     def from_pretrained(cls, path_or_model: str | Path | PreTrainedModel, config: EngineConfig | None = None,
                         device: str | torch.device = "cpu", dtype: torch.dtype | None = None, **kwargs) -> "RolloutEngine":
-        """Load a target from a local directory (never from a hub at run time) or wrap a model."""
+        """Load a target from a local directory (never from a hub: FileNotFoundError when the directory
+        does not exist) or wrap a model. A draft model (`draft_model=` or `config.draft.draft_model`)
+        is a local directory too."""
         if isinstance(path_or_model, PreTrainedModel):
             model = path_or_model
         else:
-            model = AutoModelForCausalLM.from_pretrained(path_or_model, dtype=dtype or torch.float32)
+            local_dir(path_or_model, "the target model's")
+            model = AutoModelForCausalLM.from_pretrained(path_or_model, dtype=dtype or torch.float32, local_files_only=True)
             model.to(device).eval()
         tokenizer = kwargs.pop("tokenizer", None)
         if tokenizer is None and not isinstance(path_or_model, PreTrainedModel):
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(path_or_model)
+            tokenizer = AutoTokenizer.from_pretrained(path_or_model, local_files_only=True)
         return cls(model, config=config, tokenizer=tokenizer, **kwargs)
 
     def _build_proposer(self, draft_model=None) -> Proposer:

@@ -24,13 +24,13 @@ this is each tree's own acceptance, exactly). Two objectives:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from .config import DraftConfig
+from .files import atomic_write_json, is_finite_number, is_int, read_json, require_keys
 
 CalibrationObjective = Literal["accepted", "separation"]
 MIN_CALIBRATION_ROWS = 16
@@ -107,11 +107,19 @@ def separating_thresholds(best: torch.Tensor, dense_accepted: torch.Tensor, chec
 
 def save_thresholds(path: str | Path, checkpoints: tuple[int, ...], thresholds: tuple[float, ...], **extra) -> None:
     data = {"checkpoints": list(checkpoints), "thresholds": list(thresholds), **extra}
-    Path(path).write_text(json.dumps(data, indent=1))
+    atomic_write_json(path, data, indent=1)
 
 
 def load_thresholds(path: str | Path, checkpoints: tuple[int, ...]) -> tuple[float, ...]:
-    data = json.loads(Path(path).read_text())
+    """τ per checkpoint from a file `save_thresholds` wrote; ValueError naming the file when it is
+    corrupt (not JSON, keys missing, thresholds not numbers in [0, 1], one per checkpoint)."""
+    data = read_json(path, "the pruning thresholds")
+    require_keys(data, ("checkpoints", "thresholds"), path, "the pruning thresholds")
+    taus, points = data["thresholds"], data["checkpoints"]
+    if (not isinstance(taus, list) or not isinstance(points, list) or len(taus) != len(points)
+            or not all(is_finite_number(t) and 0.0 <= t <= 1.0 for t in taus) or not all(map(is_int, points))):
+        raise ValueError(f"the pruning thresholds {path} must hold one threshold in [0, 1] per checkpoint level, got "
+                         f"checkpoints={points!r}, thresholds={taus!r}: re-run the calibration")
     if tuple(data["checkpoints"]) != tuple(checkpoints):
         raise ValueError(f"{path} was calibrated for checkpoints {data['checkpoints']} but the config uses "
                          f"{list(checkpoints)}: re-run the calibration (rollout_graft.calibrate) with this config")

@@ -12,7 +12,7 @@ all three from one command line or YAML file.
 import dataclasses
 from dataclasses import dataclass, field
 
-from rollout_graft.config import METHODS, DraftConfig, EngineConfig, RetrievalConfig
+from rollout_graft.config import METHODS, DraftConfig, EngineConfig, RetrievalConfig, check_types
 
 BACKENDS = ("engine", "vllm")
 """Where rollouts are generated: our engine on the trainer's own module, or TRL's vLLM colocate
@@ -115,6 +115,17 @@ class GraftConfig:
     rollout_seed: int | None = field(default=None, metadata={"help": "Base seed of the rollout sampler (GRPOConfig.seed if unset)."})
 
     def __post_init__(self) -> None:
+        check_types(self, ints=("num_speculative_tokens", "draft_reload_steps", "budget", "max_depth", "suffix_depth",
+                                "group_lead", "recall", "rollout_seed"),
+                    bools=("share_in_group", "save_prior"),
+                    paths=("draft_model_name_or_path", "draft_thresholds_path", "prior_path"),
+                    optional=("num_speculative_tokens", "draft_reload_steps", "budget", "max_depth", "suffix_depth",
+                              "group_lead", "recall", "rollout_seed", "share_in_group", "draft_model_name_or_path",
+                              "draft_thresholds_path", "prior_path"))
+        for name in ("backend", "method", "budget_policy"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise TypeError(f"GraftConfig.{name} must be a string, got {type(getattr(self, name)).__name__} "
+                                f"{getattr(self, name)!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "vllm":

@@ -14,7 +14,6 @@ TRL hands every rank its own slice of the generation batch, each prompt repeated
 identical prompt rows by itself, so each rank simply generates the rows it holds.
 """
 
-import json
 import logging
 import os
 import time
@@ -26,8 +25,10 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
+from rollout_graft.adjacency import AdjacencyIndex
 from rollout_graft.config import EngineConfig, SamplingParams
 from rollout_graft.engine import RolloutEngine
+from rollout_graft.files import atomic_write_json, is_int, read_json, require_keys
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.stats import RolloutStats
 
@@ -208,13 +209,13 @@ class GraftGRPOTrainer(GRPOTrainer):
     def _restore_rollout_state(self, checkpoint: str) -> None:
         state = os.path.join(checkpoint, ROLLOUT_STATE_FILE)
         if os.path.isfile(state):
-            with open(state) as f:
-                self._rollouts = int(json.load(f)["rollouts"])
+            self._rollouts = read_rollout_state(state)
         else:
             logger.warning("%s has no %s (saved by an older version): rollout seeds restart at 0, so this run will "
                            "not repeat the uninterrupted one", checkpoint, ROLLOUT_STATE_FILE)
         prior = os.path.join(checkpoint, PRIOR_FILE)
         if self.graft_config.backend == "engine" and os.path.isfile(prior):
+            AdjacencyIndex.load(prior)  # a corrupt prior is named now, before TRL restores anything
             self._resume_prior = prior
             self.rollout_engine = None  # (re)built at the next rollout, from the checkpoint's prior
 
@@ -229,8 +230,7 @@ class GraftGRPOTrainer(GRPOTrainer):
         """Next to TRL's RNG states in each checkpoint: the rollout counter behind the rollout seeds."""
         super()._save_rng_state(output_dir)
         if self.accelerator.is_main_process:  # the counter is the same on every rank
-            with open(os.path.join(output_dir, ROLLOUT_STATE_FILE), "w") as f:
-                json.dump({"rollouts": self._rollouts}, f)
+            atomic_write_json(os.path.join(output_dir, ROLLOUT_STATE_FILE), {"rollouts": self._rollouts})
 
     # ------------------------------------------------------------------ persistence
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
@@ -249,6 +249,19 @@ class GraftGRPOTrainer(GRPOTrainer):
         prior = self.rollout_engine.proposer.adjacency_prior()  # None for "ar" and graft without retrieval
         if prior is not None:
             prior.save(f"{output_dir or self.args.output_dir}/{PRIOR_FILE}")
+
+
+def read_rollout_state(path: str) -> int:
+    """The rollout counter of a checkpoint's `graft_rollout_state.json`; ValueError naming the file
+    when it is not JSON or not {"rollouts": int >= 0}."""
+    data = read_json(path, "the rollout state")
+    require_keys(data, ("rollouts",), path, "the rollout state")
+    rollouts = data["rollouts"]
+    if not is_int(rollouts) or rollouts < 0:
+        raise ValueError(f"the rollout state {path} has rollouts={rollouts!r}, want an int >= 0: the checkpoint is "
+                         "corrupt; resume from an earlier checkpoint, or delete the file (the rollout seeds then "
+                         "restart at 0)")
+    return rollouts
 
 
 @contextmanager

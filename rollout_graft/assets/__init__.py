@@ -39,16 +39,86 @@ __all__ = [
     "load_real_prompts",
     "load_tiny_prompts",
     "read_jsonl",
+    "read_prompt_rows",
     "read_prompt_texts",
 ]
 
 
 def read_jsonl(path: str | Path, **match: str | None) -> list[dict]:
     """Rows of a JSON-lines prompt file (file order) whose fields equal every non-None `match`
-    value; a row without the field matches (a file without `split` is all one split)."""
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    value; a row without the field matches (a file without `split` is all one split). ValueError
+    naming the file and line of a line that is not UTF-8, not JSON or not a JSON object."""
+    rows = [row for _, row in _numbered_rows(path)]
     return [r for r in rows if all(v is None or r.get(k, v) == v for k, v in match.items())]
+
+
+def read_prompt_rows(path: str | Path, integer_answer: bool = True, **match: str | None) -> list[dict]:
+    """`read_jsonl` for a training dataset, every row of the file checked up front (before any
+    training step; ValueError naming the file, line and field): `prompt` is a non-empty string or a
+    list of chat messages ({"role": str, "content": str}); `answer` is present and, with
+    `integer_answer` (what the tiny-math rewards compare: `assets.rewards`), an int or a string
+    that parses as one."""
+    numbered = _numbered_rows(path)
+    for line, row in numbered:
+        _check_prompt_row(row, f"{path} line {line}", integer_answer)
+    return [r for _, r in numbered if all(v is None or r.get(k, v) == v for k, v in match.items())]
+
+
+def _numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number from 1, row) of every non-blank line."""
+    try:
+        lines = Path(path).read_bytes().split(b"\n")
+    except FileNotFoundError:
+        raise ValueError(f"dataset {path} does not exist") from None
+    out = []
+    for n, raw in enumerate(lines, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path} line {n} is not UTF-8 text: re-encode the file as UTF-8") from None
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} line {n} is not valid JSON ({e.msg}, column {e.colno}): one JSON object per "
+                             "line") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {n} holds a JSON {type(row).__name__}, not an object with `prompt` and `answer`")
+        out.append((n, row))
+    return out
+
+
+def _check_prompt_row(row: dict, where: str, integer_answer: bool) -> None:
+    for name in ("prompt", "answer"):
+        if name not in row:
+            raise ValueError(f"{where} has no `{name}` field (has {sorted(row)})")
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError(f"{where}: `prompt` is empty")
+    elif not (isinstance(prompt, list) and prompt and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)):
+        raise ValueError(f"{where}: `prompt` must be a string or a non-empty list of chat messages "
+                         f'{{"role": str, "content": str}}, got {type(prompt).__name__} {prompt!r:.80}')
+    answer = row["answer"]
+    if integer_answer and not _is_integer_answer(answer):
+        raise ValueError(f"{where}: `answer` must be an integer (or a string of one, e.g. \"42\"), got "
+                         f"{type(answer).__name__} {answer!r:.80}")
+
+
+def _is_integer_answer(answer) -> bool:
+    if isinstance(answer, bool):
+        return False
+    if isinstance(answer, int):
+        return True
+    if isinstance(answer, str):
+        try:
+            int(answer)
+        except ValueError:
+            return False
+        return True
+    return False
 
 
 def read_prompt_texts(path: str | Path, tokenizer) -> list[str]:

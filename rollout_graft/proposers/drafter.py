@@ -27,6 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..config import DraftConfig, SamplingParams
+from ..files import local_dir
 from ..selection import keep_best
 from ..runner import ModelRunner
 from ..sampling import warp_logits
@@ -63,7 +64,8 @@ def load_draft_model(draft: str | Path | PreTrainedModel, device: torch.device, 
         return draft.eval(), None
     from transformers import AutoTokenizer
 
-    model, info = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype, output_loading_info=True)
+    local_dir(draft, "the draft model's")  # never the hub: a missing directory says so
+    model, info = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype, output_loading_info=True, local_files_only=True)
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         raise ValueError(f"the draft model in {draft} lacks {len(missing)} weight tensor(s), e.g. {missing[:3]}: "
@@ -79,7 +81,7 @@ def load_draft_model(draft: str | Path | PreTrainedModel, device: torch.device, 
             for tensor in (*model.parameters(), *model.buffers()):
                 tensor.data = tensor.data.clone()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(draft)
+        tokenizer = AutoTokenizer.from_pretrained(draft, local_files_only=True)
     except (OSError, ValueError):  # a model directory without tokenizer files
         tokenizer = None
     return model, tokenizer

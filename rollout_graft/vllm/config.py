@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,17 +75,39 @@ class ChainConfig:
     def __post_init__(self) -> None:
         if self.budget_policy not in ("fixed", "dcut"):
             raise ValueError(f"budget_policy must be 'fixed' or 'dcut', got {self.budget_policy!r}")
+        for name in ("share_in_group", "use_prior"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {type(getattr(self, name)).__name__} "
+                                f"{getattr(self, name)!r}")
+        if self.prior_path is not None:
+            if not isinstance(self.prior_path, str) or not self.prior_path:
+                raise TypeError(f"prior_path must be a path (str) to a saved prior.safetensors or None, got "
+                                f"{type(self.prior_path).__name__} {self.prior_path!r}")
+            if not os.path.isfile(self.prior_path):
+                raise ValueError(f"prior_path {self.prior_path} does not exist (or is not a file): pass the "
+                                 "prior.safetensors that `save_state` (or TRL's graft_vllm_state) wrote, or None")
+            if not self.use_prior:
+                raise ValueError(f"prior_path={self.prior_path!r} is given but use_prior=False: the prior would not "
+                                 "be loaded; set use_prior=True or prior_path=None")
+        for name in ("min_match", "max_match", "recall_prompts", "max_prior_contexts", "identity_tokens",
+                     "recall", "explore_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         for name in ("min_match", "max_match", "recall_prompts", "max_prior_contexts", "identity_tokens"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
+            if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
-        if isinstance(self.probe_share, bool) or not isinstance(self.probe_share, (int, float)) or not 0.0 < self.probe_share <= 1.0:
+        if isinstance(self.probe_share, bool) or not isinstance(self.probe_share, (int, float)):
+            raise TypeError(f"probe_share must be a number in (0, 1], got {type(self.probe_share).__name__} "
+                            f"{self.probe_share!r}")
+        if not 0.0 < self.probe_share <= 1.0:
             raise ValueError(f"probe_share must be a number in (0, 1], got {self.probe_share!r}")
         if self.max_match < self.min_match:
             raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
         if self.max_match > 8:
             raise ValueError(f"max_match must be <= 8 (contexts are packed in four int64 words), got {self.max_match}")
         for name in ("recall", "explore_every"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 0:
+            if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be an int >= 0 (0 = off), got {getattr(self, name)!r}")
 
     def class_path(self) -> str:
@@ -120,4 +143,12 @@ def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPoli
         raise TypeError(f"unknown option(s) {unknown}: ChainConfig has "
                         f"{[f.name for f in dataclasses.fields(ChainConfig)]}")
     config = ChainConfig(budget_policy=budget_policy, **options)
+    if config.prior_path is not None:  # a bad file is named now, not inside vLLM's engine start
+        from .ngrams import read_prior
+
+        order = read_prior(config.prior_path)["order"].tolist()
+        if order != [config.max_match, config.min_match]:
+            raise ValueError(f"the prior {config.prior_path} counts contexts of {order[1]}…{order[0]} tokens but the "
+                             f"proposer counts {config.min_match}…{config.max_match}: set min_match={order[1]}, "
+                             f"max_match={order[0]}")
     return {"method": "custom_class", "model": config.class_path(), "num_speculative_tokens": num_speculative_tokens}

@@ -243,25 +243,56 @@ class NgramCounts:
 
     def save(self, path: str | Path) -> None:
         """The counts as safetensors: `contexts` [n, order] (right-aligned, -1 before a shorter
-        context), `successors` [n] and `counts` [n], one row per (context, successor)."""
-        from safetensors.numpy import save_file
+        context), `successors` [n] and `counts` [n], one row per (context, successor). Written
+        atomically: an interrupted save leaves the old file."""
+        from ..files import atomic_save_safetensors
 
         contexts, succ, cnt = self.rows()
-        save_file({"contexts": np.ascontiguousarray(contexts), "successors": succ, "counts": cnt,
-                   "order": np.array([self.order, self.min_order], dtype=np.int64)}, str(path))
+        atomic_save_safetensors({"contexts": np.ascontiguousarray(contexts), "successors": succ, "counts": cnt,
+                                 "order": np.array([self.order, self.min_order], dtype=np.int64)}, path, numpy=True)
 
-    def load(self, path: str | Path) -> None:
-        """Add the counts `save` wrote to this table (same context lengths)."""
-        from safetensors.numpy import load_file
-
-        data = load_file(str(path))
-        if "contexts" not in data:
-            raise ValueError(f"{path} is not an n-gram prior saved by the vLLM backend (keys {sorted(data)}): "
-                             "pass the prior.safetensors that `save_state` (or TRL's graft_vllm_state) wrote; "
-                             "the engine's adjacency prior (graft_prior.safetensors) is a different table")
+    def load(self, path: str | Path, vocab: int | None = None) -> None:
+        """Add the counts `save` wrote to this table (same context lengths); ValueError naming the
+        file when it is unreadable or malformed (`read_prior`), token ids ≥ `vocab` included."""
+        data = read_prior(path, vocab)
         order, min_order = data["order"].tolist()
         if (order, min_order) != (self.order, self.min_order):
             raise ValueError(f"{path} counts contexts of {min_order}…{order} tokens but this table counts "
                              f"{self.min_order}…{self.order}: set min_match={min_order}, max_match={order}")
         self.store.load(self.slot, _pack(data["contexts"].astype(np.int64)), data["successors"].astype(np.int64),
                         data["counts"].astype(np.int64))
+
+
+def read_prior(path: str | Path, vocab: int | None = None) -> dict[str, np.ndarray]:
+    """The arrays of a prior `NgramCounts.save` wrote, checked: `contexts` [n, order] integer ids
+    ≥ -1 (-1 before a shorter context), `successors` [n] ids ≥ 0 (and < `vocab` when given),
+    `counts` [n] positive ints, `order` [max_match, min_match]. ValueError naming the file otherwise."""
+    from ..files import load_safetensors
+
+    data = load_safetensors(path, "the vLLM proposer's prior", numpy=True)
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"the vLLM proposer's prior {path} {what}: pass the prior.safetensors that `save_state` "
+                          "(or TRL's graft_vllm_state) wrote, or save it again")
+
+    if "contexts" not in data and "ids" in data:
+        raise bad("is the engine's adjacency prior (graft_prior.safetensors), a different table")
+    missing = [k for k in ("contexts", "successors", "counts", "order") if k not in data]
+    if missing:
+        raise bad(f"lacks {missing} (has {sorted(data)})")
+    ctx, succ, cnt, order = data["contexts"], data["successors"], data["counts"], data["order"]
+    if any(a.dtype.kind not in "iu" for a in (ctx, succ, cnt, order)):
+        raise bad(f"holds non-integer arrays (dtypes {[str(a.dtype) for a in (ctx, succ, cnt, order)]})")
+    if order.shape != (2,) or not 1 <= order[1] <= order[0] <= MAX_ORDER:
+        raise bad(f"has order {order.tolist()}, want [max_match, min_match] with 1 <= min_match <= max_match <= {MAX_ORDER}")
+    n = len(succ)
+    if ctx.shape != (n, int(order[0])) or succ.shape != (n,) or cnt.shape != (n,):
+        raise bad(f"has contexts {list(ctx.shape)}, successors {list(succ.shape)}, counts {list(cnt.shape)}: want "
+                  f"[n, {int(order[0])}], [n], [n]")
+    if n and (ctx.min() < -1 or succ.min() < 0):
+        raise bad("holds negative token ids")
+    if n and (cnt.min() < 1):
+        raise bad("holds counts below 1")
+    if vocab is not None and n and max(int(ctx.max()), int(succ.max())) >= vocab:
+        raise bad(f"holds token id {max(int(ctx.max()), int(succ.max()))} outside the model's vocabulary [0, {vocab})")
+    return data

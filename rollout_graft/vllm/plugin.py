@@ -49,11 +49,18 @@ def expand_kernel_impl(output: torch.Tensor, input_val: torch.Tensor, cu_num_tok
 
 def _plain_when_undrafted(prepare_inputs):
     """Wraps `GPUModelRunner._prepare_inputs` (the CPU runner inherits it): a step whose speculative
-    metadata holds no draft token gets none, so `_sample` takes vLLM's plain sampler."""
+    metadata holds no draft token gets none, so `_sample` takes vLLM's plain sampler. It also tells a
+    drafter with a `scheduled_drafts` attribute (ours) how many draft tokens vLLM verifies this step
+    per row: vLLM drops the draft of a request it preempts and cuts one its token budget cannot hold."""
 
     def wrapped(self, *args, **kwargs):
         out = prepare_inputs(self, *args, **kwargs)
         meta = out[1] if isinstance(out, tuple) and len(out) == 3 else None
+        drafter = getattr(self, "drafter", None)
+        if isinstance(out, tuple) and len(out) == 3 and hasattr(drafter, "scheduled_drafts"):
+            # draft tokens vLLM verifies this step, per row of the batch (none: no metadata); a
+            # preempted request's draft was dropped, a budget-limited one cut (`RLDraftProposer._learn`)
+            drafter.scheduled_drafts = list(meta.num_draft_tokens) if meta is not None else []
         if (meta is not None and not any(meta.num_draft_tokens)
                 and getattr(getattr(self, "drafter", None), "plain_when_undrafted", False)
                 and getattr(self, "use_async_scheduling", True) is False

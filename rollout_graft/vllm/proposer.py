@@ -32,7 +32,6 @@ rows to gather their new tokens and last tokens; never a pass over a row's histo
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,8 +41,9 @@ import numpy as np
 from ..budget import FixedBudget
 from ..chain_budget import ChainDCut, Chains, ChainStep
 from .config import PROPOSER_CLASS, ChainConfig
+from ..files import atomic_write_json, is_int, read_json, require_keys
 from .groups import Request, RequestTracker
-from .ngrams import NgramCounts
+from .ngrams import NgramCounts, read_prior
 from .text_index import catch_up
 
 @dataclass
@@ -87,8 +87,9 @@ class RLDraftProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         cfg = self.config
         self.prior = NgramCounts(cfg.max_match, cfg.min_match, cfg.max_prior_contexts) if cfg.use_prior else None
+        self.vocab = _vocab_size(vllm_config)
         if self.prior is not None and cfg.prior_path:
-            self.prior.load(cfg.prior_path)
+            self.prior.load(cfg.prior_path, self.vocab)
         self.tracker = RequestTracker(cfg.min_match, cfg.max_match, cfg.recall, cfg.recall_prompts,
                                       tail=cfg.identity_tokens, prior=self.prior, shared=cfg.share_in_group)
         self.policy = (ChainDCut(self.k, cfg.explore_every, probe_share=cfg.probe_share) if cfg.budget_policy == "dcut"
@@ -98,6 +99,7 @@ class RLDraftProposer:
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
         self._shadows: list[Request] = []  # requests holding a shadow chain not resolved yet
         self._shapes: set[int] = set()  # token counts of the decode steps vLLM ran (a count's first step is not timed)
+        self.scheduled_drafts: list[int] | None = None  # draft tokens vLLM verifies this step per row (`plugin`; None: unknown)
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner hands every drafter the target model; ours needs none."""
@@ -166,7 +168,9 @@ class RLDraftProposer:
         new tokens were appended to the texts by the tracker; they are counted when drafting.)"""
         tr = self.tracker
         self.stats.rows += len(reqs)
-        drafted = [j for j, req in enumerate(reqs) if req.draft]
+        drafted = self._verified_drafts(reqs)
+        if drafted is None:  # no word from vLLM's runner: every draft returned was verified
+            drafted = [j for j, req in enumerate(reqs) if req.draft]
         if not drafted:
             return None, 0
         depths = np.array([len(reqs[j].draft) for j in drafted])
@@ -181,6 +185,29 @@ class RLDraftProposer:
         self.stats.draft_tokens += int(depths.sum())
         self.stats.accepted_tokens += accepted_total
         return (scores, depths, accepted), accepted_total
+
+    def _verified_drafts(self, reqs: list[Request]) -> list[int] | None:
+        """Indices into `reqs` of the requests whose draft vLLM verified this step, each as long as what it
+        verified. vLLM drops the draft of a request it preempts (the request comes back recomputed,
+        its draft never verified) and cuts one its token budget cannot hold; the plugin tells us
+        what it scheduled (`scheduled_drafts`, per row). A draft longer than ours was a sibling's
+        with the same text, taken for this request (`groups`): its extra tokens count with score 0
+        (unknown). Without the plugin's word (no vLLM runner) every draft counts as returned."""
+        scheduled, self.scheduled_drafts = self.scheduled_drafts, None
+        if scheduled is None:
+            return None
+        rows, kept = self.tracker.active, []
+        for j, req in enumerate(reqs):
+            row = int(rows[j])
+            n = scheduled[row] if row < len(scheduled) else 0
+            if n:
+                scores = req.draft_scores if req.draft else np.zeros(0)
+                req.draft = (req.draft + [-1] * n)[:n]  # -1: a token we did not draft (vLLM's own filler)
+                req.draft_scores = np.concatenate([scores[:n], np.zeros(max(n - len(scores), 0))])
+                kept.append(j)
+            else:
+                req.draft = []
+        return kept
 
     def _shadow(self, req: Request, chain: list[int], scores: np.ndarray) -> None:
         """Keep `chain` (drafted from the request's text as it is now) to match against the tokens
@@ -255,18 +282,49 @@ class RLDraftProposer:
             self.prior.save(directory / "prior.safetensors")
         groups = [{"prompt": g.prompt, "completions": g.completions()[-self.config.recall :]}
                   for g in self.tracker.groups.values()] if self.config.recall else []
-        (directory / "recall.json").write_text(json.dumps(groups))
+        atomic_write_json(directory / "recall.json", groups)
 
     def load_state(self, directory: str | Path) -> None:
         """Restore what `save_state` wrote (missing files are skipped): the prior starts over from
-        the saved one."""
+        the saved one. ValueError naming the file when one is corrupt (nothing is changed then)."""
         directory = Path(directory)
+        recall = read_recall(directory / "recall.json", self.vocab) if (directory / "recall.json").exists() else None
         if self.prior is not None and (directory / "prior.safetensors").exists():
+            read_prior(directory / "prior.safetensors", self.vocab)  # checked before the old prior is cleared
             catch_up(self.tracker.pending)
             self.prior.clear()
-            self.prior.load(directory / "prior.safetensors")
-        if (directory / "recall.json").exists():
-            self.tracker.restore([(g["prompt"], g["completions"]) for g in json.loads((directory / "recall.json").read_text())])
+            self.prior.load(directory / "prior.safetensors", self.vocab)
+        if recall is not None:
+            self.tracker.restore(recall)
+
+
+def read_recall(path: str | Path, vocab: int | None = None) -> list[tuple[list[int], list[list[int]]]]:
+    """(prompt, completions) pairs of a `recall.json` written by `save_state`; ValueError naming the
+    file when it is not JSON or not a list of {"prompt": [ids], "completions": [[ids], ...]} with
+    token ids in [0, vocab)."""
+    data = read_json(path, "the vLLM proposer's recall file")
+
+    def ids_ok(ids) -> bool:
+        return isinstance(ids, list) and all(is_int(t) and t >= 0 and (vocab is None or t < vocab) for t in ids)
+
+    if not isinstance(data, list):
+        raise ValueError(f"the vLLM proposer's recall file {path} must hold a JSON list, got {type(data).__name__}")
+    out = []
+    for i, g in enumerate(data):
+        require_keys(g, ("prompt", "completions"), path, f"entry {i} of the recall file")
+        if not ids_ok(g["prompt"]) or not isinstance(g["completions"], list) or not all(map(ids_ok, g["completions"])):
+            raise ValueError(f"the vLLM proposer's recall file {path}: entry {i} must hold lists of token ids in "
+                             f"[0, {vocab if vocab is not None else 'vocab'}) (prompt, completions); save it again")
+        out.append((g["prompt"], g["completions"]))
+    return out
+
+
+def _vocab_size(vllm_config) -> int | None:
+    """The target's vocabulary (None where this vLLM does not say)."""
+    try:
+        return int(vllm_config.model_config.get_vocab_size())
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def __getattr__(name: str):
