@@ -153,7 +153,7 @@ def dcut_markdown(results: dict) -> str | None:
     for e in results["configs"]:
         for name, m in e["methods"].items():
             trace = m.get("budget_trace")
-            if not trace:
+            if not trace or "dcut" not in name:  # fixed budgets verify their whole tree every step
                 continue
             seen = dcut_widths(trace, budget)
             spec = [f"{rows}: W {'/'.join(map(str, ws))}" for rows, ws in seen.items() if ws]
@@ -314,8 +314,12 @@ def render(path: Path, results: dict) -> str:
     cost = cost_markdown(results)
     if cost:
         parts += ["", "Profiled verify forward, ms (rows × tokens per row):", "", cost]
-    if results.get("environment"):
-        parts += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in results["environment"].items())]
+    env = {k: results[k] for k in ("device", "dtype", "threads", "gpu", "python", "torch", "transformers", "vllm")
+           if results.get(k) is not None}
+    if results.get("cpu"):
+        env["cpu"] = results["cpu"]["model"]
+    if env:
+        parts += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items())]
     for cell in results.get("skipped") or []:
         parts += ["", f"Skipped T={cell['temperature']} batch {cell['batch']}: {cell['why']}"]
     return "\n".join(parts)
