@@ -85,6 +85,8 @@ class EngineBackend:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device).eval()
         self.pool = load_prompts(prompts_path, self.tokenizer, "test", len(_split_rows(prompts_path, "test")))
+        if not self.pool:
+            raise SystemExit(f"{prompts_path} has no 'test' prompts to benchmark on (rows without a `split` count as test)")
         self.offset = 0
         self.engines: dict[str, RolloutEngine] = {}
         self.temperature: float | None = None
