@@ -36,6 +36,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET  # noqa: E402
+from rollout_graft.files import atomic_write_json  # noqa: E402
 from rollout_graft_tools import tables  # noqa: E402
 from rollout_graft_tools.benchmark import cell, environment, measure_cell  # noqa: E402
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(tables.speed(results))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1))
+        atomic_write_json(args.out, results, indent=1)
     return results
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rollout_graft.assets import REAL_PROMPTS, TINY_PROMPTS, TINY_TARGET  # noqa: E402
+from rollout_graft.files import atomic_write_json  # noqa: E402
 from rollout_graft_tools import models as prep  # noqa: E402
 from rollout_graft_tools import tables  # noqa: E402
 from rollout_graft_tools.benchmark import cell, environment, measure_cell  # noqa: E402
@@ -151,9 +152,7 @@ def predict_s(done: list[tuple[int, float]], batch: int) -> float:
 
 def write(results: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.rename(out)
+    atomic_write_json(out, results, indent=1)
 
 
 def bench_model(model_path: Path, prompts_path: Path, plan: Plan, device: str, dtype: str, out: Path, seed: int,

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollout_graft.files import atomic_write_text
 from rollout_graft_tools import tables
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
             print(f"{RESULTS} is out of date: run `python scripts/report.py`", file=sys.stderr)
             return 1
         return 0
-    RESULTS.write_text(text)
+    atomic_write_text(RESULTS, text)
     print(f"wrote {RESULTS}")
     return 0
 
