@@ -168,17 +168,16 @@ class RLDraftProposer:
         new tokens were appended to the texts by the tracker; they are counted when drafting.)"""
         tr = self.tracker
         self.stats.rows += len(reqs)
-        drafted = self._verified_drafts(reqs)
-        if drafted is None:  # no word from vLLM's runner: every draft returned was verified
-            drafted = [j for j, req in enumerate(reqs) if req.draft]
+        drafted, verified = self._verified_drafts(reqs)
         if not drafted:
             return None, 0
-        depths = np.array([len(reqs[j].draft) for j in drafted])
+        depths = np.array(verified)
         accepted = tr.lens[drafted] - 1
         scores = np.zeros((len(drafted), int(depths.max())))
-        for row, j in enumerate(drafted):
-            req = reqs[j]
-            scores[row, : len(req.draft_scores)] = req.draft_scores
+        for row, (j, depth) in enumerate(zip(drafted, verified)):
+            known = reqs[j].draft_scores[:depth] if reqs[j].draft_scores is not None else ()
+            scores[row, : len(known)] = known  # past our own chain (a sibling's, longer): 0, unknown
+        for j, req in enumerate(reqs):
             req.draft = []
         accepted_total = int(accepted.sum())
         self.stats.drafts += len(drafted)
@@ -186,28 +185,20 @@ class RLDraftProposer:
         self.stats.accepted_tokens += accepted_total
         return (scores, depths, accepted), accepted_total
 
-    def _verified_drafts(self, reqs: list[Request]) -> list[int] | None:
-        """Indices into `reqs` of the requests whose draft vLLM verified this step, each as long as what it
-        verified. vLLM drops the draft of a request it preempts (the request comes back recomputed,
-        its draft never verified) and cuts one its token budget cannot hold; the plugin tells us
-        what it scheduled (`scheduled_drafts`, per row). A draft longer than ours was a sibling's
-        with the same text, taken for this request (`groups`): its extra tokens count with score 0
-        (unknown). Without the plugin's word (no vLLM runner) every draft counts as returned."""
+    def _verified_drafts(self, reqs: list[Request]) -> tuple[list[int], list[int]]:
+        """Indices into `reqs` of the requests whose draft vLLM verified this step, and how many
+        draft tokens it verified of each. vLLM drops the draft of a request it preempts (the request
+        comes back recomputed, its draft never verified) and cuts one its token budget cannot hold;
+        the plugin tells us what it scheduled per row (`scheduled_drafts`), which is the truth (two
+        siblings with the same text may share one `Request` here, `groups`, and so one draft). Without
+        the plugin's word (no vLLM runner) every draft returned counts whole."""
         scheduled, self.scheduled_drafts = self.scheduled_drafts, None
         if scheduled is None:
-            return None
-        rows, kept = self.tracker.active, []
-        for j, req in enumerate(reqs):
-            row = int(rows[j])
-            n = scheduled[row] if row < len(scheduled) else 0
-            if n:
-                scores = req.draft_scores if req.draft else np.zeros(0)
-                req.draft = (req.draft + [-1] * n)[:n]  # -1: a token we did not draft (vLLM's own filler)
-                req.draft_scores = np.concatenate([scores[:n], np.zeros(max(n - len(scores), 0))])
-                kept.append(j)
-            else:
-                req.draft = []
-        return kept
+            drafted = [j for j, req in enumerate(reqs) if req.draft]
+            return drafted, [len(reqs[j].draft) for j in drafted]
+        rows = self.tracker.active.tolist()
+        drafted = [j for j, row in enumerate(rows) if row < len(scheduled) and scheduled[row]]
+        return drafted, [int(scheduled[rows[j]]) for j in drafted]
 
     def _shadow(self, req: Request, chain: list[int], scores: np.ndarray) -> None:
         """Keep `chain` (drafted from the request's text as it is now) to match against the tokens
