@@ -33,7 +33,7 @@ from .config import DCutConfig
 from .cost import CostModel, TreeStepCost
 from .selection import keep_best
 from .stats import StepTiming
-from .tree import Draft
+from .tree import SOURCES, Draft
 
 
 @dataclass(slots=True)
@@ -43,6 +43,9 @@ class BudgetDecision:
     candidates: int | None = None  # candidate nodes proposed (whole batch; None: not counted)
     expected_emitted: float | None = None  # predicted Σ emitted tokens of this step (None: no prediction)
     probe: bool = False  # a draft was proposed and D-cut chose ρ = 0 (the proposal only probed)
+    # why D-cut verifies what it verifies, at its best width W > 0 (None: no such width was weighed):
+    break_even_mat: float | None = None  # tokens per row a step at W must emit to match plain decoding's rate
+    expected_mat: float | None = None  # tokens per row a step at W is expected to emit (calibrated acceptance)
 
 
 @dataclass(slots=True)
@@ -183,14 +186,17 @@ class ProbeCredit:
 
     def settle(self, ms: float, plain_ms: float, rows: int, emitted: int, probe: bool, cost: float | None = None) -> None:
         """One step's account (`ms`, against `plain_ms` predicted for a plain step of `rows` rows):
-        it earns `share` of its time; a probe spends what it cost beyond a plain step — `cost` where
-        the caller knows it (a chain draft cut to nothing: vLLM took its plain path, so only the
-        drafting), else `ms - plain_ms`; a step whose drafts were accepted also earns what it saved
-        against plain steps."""
-        saved = plain_ms * emitted / rows - ms if emitted > rows and not probe else 0.0
-        self.earn(ms, saved)
+        it earns `share` of its time; a probe spends what it cost beyond plain steps for the tokens it
+        emitted — `cost` where the caller knows it (a chain draft cut to nothing: vLLM took its plain
+        path, so only the drafting), else `ms - plain_ms · emitted / rows` (a probe that verified and
+        paid earns); a step whose drafts were accepted also earns what it saved against plain steps."""
+        net = ms - plain_ms * emitted / rows  # this step's time beyond plain steps for its tokens
+        self.earn(ms, -net if emitted > rows and not probe else 0.0)
         if probe:
-            self.spend(ms - plain_ms if cost is None else cost)
+            if cost is None:
+                self.ms -= net
+            else:
+                self.spend(cost)
 
     def bank_at_most(self, ms: float) -> None:
         """A long spell of paying speculation banks no more than `ms` (two probes)."""
@@ -216,19 +222,27 @@ class DCut(BudgetPolicy):
         self.config = config = config or DCutConfig()
         self.budget = budget
         self.widths = sorted({round(r * budget) for r in set(config.ratios) | {0.0}})
-        self.calibration = ScoreCalibration(prior_weight=config.calibration_prior)
+        # one calibration per node source: a drafter's confidence, a target probability stored in the index
+        # and a suffix chain's fixed confidence mean different acceptance rates (tree.SOURCES)
+        self.calibrations = [ScoreCalibration(prior_weight=config.calibration_prior) for _ in SOURCES]
         self.cost = TreeStepCost(cost)
         self.proposal = next((w for w in self.widths if w > 0), 0)  # nodes per row a speculative step proposes
         self.planned = self.proposal  # what this step's `plan` asked the proposer for
         self.plain = False  # the last decision was plain decoding: the next proposal is a probe
         self.widest = budget  # nodes of the widest row in the last draft (what a probe is expected to verify at most)
         self.probes = ProbeCredit(config.probe_share)
+        self.reference_every = round(1.0 / config.probe_share)  # drafting steps between plain reference steps
+        self.since_plain = 0  # steps since the last plain forward
 
     def plan(self, rows: int) -> int:
-        """The proposal width (`_next_proposal`), or — after a plain decision — 0 until a probe at
-        this batch size is affordable (as rows finish, a probe gets cheaper: a drained batch's tail
-        probes sooner)."""
-        self.planned = 0 if self.plain and not self.probes.affords(self.probe_ms(rows)) else self.proposal
+        """The proposal width (`_next_proposal`), or 0: after a plain decision until a probe at this
+        batch size is affordable (as rows finish, a probe gets cheaper: a drained batch's tail probes
+        sooner); while drafting, one step in `reference_every` (1 / probe_share), so the plain step
+        every decision is weighed against stays measured (at most probe_share of the steps)."""
+        if self.plain:
+            self.planned = self.proposal if self.probes.affords(self.probe_ms(rows)) else 0
+        else:
+            self.planned = 0 if self.since_plain >= self.reference_every else self.proposal
         return self.planned
 
     def probe_ms(self, rows: int) -> float:
@@ -244,15 +258,20 @@ class DCut(BudgetPolicy):
             self.plain = True
             return draft, BudgetDecision(0.0, 0, 0, float(rows), probe=True)
         width, decision = self._decide(draft)
-        self._next_proposal(width, m)
+        self._next_proposal(0 if decision.probe else width, m)
         return (keep_best(draft, width) if decision.kept < decision.candidates else draft), decision
 
     def _decide(self, draft: Draft) -> tuple[int, BudgetDecision]:
         """The width with the most expected tokens per predicted ms (ties: the narrower). A width W > 0
-        is priced as the steady state it leads to: trees proposed at W (`_next_proposal`)."""
+        is priced as the steady state it leads to: trees proposed at W (`_next_proposal`).
+
+        A draft that was built is never cut to nothing: where plain decoding wins, the step still
+        verifies the best width W > 0 (a probe), so the forward at W and the acceptance of such nodes
+        are measured — a cost table profiled under load, or a calibration from an earlier epoch, is
+        a prior the probes correct, not a verdict that stands for good. The probe credit pays for it."""
         rows, m = draft.tokens.shape
         # each row's calibrated scores, best first: expected accepted tokens of its top W = prefix sum
-        score = self.calibration(draft.score).masked_fill(~draft.valid, 0.0)
+        score = self.calibrated(draft).masked_fill(~draft.valid, 0.0)
         cum = torch.sort(score, dim=1, descending=True).values.cumsum(1)  # [rows, m]
         counts = draft.valid.sum(1)
         widths = sorted({min(m, w) for w in self.widths})
@@ -263,12 +282,25 @@ class DCut(BudgetPolicy):
         n = len(widths)
         gains, kept, widest = host[:n], [int(k) for k in host[n : 2 * n]], int(host[-1])
         expected = [rows + (gains[i] if w else 0.0) for i, w in enumerate(widths)]
-        rates = [e / self.cost.step_ms(rows, min(w, widest), w) for e, w in zip(expected, widths)]
-        i = max(range(n), key=lambda j: (rates[j], -j))
-        self.plain = widths[i] == 0
+        step_ms = [self.cost.step_ms(rows, min(w, widest), w) for w in widths]
+        rates = [e / t for e, t in zip(expected, step_ms)]
+        best = max(range(n), key=lambda j: (rates[j], -j))
+        drafting = max((j for j in range(n) if widths[j]), key=lambda j: (rates[j], -j))  # the best W > 0
+        self.plain = widths[best] == 0
         self.widest = widest
-        decision = BudgetDecision(widths[i] / self.budget, kept[i], kept[-1], expected[i], probe=self.plain)
+        i = drafting if self.plain else best
+        decision = BudgetDecision(widths[i] / self.budget, kept[i], kept[-1], expected[i], probe=self.plain,
+                                  break_even_mat=step_ms[drafting] / step_ms[0], expected_mat=expected[drafting] / rows)
         return widths[i], decision
+
+    def calibrated(self, draft: Draft) -> torch.Tensor:
+        """[rows, m] each node's score mapped to the acceptance observed for such scores of its source."""
+        out = torch.zeros_like(draft.score)
+        for source, calibration in enumerate(self.calibrations):
+            nodes = draft.source == source
+            if bool(nodes.any()):
+                out[nodes] = calibration(draft.score[nodes])
+        return out
 
     def _next_proposal(self, width: int, m: int) -> None:
         """How wide the next proposal is, after this step chose `width` from a draft of width m: the
@@ -287,8 +319,10 @@ class DCut(BudgetPolicy):
         """Calibrate the scores on what was verified, time the step, and keep the probe credit
         (`ProbeCredit`: a probe spends what it cost beyond a plain step)."""
         if step.draft.tokens.shape[1]:
-            self.calibration.observe(step.draft.score, step.draft.valid, step.accepted)
+            for source, calibration in enumerate(self.calibrations):
+                calibration.observe(step.draft.score, step.draft.valid & (step.draft.source == source), step.accepted)
         self.cost.observe(step.rows, step.forward_tokens, step.planned, step.timing)
+        self.since_plain = 0 if step.forward_tokens == 1 else self.since_plain + 1
         ms, plain = step.timing.total_ms, self.cost.step_ms(step.rows, 0, 0)
         self.probes.settle(ms, plain, step.rows, step.emitted, step.decision.probe)
         self.probes.bank_at_most(2.0 * self.probe_ms(step.rows))

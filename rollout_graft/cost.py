@@ -220,20 +220,26 @@ class TreeStepCost:
     """Predicted milliseconds of one engine step of `rows` rows that proposed trees of P nodes per
     row and verifies W of them: the verify forward of 1 + W tokens per row, plus the time outside it.
 
-    Forward: the profiled table × what the rollout's own forwards measure. The table is a best-of
-    on an idle device, profiled once (and cached); a rollout's forwards run in its caches, allocator
-    and neighbours. Two moving averages correct it: `load_scale` (measured / profiled, moved by
-    every forward) and `tree_scale` (how much slower than that a wider forward is, moved by the
-    wider ones: they can be rare, so a slow spell during one passes mostly into the load scale,
-    which the next plain forwards bring back).
+    Forward: the profiled table is a prior that the rollout's own forwards replace. The table is a
+    best-of, profiled once and cached, possibly on a busier or idler machine than now; a rollout's
+    forwards run in its caches, allocator and neighbours. For each of the table's token counts q
+    (1: a plain step), `scale(q)` is the mean of measured / profiled over the forwards of about q
+    tokens per row, the table counting as `PRIOR_FORWARDS` such forwards, every weight aged by
+    `AGE` per step: evidence ages with the steps that pass, not with its own count, so a width
+    measured rarely (D-cut's probes while it decodes plainly, its reference steps while it drafts)
+    is priced by its latest measurement, and no stale figure — the table's included — stands for good.
     Outside the forward: for steps that proposed, per proposal width (`WidthFit`: building, cutting,
     walking and learning from the tree; a step that proposed pays for its tree also when D-cut then
     verified none of it); for plain steps (one draw per row) a + b·rows (`RowFit`)."""
 
+    PRIOR_FORWARDS = 1.0  # the table's weight, in measured forwards, before it ages
+    AGE = 0.95  # per step: a forward measured 20 steps ago weighs e⁻¹ of one measured now
+
     def __init__(self, table: CostModel, forget: float = 0.9):
         self.table = table
-        self.load_scale = 1.0
-        self.tree_scale = 1.0
+        # per profiled token count q: Σ aged weight, and Σ aged weight · measured / profiled
+        self._weight = [self.PRIOR_FORWARDS] * len(table.tokens)
+        self._sum = [self.PRIOR_FORWARDS] * len(table.tokens)
         self.tree = WidthFit(forget)
         self.plain = RowFit(forget)
 
@@ -246,19 +252,28 @@ class TreeStepCost:
             self.plain.observe(rows, timing.rest_ms)
 
     def _observe_forward(self, rows: int, tokens_per_row: int, ms: float) -> None:
+        for k, (weight, total) in enumerate(zip(self._weight, self._sum)):
+            self._weight[k] = max(weight * self.AGE, 1e-9)  # floored: a width never measured keeps its mean
+            self._sum[k] = total / weight * self._weight[k]
         if ms <= 0:
             return
         ratio = ms / self.table.predict(rows, tokens_per_row)
-        if tokens_per_row > 1:
-            self.load_scale = 0.9 * self.load_scale + 0.1 * ratio / self.tree_scale
-            self.tree_scale = 0.95 * self.tree_scale + 0.05 * ratio / self.load_scale
-        else:
-            self.load_scale = 0.9 * self.load_scale + 0.1 * ratio
+        for k, share in self._neighbours(tokens_per_row):  # the profiled token counts around it, by nearness
+            self._weight[k] += share
+            self._sum[k] += share * ratio
+
+    def _neighbours(self, tokens_per_row: float) -> list[tuple[int, float]]:
+        i, j, w = _interp(self.table.tokens, tokens_per_row)
+        w = min(max(w, 0.0), 1.0)  # past the grid's ends: the end's own scale
+        return [(k, share) for k, share in ((i, 1.0 - w), (j, w)) if share > 0]
+
+    def scale(self, tokens_per_row: float) -> float:
+        """Measured / profiled for forwards of `tokens_per_row` tokens per row (1.0: as profiled)."""
+        return sum(share * self._sum[k] / self._weight[k] for k, share in self._neighbours(tokens_per_row))
 
     def forward_ms(self, rows: int, tokens_per_row: int) -> float:
         """Predicted verify forward: the table × the measured scale of such forwards."""
-        scale = self.load_scale * (self.tree_scale if tokens_per_row > 1 else 1.0)
-        return self.table.predict(rows, tokens_per_row) * scale
+        return self.table.predict(rows, tokens_per_row) * self.scale(tokens_per_row)
 
     def step_ms(self, rows: int, verified: int, proposed: int) -> float:
         """A step of `rows` rows that proposed `proposed` nodes per row (0: a plain step, no tree)

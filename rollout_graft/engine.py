@@ -333,7 +333,8 @@ class RolloutEngine:
         kept = n_verified - rows  # candidate nodes verified (the roots excluded)
         stats.budget_trace.append({"rows": rows, "ratio": decision.ratio, "kept": kept,
                                    "candidates": kept if decision.candidates is None else decision.candidates,
-                                   "expected": decision.expected_emitted, "actual": sum(n_emit)})
+                                   "expected": decision.expected_emitted, "actual": sum(n_emit),
+                                   "break_even_mat": decision.break_even_mat, "expected_mat": decision.expected_mat})
         emitted = [flat[r * width : (r + 1) * width][: n_emit[r]] for r in range(rows)]
         appended, keep = self._append(state, emitted, acc.logprobs.tolist(), run)
         self.proposer.advance(acc.emitted, appended)

@@ -16,7 +16,8 @@ class RolloutStats:
     emitted_tokens: int = 0  # completion tokens returned (after truncation at stop/length)
     verified_tokens: int = 0  # Σ tree nodes (root included) sent through the target
     seconds: dict[str, float] = field(default_factory=dict)  # per phase: prefill, propose, verify, accept, ...
-    budget_trace: list[dict] = field(default_factory=list)  # per step: rows, ratio, kept, candidates, expected, actual
+    # per step: rows, ratio, kept, candidates, expected, actual, break_even_mat, expected_mat (`BudgetDecision`)
+    budget_trace: list[dict] = field(default_factory=list)
     accept_hist: list[int] = field(default_factory=list)  # [a]: row-steps that emitted a accepted + 1 bonus token
 
     def count_emitted(self, emitted: int) -> None:
@@ -32,6 +33,24 @@ class RolloutStats:
         if not self.budget_trace:
             return None
         return sum(t["ratio"] for t in self.budget_trace) / len(self.budget_trace)
+
+    @property
+    def drafted_share(self) -> float | None:
+        """Share of the steps that verified a draft (ρ > 0), None before a step."""
+        if not self.budget_trace:
+            return None
+        return sum(t["ratio"] > 0 for t in self.budget_trace) / len(self.budget_trace)
+
+    def verdict(self) -> tuple[float, float] | None:
+        """Why the budget policy verified what it verified, averaged over the steps it weighed a
+        draft: (tokens per row a step at its best drafting width had to emit to match plain decoding's
+        rate, tokens per row it expected such a step to emit). D-cut decodes plainly where the first
+        exceeds the second. None where no step weighed a draft (a fixed budget, or D-cut waiting)."""
+        weighed = [t for t in self.budget_trace if t.get("break_even_mat") is not None]
+        if not weighed:
+            return None
+        return (sum(t["break_even_mat"] for t in weighed) / len(weighed),
+                sum(t["expected_mat"] for t in weighed) / len(weighed))
 
     @property
     def mean_accepted_tokens(self) -> float:

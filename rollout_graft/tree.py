@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-DRAFT, RETRIEVAL = 0, 1
+DRAFT, RETRIEVAL, SUFFIX = 0, 1, 2
+"""Node sources: a drafter's tree, the adjacency index's tree, a suffix chain copied from text."""
+SOURCES = (DRAFT, RETRIEVAL, SUFFIX)
 """Values of `Draft.source`."""
 
 
@@ -25,7 +27,7 @@ class Draft:
     depth: torch.Tensor  # [batch, m] int64 depth below the root (children of the root: 1)
     valid: torch.Tensor  # [batch, m] bool, False = padding
     score: torch.Tensor  # [batch, m] float32 estimated P(verification reaches and accepts node)
-    source: torch.Tensor  # [batch, m] int8 DRAFT or RETRIEVAL
+    source: torch.Tensor  # [batch, m] int8 DRAFT, RETRIEVAL or SUFFIX
 
     @staticmethod
     def empty(batch: int, device: torch.device | str) -> "Draft":

@@ -59,8 +59,11 @@ def test_width_choice_follows_the_cost_table():
     assert int(free.valid.sum()) == 8 and decision.candidates == 8  # more tokens for the same time
     steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)  # cost ∝ tokens per row
     cut, decision = step(trusting(steep), d)
-    # rows=2: W=0 → 2/cost(2,1)=2.0 ; W=1 → (2+.9+.3)/cost(2,2)=1.6
-    assert decision.ratio == 0.0 and decision.probe and int(cut.valid.sum()) == 0
+    # rows=2: W=0 → 2/cost(2,1)=2.0 ; W=1 → (2+.9+.3)/cost(2,2)=1.6: plain wins, and the draft built
+    # for this step is verified at its best width W=1 all the same (a probe: it measures W=1's forward)
+    assert decision.probe and decision.ratio == 0.25 and int(cut.valid.sum()) == 2
+    assert decision.break_even_mat == pytest.approx(2.0)  # W=1 costs two plain steps: 2 tokens per row to pay
+    assert decision.expected_mat == pytest.approx(1.5, abs=0.05)  # 1 + (0.9 + 0.3) / 2 expected (binned scores)
     knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)  # one extra token is cheap
     dcut = trusting(knee)
     # W=0 → 2.0 ; W=1 → 3.2/1.2 = 2.67 ; W=2 → 4.2/2 = 2.1 (W=4 → 5.55/4 = 1.39)
@@ -98,7 +101,7 @@ def test_width_follows_the_batch_size_as_it_drains():
     cost = CostModel([2, 64], [1, 2, 3, 5], [[1.0, 1.05, 1.1, 1.2], [1.0, 2.0, 3.0, 5.0]])
     small = trusting(cost)
     assert [step(small, draft_with_scores(TREES))[1].ratio for _ in range(3)] == [0.25, 0.5, 1.0]
-    assert step(trusting(cost), draft_with_scores(TREES * 32))[1].ratio == 0.0
+    assert step(trusting(cost), draft_with_scores(TREES * 32))[1].probe  # plain wins at 64 rows
 
 
 def test_the_time_outside_the_forward_is_fitted_per_row_and_charged_to_speculation():
@@ -115,7 +118,7 @@ def test_the_time_outside_the_forward_is_fitted_per_row_and_charged_to_speculati
     dcut = trusting(flat)
     step(dcut, draft_with_scores(TREES), ms=6.0, propose_ms=5.0)  # 5 ms of tree building vs a 1 ms forward
     _, decision = step(dcut, draft_with_scores(TREES))
-    assert decision.ratio == 0.0  # W=0 → 2/1 ; W=4 → (2+3.75)/(1+5) < 2
+    assert decision.probe  # plain wins: W=0 → 2/1 ; W=4 → (2+3.75)/(1+5) < 2
 
 
 def test_measured_forwards_correct_the_profiled_table():
@@ -124,25 +127,62 @@ def test_measured_forwards_correct_the_profiled_table():
     for _ in range(200):  # the rollout's own wide forwards take twice the profiled time; plain ones as profiled
         cost.observe(2, 2, True, StepTiming(forward_ms=2.4))
         cost.observe(2, 1, False, StepTiming(forward_ms=1.0))
-    assert (cost.load_scale, cost.tree_scale) == pytest.approx((1.0, 2.0), rel=0.01)
+    assert (cost.scale(1), cost.scale(2)) == pytest.approx((1.0, 2.0), rel=0.01)
     assert cost.forward_ms(2, 2) == pytest.approx(2.4, rel=0.01)
-    # a probe during a slow spell of the machine (3× everything), then plain steps at normal speed:
-    # the spell passes mostly into the load scale, which the plain steps bring back: wide forwards are
-    # priced 2.15× (one scale of their own would keep 0.9·2 + 0.1·6 = 2.4× until the next probe)
-    cost.observe(2, 2, True, StepTiming(forward_ms=3 * 2.4))
-    for _ in range(30):
-        cost.observe(2, 1, False, StepTiming(forward_ms=1.0))
-    assert cost.load_scale * cost.tree_scale == pytest.approx(2.15, rel=0.01)
+    assert cost.scale(3) == pytest.approx(1.0, rel=0.01)  # never measured: the table still holds there
+    # the machine gets twice as busy; D-cut decodes plainly: plain forwards are priced by what they now
+    # take within a few steps, wide ones keep their last measurement until a probe measures them again
+    for _ in range(60):
+        cost.observe(2, 1, False, StepTiming(forward_ms=2.0))
+    assert cost.forward_ms(2, 1) == pytest.approx(2.0, rel=0.03) and cost.forward_ms(2, 2) == pytest.approx(2.4, rel=0.01)
+    cost.observe(2, 2, True, StepTiming(forward_ms=4.8))  # one probe, after 60 steps, weighs 2.3× the aged ones
+    assert cost.forward_ms(2, 2) == pytest.approx(2.4 + 0.7 * 2.4, rel=0.02)
     dcut = trusting(knee)
     for _ in range(200):
         dcut.cost.observe(2, 2, True, StepTiming(forward_ms=2.4))
         dcut.cost.observe(2, 1, False, StepTiming(forward_ms=1.0))
-    assert step(dcut, draft_with_scores(TREES))[1].ratio == 0.0  # W=1: 3.2 / 2.4 < 2 / 1 (the table said 2.67)
+    assert step(dcut, draft_with_scores(TREES))[1].probe  # plain wins: W=1: 3.2 / 2.4 < 2 / 1 (the table said 2.67)
+
+
+def test_a_table_profiled_under_load_is_corrected_by_the_probes():
+    """A table whose wide forwards were profiled during a busy spell (3× a plain step) holds D-cut
+    plain only until its probes, which verify, have measured them (1.2×): then it drafts."""
+    loaded = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 3.0, 4.0, 6.0]] * 3)
+    dcut = trusting(loaded)
+    verdicts = []
+    for _ in range(200):
+        if not dcut.plan(2):
+            step(dcut, Draft.empty(2, "cpu"))  # a plain step: 1 ms, as profiled
+            continue
+        # W = 1 of the confident chain: 1.2 ms, one row's node accepted (3 tokens for 2 rows)
+        verdicts.append(step(dcut, draft_with_scores(TREES), ms=1.2, emitted=3)[1])
+    assert verdicts[0].probe and verdicts[0].break_even_mat == pytest.approx(3.0)  # the table's verdict: plain
+    assert not verdicts[-1].probe and verdicts[-1].ratio > 0  # measured: W = 1 pays (3.2 / 1.2 > 2 / 1)
+    assert dcut.cost.forward_ms(2, 2) < 1.5  # the W = 1 forward as measured (1.2 ms), not as profiled (3 ms)
+
+
+def test_a_drafting_dcut_keeps_measuring_the_plain_step():
+    """A table whose plain forward was profiled during a busy spell (3 ms; it takes 1 ms) makes
+    drafting look cheap; D-cut's reference steps (one in 1 / probe_share while it drafts) measure
+    the plain step, and it stops drafting where drafting does not pay."""
+    loaded = CostModel([1, 2, 64], [1, 2, 3, 5], [[3.0, 3.0, 4.0, 6.0]] * 3)
+    dcut = trusting(loaded)
+    plain_steps, verdicts = 0, []
+    for _ in range(300):
+        if not dcut.plan(2):
+            step(dcut, Draft.empty(2, "cpu"), ms=1.0)
+            plain_steps += 1
+            continue
+        verdicts.append(step(dcut, draft_with_scores(TREES), ms=3.0, emitted=3)[1])  # 1.5 tokens per row in 3 ms
+    assert not verdicts[0].probe  # the table's verdict: W = 1 emits 1.6 tokens per row at a plain step's price
+    assert dcut.cost.forward_ms(2, 1) == pytest.approx(1.0, rel=0.05)  # measured by the reference steps
+    assert verdicts[-1].probe and verdicts[-1].break_even_mat == pytest.approx(3.0, rel=0.05)  # now: plain wins
+    assert plain_steps > 150  # decoding plainly since, probing now and then
 
 
 def test_probes_that_find_nothing_cost_at_most_their_share_of_the_time():
     # a plain step takes 1 ms; a probe 9 ms more (a 5 ms tree, e.g. a drafter's catch-up, and a
-    # slow spell). Speculation never pays.
+    # slow spell; it verifies W = 1 and nothing is accepted). Speculation never pays.
     steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)
     dcut = trusting(steep)
     share = dcut.config.probe_share  # 1 %
@@ -152,10 +192,11 @@ def test_probes_that_find_nothing_cost_at_most_their_share_of_the_time():
         if out is None or not out[0].tokens.shape[1] and not out[1].probe:
             plain_ms += 1.0
             continue
-        assert out[1].ratio == 0.0 and out[1].probe and not bool(out[0].valid.any())
+        assert out[1].probe and out[1].ratio == 0.25 and int(out[0].valid.sum()) == 2  # verifies W = 1 to measure it
         probes, probe_ms = probes + 1, probe_ms + 10.0
     assert dcut.planned in (0, 1)  # the proposal never grew: nothing was chosen
-    assert dcut.probe_ms(2) == pytest.approx(6.0)  # predicted: the 5 ms tree + 1 ms more forward (W = 1)
+    # predicted: the 5 ms tree + the W = 1 forward as the probes measured it (5 ms; the table said 2) - a plain step
+    assert dcut.probe_ms(2) == pytest.approx(9.0, rel=0.02)
     waste = 9.0 * probes  # without the credit, every step would probe: +900 % time
     assert waste <= share * (plain_ms + probe_ms) + 2 * 9.0  # ≤ 1 % of the time (+ what the credit may bank)
     assert probes >= share * (plain_ms + probe_ms) / 9.0 - 2  # … and it keeps probing at that rate

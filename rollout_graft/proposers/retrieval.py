@@ -18,7 +18,7 @@ from ..merge import merge_trees
 from ..selection import keep_best
 from ..sampling import top_k_probs
 from ..templates import make_template
-from ..tree import RETRIEVAL, Draft, TreeBatch
+from ..tree import SUFFIX, Draft, TreeBatch
 from ..verify import Acceptance
 from .base import Proposer, StepContext
 
@@ -144,7 +144,7 @@ class RetrievalProposer(Proposer):
         score = torch.full((1, depth), cfg.suffix_confidence, device=self.device).pow(steps + 1)
         return Draft(tokens, (steps - 1).expand(rows, -1), (steps + 1).expand(rows, -1), valid,
                      score.expand(rows, -1).masked_fill(~valid, 0.0),
-                     torch.full((rows, depth), RETRIEVAL, dtype=torch.int8, device=self.device))
+                     torch.full((rows, depth), SUFFIX, dtype=torch.int8, device=self.device))
 
     def observe(self, ctx: StepContext, tree: TreeBatch, logits: torch.Tensor, acceptance: Acceptance) -> None:
         top_p, top_i = top_k_probs(logits[tree.valid], self.index.k, self.temperature)  # [N, k] every verified node
