@@ -26,6 +26,7 @@ Writes `log_history.json` and `summary.json` into `--output_dir` (default
 
 import dataclasses
 import json
+import math
 import os
 import re
 import time
@@ -217,6 +218,42 @@ def build_trainer(script_args, training_args, model_args, graft_args) -> GRPOTra
 
 
 # ---------------------------------------------------------------------------- summary
+EPOCH_KEYS = {"tokens_per_s": "rollout/tokens_per_s", "mat": "rollout/mean_accepted_tokens",
+              "drafted_share": "rollout/drafted_share", "break_even_mat": "rollout/break_even_mat",
+              "expected_mat": "rollout/expected_mat"}
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def epoch_of(entry: dict) -> int:
+    """The epoch (0: the prompts' first visit) of the step a log entry closes: TRL logs the epoch
+    reached after the step (0.25, 0.5, … for 4 steps an epoch)."""
+    return max(math.ceil(round(entry.get("epoch", 0.0), 6)) - 1, 0)
+
+
+def per_epoch(steps: list[dict]) -> list[dict]:
+    """Rollout seconds, tokens/s (Σ tokens / Σ seconds), MAT, drafted share and D-cut's verdict
+    (break-even vs expected tokens per row at its best drafting width) for each epoch's steps."""
+    epochs: dict[int, list[dict]] = {}
+    for h in steps:
+        epochs.setdefault(epoch_of(h), []).append(h)
+    out = []
+    for epoch, hs in sorted(epochs.items()):
+        timed = [h for h in hs if h.get("rollout/seconds")]
+        seconds = sum(h["rollout/seconds"] for h in timed)
+        tokens = sum(h["rollout/seconds"] * (h.get("rollout/tokens_per_s") or 0.0) for h in timed)
+        row = {"epoch": epoch, "steps": len(hs), "rollout_seconds": seconds,
+               "tokens_per_s": tokens / seconds if seconds else None,
+               "reward": _mean([h["reward"] for h in hs])}
+        for name, key in EPOCH_KEYS.items():
+            if name != "tokens_per_s":
+                row[name] = _mean([h[key] for h in hs if h.get(key) is not None])
+        out.append(row)
+    return out
+
+
 def summarize(log_history: list[dict], wall_seconds: float, backend: str) -> dict:
     steps = [h for h in log_history if "reward" in h]
     rewards = [h["reward"] for h in steps]
@@ -225,10 +262,9 @@ def summarize(log_history: list[dict], wall_seconds: float, backend: str) -> dic
     def total(key):
         return sum(h.get(key) or 0.0 for h in steps)
 
-    def mean(key):
-        values = [h[key] for h in steps if h.get(key) is not None]
-        return sum(values) / len(values) if values else None
-
+    epochs = per_epoch(steps)
+    revisits = [e for e in epochs if e["epoch"] > 0]
+    revisit_seconds = sum(e["rollout_seconds"] for e in revisits)
     return {
         "backend": backend,
         "steps": len(steps),
@@ -236,8 +272,19 @@ def summarize(log_history: list[dict], wall_seconds: float, backend: str) -> dic
         "rollout_seconds": total("rollout/seconds"),
         "step_seconds": total("step_time"),
         "rollout_share": total("rollout/seconds") / max(total("step_time"), 1e-9),
-        "rollout_tokens_per_s": mean("rollout/tokens_per_s"),
-        "mean_accepted_tokens": mean("rollout/mean_accepted_tokens"),
+        "rollout_tokens_per_s": _mean([h["rollout/tokens_per_s"] for h in steps if h.get("rollout/tokens_per_s")]),
+        "mean_accepted_tokens": _mean([h["rollout/mean_accepted_tokens"] for h in steps
+                                       if h.get("rollout/mean_accepted_tokens") is not None]),
+        "first_visit": epochs[0] if epochs else None,
+        "revisits": {  # every later epoch together: what GRPO's revisits of the prompts give
+            "epochs": len(revisits),
+            "rollout_seconds": revisit_seconds,
+            "tokens_per_s": sum(e["rollout_seconds"] * (e["tokens_per_s"] or 0.0) for e in revisits) / revisit_seconds
+            if revisit_seconds else None,
+            **{name: _mean([e[name] for e in revisits if e[name] is not None])
+               for name in ("mat", "drafted_share", "break_even_mat", "expected_mat")},
+        } if revisits else None,
+        "epochs": epochs,
         "reward_first": sum(rewards[:k]) / k if rewards else None,
         "reward_final": sum(rewards[-k:]) / k if rewards else None,
         "correct_first": sum(h["rewards/correctness_reward/mean"] for h in steps[:k]) / k if steps else None,
@@ -247,17 +294,33 @@ def summarize(log_history: list[dict], wall_seconds: float, backend: str) -> dic
     }
 
 
-def print_summary(s: dict) -> None:
-    def fmt(v, spec):
-        return "n/a" if v is None else format(v, spec)
+def _fmt(v, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
 
+
+def verdict(part: dict | None) -> str | None:
+    """Why speculation ran as it did in a part of the run (D-cut's numbers), or None without them."""
+    if not part or part.get("break_even_mat") is None:
+        return None
+    drafted, need, expect = part["drafted_share"] or 0.0, part["break_even_mat"], part["expected_mat"]
+    why = (f"a drafting step had to emit {need:.2f} tokens per row to match plain decoding's rate, and was expected "
+           f"to emit {expect:.2f}")
+    if drafted < 0.5:
+        return f"decoded plainly in {1 - drafted:.0%} of the steps: {why}"
+    return f"drafted in {drafted:.0%} of the steps: {why}"
+
+
+def print_summary(s: dict) -> None:
     rows = [
-        ("rollout share of step time", f"{fmt(s['rollout_share'], '.1%')} ({s['rollout_seconds']:.1f}s of {s['step_seconds']:.1f}s)"),
-        ("rollout tokens/s", fmt(s["rollout_tokens_per_s"], ".0f")),
-        ("mean accepted tokens (MAT)", fmt(s["mean_accepted_tokens"], ".2f")),
-        ("train reward (first -> last)", f"{fmt(s['reward_first'], '.3f')} -> {fmt(s['reward_final'], '.3f')}"),
-        ("train correct (first -> last)", f"{fmt(s['correct_first'], '.1%')} -> {fmt(s['correct_final'], '.1%')}"),
+        ("rollout share of step time", f"{_fmt(s['rollout_share'], '.1%')} ({s['rollout_seconds']:.1f}s of {s['step_seconds']:.1f}s)"),
+        ("rollout tokens/s", _fmt(s["rollout_tokens_per_s"], ".0f")),
+        ("mean accepted tokens (MAT)", _fmt(s["mean_accepted_tokens"], ".2f")),
+        ("train reward (first -> last)", f"{_fmt(s['reward_first'], '.3f')} -> {_fmt(s['reward_final'], '.3f')}"),
+        ("train correct (first -> last)", f"{_fmt(s['correct_first'], '.1%')} -> {_fmt(s['correct_final'], '.1%')}"),
     ]
+    for name, part in (("first visit (D-cut)", s["first_visit"]), ("revisits (D-cut)", s["revisits"])):
+        if verdict(part):
+            rows.append((name, verdict(part)))
     if s.get("budget"):
         rows.append(("budget (D-cut)", s["budget"]))
     if s["eval_correct"]:
@@ -265,6 +328,14 @@ def print_summary(s: dict) -> None:
     print(f"\n== GRPO summary ({s['backend']}, {s['steps']} steps, {s['wall_seconds']:.0f}s wall) ==")
     for name, value in rows:
         print(f"{name:<30}: {value}")
+    if s["epochs"]:
+        print(f"\n{'epoch':>5} {'rollout s':>9} {'tokens/s':>8} {'MAT':>5} {'drafted':>7} {'break-even':>10} {'expected':>8} {'reward':>6}")
+        for e in s["epochs"]:
+            print(f"{e['epoch']:>5} {e['rollout_seconds']:>9.1f} {_fmt(e['tokens_per_s'], '.0f'):>8} {_fmt(e['mat'], '.2f'):>5} "
+                  f"{_fmt(e['drafted_share'], '.0%'):>7} {_fmt(e['break_even_mat'], '.2f'):>10} "
+                  f"{_fmt(e['expected_mat'], '.2f'):>8} {_fmt(e['reward'], '.3f'):>6}")
+        print("(epoch 0: the prompts' first visit; break-even / expected: tokens per row a drafting step had to emit "
+              "to pay / was expected to emit)")
 
 
 # ---------------------------------------------------------------------------- main

@@ -309,6 +309,28 @@ def test_recipe_runs_and_writes_logs(tmp_path, backend):
     assert (out / "model.safetensors").exists()
 
 
+def test_the_summary_reports_each_epoch_and_why_dcut_decoded_plainly():
+    recipe = load_recipe()
+
+    def logged(epoch, tokens_per_s, seconds, mat, drafted, break_even, expected):
+        return {"epoch": epoch, "reward": 0.5, "rewards/correctness_reward/mean": 0.5, "rollout/seconds": seconds,
+                "rollout/tokens_per_s": tokens_per_s, "rollout/mean_accepted_tokens": mat,
+                "rollout/drafted_share": drafted, "rollout/break_even_mat": break_even, "rollout/expected_mat": expected}
+
+    history = [logged(0.5, 100, 1.0, 1.0, 0.0, 2.5, 1.2), logged(1.0, 300, 1.0, 1.0, 0.0, 2.5, 1.4),  # epoch 0
+               logged(1.5, 400, 2.0, 3.0, 1.0, 2.0, 3.2), logged(2.0, 200, 1.0, 2.0, 0.5, 2.0, 2.8),  # epoch 1
+               {"train_runtime": 9.0, "epoch": 2.0, "step": 4}]
+    summary = recipe.summarize(history, 10.0, "graft")
+    first, revisits = summary["first_visit"], summary["revisits"]
+    assert [e["epoch"] for e in summary["epochs"]] == [0, 1] and revisits["epochs"] == 1
+    assert first["tokens_per_s"] == pytest.approx(200.0)  # (100 + 300) tokens in 2 s
+    assert revisits["tokens_per_s"] == pytest.approx(1000 / 3) and revisits["mat"] == pytest.approx(2.5)
+    assert recipe.verdict(first) == ("decoded plainly in 100% of the steps: a drafting step had to emit 2.50 tokens "
+                                     "per row to match plain decoding's rate, and was expected to emit 1.30")
+    assert recipe.verdict(revisits).startswith("drafted in 75% of the steps")
+    assert recipe.verdict({"drafted_share": None, "break_even_mat": None}) is None  # a fixed budget: nothing weighed
+
+
 def test_correctness_and_format_rewards():
     recipe = load_recipe()
     completions = ["3 + 4 = 7\n#### 7", "#### 8", "the answer is 7", [{"role": "assistant", "content": "x\n#### -2"}]]

@@ -118,6 +118,7 @@ class GraftGRPOTrainer(GRPOTrainer):
         params = self._sampling_params()
         with self._generation_model() as model:
             engine = self._engine_for(model)
+            engine.budget_policy()  # D-cut's cost table is profiled (or read from its cache) outside the rollout's time
             start = time.perf_counter()
             out = engine.generate(prompt_ids, params)
             seconds = time.perf_counter() - start
@@ -195,6 +196,11 @@ class GraftGRPOTrainer(GRPOTrainer):
         self._log_metric("rollout/seconds", seconds)
         if stats.budget_ratio is not None:  # None only for a rollout without steps
             self._log_metric("rollout/budget_ratio", stats.budget_ratio)
+            self._log_metric("rollout/drafted_share", stats.drafted_share)
+        verdict = stats.verdict()
+        if verdict is not None:  # D-cut weighed a draft: what a drafting step had to emit, and what it expected
+            self._log_metric("rollout/break_even_mat", verdict[0])
+            self._log_metric("rollout/expected_mat", verdict[1])
 
     # ------------------------------------------------------------------ resume
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):

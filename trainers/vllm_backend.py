@@ -87,6 +87,7 @@ class VLLMRolloutMetrics:
             "rollout/draft_tokens_per_step": drafted / rows,
             "rollout/accept_rate": d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafted if drafted else 0.0,
             "rollout/budget_ratio": d.get("kept_tokens", 0) / d["proposed_tokens"] if d.get("proposed_tokens") else 0.0,
+            "rollout/drafted_share": d.get("drafts", 0) / rows,  # request-steps that verified a draft
             "rollout/seconds": seconds,
         }
 
