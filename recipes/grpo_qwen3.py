@@ -4,7 +4,8 @@
 Default (CPU, offline, a few minutes on 2 cores): the embedded tiny Qwen3 target learns to
 answer 16 of the embedded arithmetic prompts, revisited every 4 steps; the training reward
 (correct `#### N` + format) rises (≈ 0.55 → 0.96 in 60 steps). Held-out accuracy does not: the
-tiny model has little to generalise from a few CPU minutes (docs/BENCHMARKS.md).
+tiny model has little to generalise from a few CPU minutes (docs/RESULTS.md, "GRPO training: the
+recipe on each backend (CPU)").
 
     accelerate launch recipes/grpo_qwen3.py                    # graft backend (default)
     accelerate launch recipes/grpo_qwen3.py --backend vllm     # TRL's vLLM colocate path + our proposer
@@ -28,7 +29,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,12 +44,12 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import IntervalStrategy
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
-from rollout_graft.assets import TINY_ANSWER_PATTERN, TINY_PROMPTS, TINY_TARGET, read_prompt_rows
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_rows
+from rollout_graft.assets.rewards import correctness_reward, format_reward  # the demo task's rewards
 from trainers import GraftConfig, GraftGRPOTrainer
 
 BACKENDS = ("graft", "vllm", "hf")
 DEMO_TRAIN_PROMPTS = 16  # the default run trains on this many embedded prompts (4 steps per epoch)
-FINAL_ANSWER = re.compile(r"####\s*(-?\d+)\s*$")  # the completion's last line
 
 # Recipe defaults for GRPOConfig (CLI / YAML override them), tuned for the tiny CPU default.
 RECIPE_DEFAULTS = dict(
@@ -135,22 +135,6 @@ class ScriptArguments:
     num_threads: int | None = field(
         default=None if torch.cuda.is_available() else 1, metadata={"help": "torch CPU threads (unset: torch's choice)."}
     )
-
-
-# ---------------------------------------------------------------------------- rewards
-def _text(completion) -> str:
-    return completion if isinstance(completion, str) else completion[-1]["content"]
-
-
-def correctness_reward(completions, answer, **kwargs) -> list[float]:
-    """1 when the final `#### N` line equals the gold answer, else 0."""
-    found = [re.findall(TINY_ANSWER_PATTERN, _text(c)) for c in completions]
-    return [float(bool(f) and int(f[-1]) == int(a)) for f, a in zip(found, answer)]
-
-
-def format_reward(completions, **kwargs) -> list[float]:
-    """1 when the completion ends with a `#### <integer>` line, else 0."""
-    return [float(FINAL_ANSWER.search(_text(c).strip()) is not None) for c in completions]
 
 
 # ---------------------------------------------------------------------------- data

@@ -21,6 +21,8 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from transformers.integrations.deepspeed import deepspeed_load_checkpoint
 
+from rollout_graft.assets import read_jsonl
+
 # DeepSpeed's shared-memory CPU collectives are a g++ build of ~30 s on first use and only speed up
 # all-reduce; gloo's are the same operations. The test checks the trainer, not that build.
 sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # (`deepspeed.comm.torch` is torch itself)
@@ -108,7 +110,7 @@ def main(out_dir: str, recipe_args: list[str]) -> None:
     recipe.main(*args)
     trainer = trainers[0]
     model = trainer.accelerator.unwrap_model(trainer.model)
-    prompts = [trainer._tokenizer(r["prompt"])["input_ids"] for r in recipe.read_jsonl(args[0].dataset_path)]
+    prompts = [trainer._tokenizer(r["prompt"])["input_ids"] for r in read_jsonl(args[0].dataset_path)]
     rank = trainer.accelerator.process_index
     checkpoint = Path(args[1].output_dir) / f"checkpoint-{trainer.state.global_step}"
     result = {

