@@ -106,7 +106,7 @@ def engine_table(results: dict) -> str:
 def engine_run(args) -> dict:
     rec = Recording.load(args.recording)
     warm = [Recording.load(p) for p in args.warm]
-    table_of = variants(RetrievalConfig(prior_path=args.prior, update_prior=bool(warm)))
+    table_of = variants(RetrievalConfig(prior_path=args.prior, update_prior=bool(warm), suffix_depth=0))  # "+suffix": chains on
     unknown = [v for v in args.variants if v not in table_of]
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; choose from {list(table_of)}")

@@ -30,7 +30,9 @@ WARM_PROMPTS = 8  # train prompts the prior is warmed on (and τ calibrated on)
 
 def variants(budget: int, prior: str | None, draft: str | None = None, thresholds: str | None = None) -> dict[str, EngineConfig]:
     """Named engine configurations (ablations are options of a method, not copies)."""
-    r = RetrievalConfig(prior_path=prior, update_prior=False)
+    # "retrieval…": the adjacency index alone (suffix chains and recall off); "+suffix", "+recall": the
+    # engine's defaults add them (recall: run with --revisit)
+    r = RetrievalConfig(prior_path=prior, update_prior=False, suffix_depth=0)
     d = DraftConfig(draft_model=draft, thresholds_path=thresholds)
     graft = lambda dc: EngineConfig(method="graft", budget=budget, retrieval=r, draft=dc)  # noqa: E731
     retrieval = lambda **kw: EngineConfig(method="retrieval", budget=budget, **kw)  # noqa: E731
@@ -45,8 +47,8 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
         # suffix chains copied from the group's text; recall: completions of the same prompts from
         # earlier rollouts (GRPO epochs: run with --revisit); lead: each group's first row runs first
         "retrieval+suffix": retrieval(retrieval=replace(r, suffix_depth=8)),
-        "retrieval+recall": retrieval(retrieval=replace(r, suffix_depth=8, recall=8)),
-        "retrieval+recall+dcut": retrieval(retrieval=replace(r, suffix_depth=8, recall=8), budget_policy="dcut"),
+        "retrieval+recall": retrieval(retrieval=replace(r, suffix_depth=8, recall=4)),  # the engine's defaults
+        "retrieval+recall+dcut": retrieval(retrieval=replace(r, suffix_depth=8, recall=4), budget_policy="dcut"),
         "retrieval+lead": retrieval(group_lead=1, retrieval=replace(r, suffix_depth=8)),
         "dense-draft": graft(replace(d, prune=False, graft=False)),  # EAGLE-like dense drafter tree
         "prune-only": graft(replace(d, graft=False)),  # pruned, freed slots left empty
