@@ -10,7 +10,7 @@ over W ∈ ratios · budget, W = 0 (plain decoding) included, so a step is never
 "ar". A node's score is the estimated probability that verification reaches and accepts it: the
 prefix product of its path's confidences, calibrated online against observed acceptance.
 
-Three rules around the choice, each measured to matter (docs/BENCHMARKS.md, "D-cut ablation"):
+Three rules around the choice, each measured to matter (a D-cut ablation; see git history):
 - the proposal follows the choice: the next step proposes the width chosen, twice its proposal when
   all of it was chosen (from the smallest width up): a wider tree costs more to build and learn from;
 - after a plain decision nothing is proposed until the next proposal (a probe: the tree is built, and
@@ -309,7 +309,7 @@ class DCut(BudgetPolicy):
         proposes what was chosen last) or when the proposer found fewer nodes than it was asked for
         and all were chosen. A wider tree costs more to build, cut and learn from (a drafter expands
         a level per node, up to its depth), so a proposal as wide as the budget where a narrow width
-        is chosen would cost speculation its gain (measured: docs/BENCHMARKS.md, "D-cut ablation")."""
+        is chosen would cost speculation its gain (measured in a D-cut ablation; see git history)."""
         if width >= self.planned:
             self.proposal = min(self.budget, 2 * self.planned)
         elif 0 < width < m:

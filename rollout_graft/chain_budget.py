@@ -52,8 +52,8 @@ class StepCost:
     takes the plain path: `plugin`): on the tiny target 1.2 ms at 8 rows and 5.0 ms at 64, 16 % and
     28 % of a plain step, where a draft token costs 0.04–0.06 ms — a fit without it priced steps
     that verified at most a token per row 6–8 % below what they took, so D-cut drafted at
-    break-even at a loss (`scripts/vllm_step_cost.py`; docs/BENCHMARKS.md, "The speculative path's
-    own cost").
+    break-even at a loss (`lab/vllm_step_cost.py`; docs/RESULTS.md, "vLLM step cost against draft
+    tokens (tiny target)").
 
     The two costs of drafting have priors of 0, with the weight of one step that took the
     speculative path (`spec_prior`) and of one draft token (`draft_prior`): the drafting steps
@@ -142,7 +142,8 @@ class SizedStepCost:
     does. A verified draft token's cost is not one number across batch sizes (at batch 1 a step is
     overhead and extra tokens ride along; at batch 64 they are compute), and a rollout's batch
     drains from its full size to one row as requests finish, so one linear fit with a short memory
-    priced batch 1 from the batch-64 steps just before it (docs/BENCHMARKS.md, "Count-based chains")."""
+    priced batch 1 from the batch-64 steps just before it (measured when introduced; see git
+    history)."""
 
     least: int = 4
     overall: StepCost = field(default_factory=StepCost)
@@ -303,8 +304,8 @@ class ChainDCut(BudgetPolicy):
         """A plain step of `rows` rows as the guard measured plain steps at this batch-size class (ms
         per token × rows; one token per row), else as fitted. Every step's credit reads it, and
         while D-cut decodes plainly nothing else needs the fit: refitting it every step was a quarter
-        of D-cut's policy time there (`scripts/profile_vllm_proposer.py`; docs/BENCHMARKS.md, "The
-        speculative path's own cost")."""
+        of D-cut's policy time there (`lab/profile_vllm_proposer.py`; measured when introduced, see
+        git history)."""
         plain = self.measured.get((size_class(rows), False))
         return rows * plain[1] / plain[0] if plain is not None else float(self.cost.predict(rows, 0))
 
@@ -316,7 +317,7 @@ class ChainDCut(BudgetPolicy):
         tokens grow with the rows). A probe is not held by it: while D-cut decodes plainly nothing
         else measures drafting steps, and a guard holding what drafts earned long ago — an earlier
         epoch's sibling drafts, accepted rarely — held D-cut plain through a revisit whose drafts
-        were accepted mostly (docs/BENCHMARKS.md, "Shadow drafts")."""
+        were accepted mostly (measured when introduced; see git history)."""
         cls = size_class(rows)
         spec, plain = self.measured.get((cls, True)), self.measured.get((cls, False))
         return spec is None or plain is None or spec[0] / spec[1] >= plain[0] / plain[1]

@@ -177,7 +177,9 @@ class RetrievalConfig:
     merge_decay: float = 0.5
     context_order: Literal[1, 2] = 1
     context_rows: int | None = None
-    suffix_depth: int = 8  # on: GRPO's siblings and epochs repeat text (lab/recall_study.py, docs/RESULTS.md)
+    # suffix_depth on: GRPO's siblings and epochs repeat text (docs/RESULTS.md, "Engine, tiny target: suffix
+    # chains and recall across GRPO epochs (CPU)")
+    suffix_depth: int = 8
     suffix_match: int = 4
     suffix_min_match: int = 1
     suffix_rows: int = 16
@@ -291,7 +293,7 @@ class DraftConfig:
 @dataclass(slots=True)
 class DCutConfig:
     """D-cut's settings (`budget.DCut`). Knobs that an ablation showed do not matter beyond the
-    benchmark's noise were removed (docs/BENCHMARKS.md, "D-cut ablation"; DESIGN.md states the rule).
+    benchmark's noise were removed (the ablation: see git history; DESIGN.md states the rule).
 
     Args:
         ratios: the ρ values D-cut chooses from: verified width W = ρ · budget nodes per row

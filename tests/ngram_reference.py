@@ -1,6 +1,6 @@
 """The n-gram count tables' rule in plain Python: the reference the vLLM proposer's compiled tables
 (`rollout_graft.vllm.ngrams`, numba) are tested against. It is the rule the proposer used before
-its tables were compiled (docs/BENCHMARKS.md, "Count-based chains")."""
+its tables were compiled."""
 
 from __future__ import annotations
 

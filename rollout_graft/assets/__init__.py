@@ -3,7 +3,7 @@
 ``tiny-math/`` holds a Qwen3-architecture target (~1.7M params) and draft (~0.28M params)
 trained from scratch on synthetic step-by-step arithmetic word problems, sharing one
 byte-level BPE tokenizer, plus held-out RL prompts. Regenerate with
-``python scripts/make_tiny_models.py``.
+``python lab/make_tiny_models.py``.
 
 Prompt format: ``"Question: <problem>\\nAnswer:"``; completions end with a line
 ``"#### <integer>"`` followed by the EOS token ``<|endoftext|>``.

@@ -44,7 +44,7 @@ class ChainConfig:
             e.g. TRL's `graft_vllm_state`).
         max_prior_contexts: the prior starts over from empty when it holds more contexts (its
             memory bound: 0.13–0.5 KB of host memory a context, the hash tables being a quarter to
-            half full — 0.24 KB over a 400k-token text: `scripts/profile_vllm_proposer.py
+            half full — 0.24 KB over a 400k-token text: `lab/profile_vllm_proposer.py
             --prior-memory 400000` — so the default is ≈ 0.5–2 GB; a rollout
             of R new tokens adds up to ~`max_match`·R contexts, fewer where text repeats).
         explore_every: D-cut: every n-th decision to draft decodes plainly instead (its measured
@@ -53,7 +53,7 @@ class ChainConfig:
             is affordable: probes that find nothing cost at most this share of the time (plus what
             speculation saved; the engine's `DCutConfig.probe_share`). Drafting chains D-cut then
             cuts away cost the tiny target 17–20 % of its wall time without such a back-off
-            (docs/BENCHMARKS.md, "vLLM backend"). What a probe drafts and D-cut cuts away still
+            (measured when introduced; see git history). What a probe drafts and D-cut cuts away still
             teaches its calibration (shadows: `chain_budget`).
         identity_tokens: trailing tokens that identify a request between steps (with its length);
             a request whose text is long enough to differ only before them could be taken for another.

@@ -17,7 +17,7 @@ products: the raw scores the budget policy calibrates against acceptance and ran
 suffix decoding's estimate (Arctic Inference: count(child) / count(node) along a path of its
 suffix tree, whose drafts its `max_spec_factor` bounds by the match length), with contexts of at
 most `order` tokens that back off to shorter ones within a chain. By replay
-(`scripts/replay_vllm.py`, docs/BENCHMARKS.md "Chains by replay") the two shrink factors raised
+(`lab/replay.py vllm`; measured when introduced, see git history) the two shrink factors raised
 MAT at equal draft tokens on every recording; without them the ranking was below suffix decoding's.
 
 Counts do not depend on the order they are made in, and neither does a chain (the tie rule reads
@@ -26,7 +26,7 @@ counts and token ids only).
 The tables are compiled (numba: `_kernels`), and a step's work is two compiled calls over the whole
 batch (`NgramStore.teach`: every new token of every group; `NgramStore.chains`: every request's
 chains), because Python dict updates per token and context length cost 45–60 µs per
-request-step at batch 64–256 (docs/BENCHMARKS.md, "The proposer's own time"). All tables of one
+request-step at batch 64–256 (measured before they were compiled; see git history). All tables of one
 proposer live in one `NgramStore`: an open-addressing hash table in numpy arrays whose keys are
 (table, context), a context of at most `MAX_ORDER` tokens packed exactly (two token ids + 1 per
 int64 word). A table's slot is reused, and its rows dropped at the next rebuild, when its

