@@ -194,6 +194,9 @@ class RetrievalConfig:
                     paths=("prior_path",), optional=("context_rows", "prior_path"))
         if not isinstance(self.template, TemplateConfig):
             raise TypeError(f"RetrievalConfig.template must be a TemplateConfig, got {type(self.template).__name__}")
+        if self.prior_path is not None and not os.path.isfile(self.prior_path):
+            raise ValueError(f"prior_path {self.prior_path} does not exist (or is not a file): pass a prior saved by "
+                             "`save_prior` (a checkpoint's graft_prior.safetensors, scripts/warm_prior.py), or None")
         if self.suffix_depth < 0:
             raise ValueError(f"suffix_depth must be >= 0 chain nodes (0 = off), got {self.suffix_depth}")
         if self.recall < 0 or self.recall_prompts < 1:

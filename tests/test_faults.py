@@ -178,6 +178,12 @@ def test_the_adjacency_prior_round_trips_and_survives_an_interrupted_save(tmp_pa
     assert torch.equal(AdjacencyIndex.load(path).ids, _prior().ids)
 
 
+def test_a_missing_adjacency_prior_is_named_when_configured(tmp_path):
+    missing = tmp_path / "graft_prior.safetensors"
+    named_error(missing, RetrievalConfig, prior_path=str(missing))
+    named_error(missing, GraftConfig, prior_path=str(missing))
+
+
 def test_a_prior_with_another_vocabulary_is_refused_before_generating(tmp_path):
     from rollout_graft.engine import RolloutEngine
 
