@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from rollout_graft import files
 from rollout_graft.adjacency import EMPTY, AdjacencyIndex
-from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_jsonl, read_prompt_rows
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_jsonl, read_prompt_rows, read_prompt_texts
 from rollout_graft.config import DCutConfig, DraftConfig, EngineConfig, RetrievalConfig
 from rollout_graft.cost import CostModel
 from rollout_graft.pruning import load_thresholds, save_thresholds
@@ -382,6 +382,9 @@ def test_good_datasets_load_and_answers_may_be_ints_or_integer_strings(tmp_path)
     (tmp_path / "code.jsonl").write_text('{"prompt": "Q?", "answer": "assert f() == 1"}\n')
     assert read_prompt_rows(tmp_path / "code.jsonl", integer_answer=False)[0]["answer"] == "assert f() == 1"
     named_error(tmp_path / "missing.jsonl", read_jsonl, tmp_path / "missing.jsonl")
+    (tmp_path / "bench.jsonl").write_text('{"prompt": "Q?"}\n{"text": "Q?"}\n')  # benchmark prompts need no answer
+    message = named_error(tmp_path / "bench.jsonl", read_prompt_texts, tmp_path / "bench.jsonl", None)
+    assert "line 2" in message and "`prompt`" in message
 
 
 def test_the_recipe_refuses_a_bad_dataset_before_training(tmp_path):

@@ -52,15 +52,16 @@ def read_jsonl(path: str | Path, **match: str | None) -> list[dict]:
     return [r for r in rows if all(v is None or r.get(k, v) == v for k, v in match.items())]
 
 
-def read_prompt_rows(path: str | Path, integer_answer: bool = True, **match: str | None) -> list[dict]:
+def read_prompt_rows(path: str | Path, integer_answer: bool = True, answer: bool = True,
+                     **match: str | None) -> list[dict]:
     """`read_jsonl` for a training dataset, every row of the file checked up front (before any
     training step; ValueError naming the file, line and field): `prompt` is a non-empty string or a
-    list of chat messages ({"role": str, "content": str}); `answer` is present and, with
-    `integer_answer` (what the tiny-math rewards compare: `assets.rewards`), an int or a string
+    list of chat messages ({"role": str, "content": str}); with `answer`, `answer` is present and,
+    with `integer_answer` (what the tiny-math rewards compare: `assets.rewards`), an int or a string
     that parses as one."""
     numbered = _numbered_rows(path)
     for line, row in numbered:
-        _check_prompt_row(row, f"{path} line {line}", integer_answer)
+        _check_prompt_row(row, f"{path} line {line}", answer, answer and integer_answer)
     return [r for _, r in numbered if all(v is None or r.get(k, v) == v for k, v in match.items())]
 
 
@@ -89,8 +90,8 @@ def _numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
     return out
 
 
-def _check_prompt_row(row: dict, where: str, integer_answer: bool) -> None:
-    for name in ("prompt", "answer"):
+def _check_prompt_row(row: dict, where: str, with_answer: bool, integer_answer: bool) -> None:
+    for name in ("prompt", "answer") if with_answer else ("prompt",):
         if name not in row:
             raise ValueError(f"{where} has no `{name}` field (has {sorted(row)})")
     prompt = row["prompt"]
@@ -101,7 +102,7 @@ def _check_prompt_row(row: dict, where: str, integer_answer: bool) -> None:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)):
         raise ValueError(f"{where}: `prompt` must be a string or a non-empty list of chat messages "
                          f'{{"role": str, "content": str}}, got {type(prompt).__name__} {prompt!r:.80}')
-    answer = row["answer"]
+    answer = row.get("answer")
     if integer_answer and not _is_integer_answer(answer):
         raise ValueError(f"{where}: `answer` must be an integer (or a string of one, e.g. \"42\"), got "
                          f"{type(answer).__name__} {answer!r:.80}")
@@ -123,10 +124,11 @@ def _is_integer_answer(answer) -> bool:
 
 def read_prompt_texts(path: str | Path, tokenizer) -> list[str]:
     """The `prompt` of every row of a JSON-lines file as the text a generation call takes: a string
-    as it is, chat messages through the tokenizer's chat template (as TRL sends them to vLLM)."""
+    as it is, chat messages through the tokenizer's chat template (as TRL sends them to vLLM). Every
+    row is checked first (`read_prompt_rows` without answers: ValueError naming the line)."""
     return [r["prompt"] if isinstance(r["prompt"], str)
             else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-            for r in read_jsonl(path)]
+            for r in read_prompt_rows(path, answer=False)]
 
 
 def load_tiny_prompts(split: str | None = None) -> list[dict]:
