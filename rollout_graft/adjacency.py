@@ -232,7 +232,8 @@ def _check_saved(t: dict[str, torch.Tensor], path) -> None:
         if i.dtype.is_floating_point or i.dtype == torch.bool or not p.dtype.is_floating_point:
             raise bad(f"has {name} of dtype {i.dtype} and its probabilities of dtype {p.dtype} (want integer ids, float probs)")
         if i.shape != p.shape or i.dim() != 3 or i.shape[2] != ids.shape[2]:
-            raise bad(f"has {name} {list(i.shape)} and its probabilities {list(p.shape)}: shapes differ from [groups, rows, k={ids.shape[2]}]")
+            raise bad(f"has {name} {list(i.shape)} and its probabilities {list(p.shape)}: want both "
+                      f"[groups, rows, k={ids.shape[2]}]")
         out = (i != EMPTY) & ((i < 0) | (i >= vocab))
         if out.any():
             raise bad(f"has {name} {int(i[out][0])} outside the vocabulary [0, {vocab}) ({int(out.sum())} such)")

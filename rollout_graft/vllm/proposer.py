@@ -40,11 +40,12 @@ import numpy as np
 
 from ..budget import FixedBudget
 from ..chain_budget import ChainDCut, Chains, ChainStep
-from .config import PROPOSER_CLASS, ChainConfig
 from ..files import atomic_write_json, is_int, read_json, require_keys
+from .config import PROPOSER_CLASS, ChainConfig
 from .groups import Request, RequestTracker
 from .ngrams import NgramCounts, read_prior
 from .text_index import catch_up
+
 
 @dataclass
 class ProposerStats:
