@@ -2,12 +2,13 @@
 """GRPO on arithmetic word problems with rollout_graft's lossless speculative rollouts.
 
 Default (CPU, offline, a few minutes on 2 cores): the embedded tiny Qwen3 target learns to
-answer 16 of the embedded arithmetic prompts, revisited every 4 steps; the training reward
-(correct `#### N` + format) rises (≈ 0.55 → 0.96 in 60 steps). Held-out accuracy does not: the
-tiny model has little to generalise from a few CPU minutes (docs/RESULTS.md, "GRPO training: the
-recipe on each backend (CPU)").
+answer 16 of the embedded arithmetic prompts, revisited every 4 steps (a GRPO epoch); the training
+reward (correct `#### N` + format) rises. Held-out accuracy does not: the tiny model has little to
+generalise from in a few CPU minutes. The summary reports each epoch's rollout tokens/s, MAT, the
+share of steps D-cut drafted and why it decoded plainly where it did (docs/RESULTS.md, "GRPO, per
+epoch").
 
-    accelerate launch recipes/grpo_qwen3.py                    # graft backend (default)
+    accelerate launch recipes/grpo_qwen3.py                    # our engine (default: retrieval, suffix chains, recall, D-cut)
     accelerate launch recipes/grpo_qwen3.py --backend vllm     # TRL's vLLM colocate path + our proposer
     accelerate launch recipes/grpo_qwen3.py --backend hf       # TRL's own generate, for comparison
     python recipes/grpo_qwen3.py --max_steps 10                # any GRPOConfig / GraftConfig field
@@ -26,7 +27,6 @@ Writes `log_history.json` and `summary.json` into `--output_dir` (default
 """
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -46,6 +46,7 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
 from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_rows
 from rollout_graft.assets.rewards import correctness_reward, format_reward  # the demo task's rewards
+from rollout_graft.files import atomic_write_json
 from trainers import GraftConfig, GraftGRPOTrainer
 
 BACKENDS = ("graft", "vllm", "hf")
@@ -339,9 +340,9 @@ def main(script_args, training_args, model_args, graft_args) -> dict:
     if trainer.accelerator.is_main_process:
         out = Path(training_args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+        atomic_write_json(out / "log_history.json", trainer.state.log_history, indent=1)
         config = {"script": asdict(script_args), "graft": asdict(graft_args), "model": model_args.model_name_or_path}
-        (out / "summary.json").write_text(json.dumps({**summary, "config": config}, indent=1))
+        atomic_write_json(out / "summary.json", {**summary, "config": config}, indent=1)
         print_summary(summary)
         print(f"logs: {out}/log_history.json  (plot: python scripts/plot_training.py {out}/log_history.json)")
     trainer.accelerator.wait_for_everyone()

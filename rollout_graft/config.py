@@ -20,6 +20,9 @@ BudgetPolicy = Literal["fixed", "dcut"]
 """'fixed': every row verifies its proposer's tree (≤ budget nodes). 'dcut': every row verifies
 its W best nodes, one W for the batch chosen per step by the profiled cost model (budget.DCut)."""
 
+DEFAULT_RECALL = 4
+"""Completions remembered per prompt by default (RetrievalConfig.recall): a GRPO epoch revisits every prompt."""
+
 DEFAULT_DCUT_RATIOS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 """Draft source. "ar": plain autoregressive decoding (the baseline, one token per forward).
 "retrieval": group-shared adjacency retrieval trees (model-free).
@@ -160,7 +163,8 @@ class RetrievalConfig:
         suffix_min_match: fewest matching tokens that count as a match.
         recall: earlier completions remembered per prompt across rollouts (`generate` calls) and
             read by the suffix chains of a row with the same prompt (GRPO epochs revisit prompts);
-            0 = off. Needs `suffix_depth` > 0 (with `suffix_depth=0`, recall is off too).
+            0 = off; None (the default) = `DEFAULT_RECALL` where suffix chains are on, else 0. A
+            recall > 0 needs `suffix_depth` > 0.
         recall_prompts: prompts remembered at most (the least recently seen are forgotten).
         suffix_rows: rows whose text one row searches, itself included (bounds the work for large
             groups; the group's first rows, i.e. the leaders of `EngineConfig.group_lead`, first).
@@ -183,7 +187,7 @@ class RetrievalConfig:
     suffix_match: int = 4
     suffix_min_match: int = 1
     suffix_rows: int = 16
-    recall: int = 4  # on: a GRPO epoch revisits every prompt
+    recall: int | None = None  # None: DEFAULT_RECALL with suffix chains on (a GRPO epoch revisits every prompt)
     recall_prompts: int = 4096
     suffix_confidence: float = 0.6
 
@@ -191,7 +195,7 @@ class RetrievalConfig:
         check_types(self, ints=("top_k", "context_order", "context_rows", "suffix_depth", "suffix_match", "suffix_min_match",
                                 "suffix_rows", "recall", "recall_prompts"),
                     reals=("merge_decay", "suffix_confidence"), bools=("share_in_group", "use_prior", "update_prior"),
-                    paths=("prior_path",), optional=("context_rows", "prior_path"))
+                    paths=("prior_path",), optional=("context_rows", "prior_path", "recall"))
         if not isinstance(self.template, TemplateConfig):
             raise TypeError(f"RetrievalConfig.template must be a TemplateConfig, got {type(self.template).__name__}")
         if self.prior_path is not None and not os.path.isfile(self.prior_path):
@@ -199,11 +203,13 @@ class RetrievalConfig:
                              "`save_prior` (a checkpoint's graft_prior.safetensors, scripts/warm_prior.py), or None")
         if self.suffix_depth < 0:
             raise ValueError(f"suffix_depth must be >= 0 chain nodes (0 = off), got {self.suffix_depth}")
+        if self.recall is None:
+            self.recall = DEFAULT_RECALL if self.suffix_depth else 0
         if self.recall < 0 or self.recall_prompts < 1:
             raise ValueError(f"recall must be >= 0 completions per prompt and recall_prompts >= 1, got {self.recall}, "
                              f"{self.recall_prompts}")
-        if not self.suffix_depth:  # recall feeds the suffix chains: without them it has nothing to do
-            self.recall = 0
+        if self.recall and not self.suffix_depth:
+            raise ValueError("recall feeds the suffix chains: set suffix_depth > 0 (e.g. 8) or recall=0")
         if self.suffix_rows < 1:
             raise ValueError(f"suffix_rows must be >= 1 (the row itself), got {self.suffix_rows}")
         if not 1 <= self.suffix_min_match <= self.suffix_match:

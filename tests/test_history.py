@@ -140,7 +140,9 @@ def test_recall_needs_suffix_chains():
     import pytest
 
     with pytest.raises(ValueError, match="suffix_depth"):
-        RetrievalConfig(recall=4)
+        RetrievalConfig(recall=4, suffix_depth=0)
+    assert RetrievalConfig(suffix_depth=0).recall == 0  # the default recall follows the suffix chains
+    assert RetrievalConfig().recall == 4 and RetrievalConfig().suffix_depth == 8  # GRPO revisits: both on
 
 
 def test_bad_suffix_and_lead_settings_are_refused(qwen3_model):

@@ -117,7 +117,8 @@ def test_group_sharing_feeds_siblings():
 
 def test_prior_persists_saves_and_loads(tmp_path):
     model = random_model("qwen3")
-    engine = RolloutEngine(model, EngineConfig(method="retrieval", budget=20))
+    alone = RetrievalConfig(suffix_depth=0)  # the prior alone (recall would copy the first rollout)
+    engine = RolloutEngine(model, EngineConfig(method="retrieval", budget=20, retrieval=alone))
     params = SamplingParams(temperature=0, max_new_tokens=30)
     first = engine.generate([[5, 6, 7]], params)
     path = tmp_path / "prior.safetensors"
@@ -125,7 +126,7 @@ def test_prior_persists_saves_and_loads(tmp_path):
     second = engine.generate([[5, 6, 7]], params)  # the prior learned the first rollout
     assert second.completion_ids == first.completion_ids
     assert second.stats.mean_accepted_tokens > first.stats.mean_accepted_tokens
-    cfg = EngineConfig(method="retrieval", budget=20, retrieval=RetrievalConfig(prior_path=str(path)))
+    cfg = EngineConfig(method="retrieval", budget=20, retrieval=RetrievalConfig(prior_path=str(path), suffix_depth=0))
     loaded = RolloutEngine(model, cfg).generate([[5, 6, 7]], params)
     assert loaded.stats.mean_accepted_tokens == pytest.approx(second.stats.mean_accepted_tokens)
     with pytest.raises(ValueError, match="vocabulary"):

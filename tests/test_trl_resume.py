@@ -16,7 +16,8 @@ from trainers.config import PRIOR_FILE, ROLLOUT_STATE_FILE
 
 TIMING = ("rollout/tokens_per_s", "rollout/seconds", "train_runtime", "train_samples_per_second",
           "train_steps_per_second", "step_time")
-SPEED = ("rollout/mean_accepted_tokens", "rollout/verify_tokens_per_step", "rollout/budget_ratio")
+SPEED = ("rollout/mean_accepted_tokens", "rollout/verify_tokens_per_step", "rollout/budget_ratio",
+         "rollout/drafted_share", "rollout/break_even_mat", "rollout/expected_mat")
 """What D-cut's timing-driven widths may change: the speed, never the tokens."""
 
 
