@@ -447,3 +447,20 @@ def test_a_missing_model_directory_says_so_and_never_reaches_the_hub(where, tmp_
         missing = tmp_path / "draft"
         with pytest.raises(FileNotFoundError, match=f"{missing} does not exist"):
             RolloutEngine.from_pretrained(TINY_TARGET, EngineConfig(method="graft", draft=DraftConfig(draft_model=str(missing))))
+
+
+def test_the_trainers_drafter_directory_is_local_or_named(tmp_path):
+    """GraftGRPOTrainer checks the drafter's vocabulary before training: a Hub id is not read from the
+    Hub, it is named as a missing directory."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4,
+                      num_generations=4, max_completion_length=4)
+    dataset = [{"prompt": "1 + 1 ="}] * 4
+    with pytest.raises(FileNotFoundError, match="org/drafter does not exist"):
+        GraftGRPOTrainer(str(TINY_TARGET), lambda completions, **kw: [0.0] * len(completions), args=args,
+                         graft_config=GraftConfig(method="graft", draft_model_name_or_path="org/drafter"),
+                         train_dataset=Dataset.from_list(dataset),
+                         processing_class=AutoTokenizer.from_pretrained(TINY_TARGET))

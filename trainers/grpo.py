@@ -28,7 +28,7 @@ from trl.models.utils import unwrap_model_for_generation
 from rollout_graft.adjacency import AdjacencyIndex
 from rollout_graft.config import EngineConfig, SamplingParams
 from rollout_graft.engine import RolloutEngine
-from rollout_graft.files import atomic_write_json, is_int, read_json, require_keys
+from rollout_graft.files import atomic_write_json, is_int, local_dir, read_json, require_keys
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.stats import RolloutStats
 
@@ -65,7 +65,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         for name in ("train_dataset", "eval_dataset"):
             _check_dataset_prompts(kwargs.get(name), name)
         if on_vllm:
-            # TRL's own vLLM colocate path, its engine built with our proposer (trainers/vllm_backend.py)
+            # TRL's own vLLM colocate path, its engine built with the draft method's speculative_config
+            # (ours, vLLM's suffix or ngram, or none: trainers/vllm_backend.py)
             if args is None:
                 raise ValueError("GraftConfig(backend='vllm') needs a GRPOConfig: pass args=GRPOConfig(...)")
             if args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
@@ -74,7 +75,7 @@ class GraftGRPOTrainer(GRPOTrainer):
             args.use_vllm, args.vllm_mode = True, "colocate"
             with _vllm_generation_class(self.graft_config.speculative_config()):
                 super().__init__(model, reward_funcs, args=args, **kwargs)
-            self.vllm_metrics = VLLMRolloutMetrics(self.vllm_generation.llm, self.graft_config.method != "ar")
+            self.vllm_metrics = VLLMRolloutMetrics(self.vllm_generation.llm, self.graft_config.method)
         else:
             super().__init__(model, reward_funcs, args=args, **kwargs)
         self._check_distributed_setup()
@@ -102,8 +103,9 @@ class GraftGRPOTrainer(GRPOTrainer):
     def _check_drafter(self, path: str) -> None:
         """Fail before training, not at the first rollout, when the drafter's token ids differ from the policy's."""
         vocab = self.accelerator.unwrap_model(self.model).config.vocab_size  # config: ZeRO-3 weights are sharded
-        check_same_vocabulary(vocab, AutoConfig.from_pretrained(path).vocab_size, self._tokenizer,
-                              AutoTokenizer.from_pretrained(path))
+        local = local_dir(path, "the drafter's")  # a local directory: never the Hub
+        check_same_vocabulary(vocab, AutoConfig.from_pretrained(local, local_files_only=True).vocab_size, self._tokenizer,
+                              AutoTokenizer.from_pretrained(local, local_files_only=True))
 
     # ------------------------------------------------------------------ generation (TRL's vLLM slot)
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -247,7 +249,7 @@ class GraftGRPOTrainer(GRPOTrainer):
         """Save the model (TRL) and, with `save_prior`, the engine's adjacency prior as `graft_prior.safetensors`."""
         super().save_model(output_dir, _internal_call=_internal_call)
         if self.graft_config.backend == "vllm":
-            if self.graft_config.save_prior and self.graft_config.method != "ar":
+            if self.graft_config.save_prior and self.graft_config.uses_our_proposer:
                 save_proposer_state(self.vllm_generation.llm, f"{output_dir or self.args.output_dir}/{VLLM_STATE_DIR}")
             return
         if not (self.graft_config.save_prior and self.accelerator.is_main_process and self.rollout_engine is not None):
@@ -286,7 +288,7 @@ def _vllm_generation_class(speculative_config: dict | None):
 def _load_vllm_state(trainer: "GraftGRPOTrainer", checkpoint: str) -> None:
     """Backend "vllm": restore the proposer's prior and recalled completions saved in `checkpoint`."""
     path = f"{checkpoint}/{VLLM_STATE_DIR}"
-    if trainer.graft_config.backend == "vllm" and trainer.graft_config.method != "ar" and os.path.isdir(path):
+    if trainer.graft_config.uses_our_proposer and os.path.isdir(path):
         load_proposer_state(trainer.vllm_generation.llm, path)
 
 
