@@ -51,6 +51,13 @@ def render_speed(runs: list[dict]) -> str:
     return "\n\n".join(tables.speed(r) for r in runs)
 
 
+def render_vllm_speed(runs: list[dict]) -> str:
+    """vLLM speed runs without their `engine-*` rows (the engine's own sections hold its current numbers)."""
+    def vllm_methods(r: dict) -> list[str]:
+        return [n for n in dict.fromkeys(n for e in tables.normalize(r) for n in e["methods"]) if not n.startswith("engine-")]
+    return "\n\n".join(tables.speed(r, vllm_methods(r)) for r in runs)
+
+
 def render_proposer_profile(runs: list[dict]) -> str:
     """`lab/profile_vllm_proposer.py --json`: the proposer's own CPU time per request-step."""
     parts = ("tracker", "learn", "draft", "policy", "other")
@@ -117,6 +124,32 @@ def render_recipe(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_epochs(runs: list[dict]) -> str:
+    """`lab/grpo_epochs.py --json`: per arm, tokens/s against the reference arm on the first visit
+    and on revisits (median of paired repeats [range]), MAT, the drafted share and D-cut's verdict
+    on revisits, and the training reward over the first and last 4 steps (mean over repeats)."""
+    lines = ["| arm | recipe arguments | × ar, first visit | × ar, revisits | MAT first / revisits | drafted (revisits) | "
+             "break-even / expected MAT (revisits) | reward, first → last 4 steps |", "|---|---|---|---|---|---|---|---|"]
+
+    def ratio(r: dict) -> str:
+        runs_ = r["vs_reference_runs"]
+        return f"{r['vs_reference']:.2f} [{min(runs_):.2f}–{max(runs_):.2f}]" if runs_ else tables.MISSING
+
+    def num(v, spec: str) -> str:
+        return tables.MISSING if v is None else format(v, spec)
+
+    for run in runs:
+        for arm, args in run["arms"].items():
+            first, rev, rewards = run["first_visit"][arm], run["revisits"][arm], run["rewards"][arm]
+            reward = f"{sum(rewards[:4]) / 4:.2f} → {sum(rewards[-4:]) / 4:.2f}" if len(rewards) >= 4 else tables.MISSING
+            verdict = (f"{num(rev['break_even_mat'], '.2f')} / {num(rev['expected_mat'], '.2f')}"
+                       if rev.get("break_even_mat") is not None else tables.MISSING)
+            lines.append(f"| {arm} | `{' '.join(args) or '(as shipped)'}` | {ratio(first)} | {ratio(rev)} | "
+                         f"{num(first['mat'], '.2f')} / {num(rev['mat'], '.2f')} | {num(rev['drafted_share'], '.0%')} | "
+                         f"{verdict} | {reward} |")
+    return "\n".join(lines)
+
+
 def _option(command: str, flag: str) -> str:
     words = command.split()
     return words[words.index(flag) + 1] if flag in words else tables.MISSING
@@ -124,18 +157,24 @@ def _option(command: str, flag: str) -> str:
 
 # ---------------------------------------------------------------------- the sections, in RESULTS order
 SECTIONS: list[Section] = [
+    Section("GRPO, per epoch: the recipe against plain decoding (engine, CPU)",
+            "`recipes/grpo_qwen3.py` trained end to end once per arm and repeat (20 steps: 5 epochs over the demo's "
+            "16 prompts, 32 rows a rollout, T = 1), arms interleaved in a fresh order each repeat "
+            "(`lab/grpo_epochs.py`). × ar: the median over repeats of each repeat's rollout tokens/s over `ar`'s "
+            "[range]; `ar-twin` is the A/A control. Epoch 0 is the prompts' first visit, epochs 1–4 revisits. "
+            "Break-even / expected: the tokens per row D-cut's best drafting width had to emit to match plain "
+            "decoding's rate, and what it expected (where the first is larger it decodes plainly).",
+            ("grpo_epochs.json",), render_epochs),
     Section("Engine, tiny target: D-cut against plain decoding (CPU)",
             "The embedded tiny target (T = 1, EOS on, 8 samples per prompt except at batch 1), every method "
-            "interleaved with `ar` (the engine's plain path) and an A/A twin of it in one process; × ar is the "
-            "median over 12 repeats of each repeat's paired ratio.",
-            ("dcut_v3cmp_v3_b1.json", "dcut_v3cmp_v3_eos.json"), render_speed),
-    Section("Engine, tiny target: suffix chains and recall across GRPO epochs (CPU)",
-            "One engine per method kept across repeats (`--reuse-engine`), so `recall` reuses the earlier "
-            "rollouts of the same prompts, as in later GRPO epochs.",
-            ("tiny_recall.json",), render_speed),
-    Section("Engine, SmolLM2-135M-Instruct (CPU, bf16)",
-            "The real prompts, 8 samples per prompt, 256 new tokens; `hf` is Hugging Face `generate`.",
-            ("smollm2_t1.json", "smollm2_t0.json"), render_speed),
+            "interleaved with `ar` (the engine's plain path) and an A/A twin of it; fresh prompts in every repeat. "
+            "× ar is the median over repeats of each repeat's paired ratio. `retrieval` is the adjacency index "
+            "alone; `retrieval+recall` adds suffix chains and recall (the engine's defaults).",
+            ("engine_tiny_fresh.json",), render_speed),
+    Section("Engine, tiny target: suffix chains and recall on a revisit (CPU)",
+            "As above, but each repeat's prompts ran once before, untimed (`--revisit`: a later GRPO epoch, so "
+            "`recall` has the earlier completions). Fixed budgets show what drafting everything gives.",
+            ("engine_tiny_revisit.json",), render_speed),
     Section("Engine, Graft on a real pair: Qwen2.5-Coder 0.5B drafting for 1.5B (CPU)",
             "Opt-in models (`scripts/prepare_models.py --qwen-coder`).",
             ("qwen_coder_graft.json",), render_speed),
