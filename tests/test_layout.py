@@ -28,3 +28,16 @@ def test_no_sys_path_and_no_imports_between_scripts():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
                 assert name.split(".")[0] not in siblings, f"{path.relative_to(REPO)} imports the script {name}"
+
+
+def test_readme_and_results_fit_a_newcomer_and_hold_no_history():
+    """README: a newcomer's page (≤ 250 lines); README and RESULTS: current facts, no commit hashes,
+    issue numbers or "before/after" history (git keeps it)."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for path in (REPO / "README.md", REPO / "docs" / "RESULTS.md"):
+        text = path.read_text()
+        assert not re.search(r"\b[0-9a-f]{7,40}\b", text.replace("0x", "")), f"{path.name} names a commit"
+        assert not re.search(r"\b[Ii]ssue \d+|#\d{2,}\b", text), f"{path.name} names an issue"
