@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 
 from rollout_graft.assets import read_prompt_texts
-from rollout_graft.vllm import proposer_summary, speculative_config
+from rollout_graft.vllm import proposer_summary, speculative_config, vllm_speculative_config
 from rollout_graft.vllm.groups import RequestTracker
 
 from .benchmark import Cell
@@ -73,10 +73,8 @@ def spec_for(method: str) -> dict | None:
         return None
     custom = {"oracle": f"{__name__}.OracleProposer", "empty": "rollout_graft.vllm.baselines.EmptyProposer",
               "empty+plain": "rollout_graft.vllm.baselines.PlainEmptyProposer"}
-    if base == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
-    if base == "suffix":
-        return {"method": "suffix", "num_speculative_tokens": k}
+    if base in ("ngram", "suffix"):  # as GraftConfig(backend="vllm", method=base) builds them
+        return vllm_speculative_config(base, k)
     if base in ("ours", "ours+dcut"):
         return speculative_config(k, "dcut" if base == "ours+dcut" else "fixed")
     if base in custom:

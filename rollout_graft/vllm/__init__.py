@@ -4,6 +4,9 @@
     from rollout_graft.vllm import speculative_config
     llm = LLM(model, speculative_config=speculative_config(num_speculative_tokens=8))
 
+`vllm_speculative_config("suffix" | "ngram", K)` builds vLLM's own draft methods (the peers we
+are measured against) the same way.
+
 Importing this package does not import vLLM; the proposer module does, in vLLM's own process.
 `proposer_summary`, `save_proposer_state` and `load_proposer_state` reach the proposer of a
 `vllm.LLM` on each of its workers (through `LLM.collective_rpc`).
@@ -12,6 +15,7 @@ Importing this package does not import vLLM; the proposer module does, in vLLM's
 from __future__ import annotations
 
 from .config import ChainConfig, speculative_config
+from .methods import vllm_speculative_config
 
 
 def _drafter(worker):
@@ -51,4 +55,5 @@ def load_proposer_state(llm, directory: str) -> None:
     llm.collective_rpc(_load, args=(str(directory),))
 
 
-__all__ = ["ChainConfig", "load_proposer_state", "proposer_summary", "save_proposer_state", "speculative_config"]
+__all__ = ["ChainConfig", "load_proposer_state", "proposer_summary", "save_proposer_state", "speculative_config",
+           "vllm_speculative_config"]
