@@ -59,7 +59,8 @@ def cmd_run(args) -> None:
 
         model = AutoModelForCausalLM.from_pretrained(model_and_prompts(args.offpath_model)[0], dtype=torch.float32).eval()
     out = lc.study(args.pairs, k=args.k, taus=args.taus, depths=args.depths, suffix_probs=args.suffix_probs,
-                   sources=args.sources, model=model, command=" ".join(["python", *sys.argv]))
+                   sources=args.sources, model=model, offpath_from=args.offpath_from, rollouts=args.rollouts,
+                   command=" ".join(["python", *sys.argv]))
     if args.merge and args.json and args.json.exists():
         out = lc.merge(json.loads(args.json.read_text()), out)
     finish(out, args.decide_on, args.json)
@@ -111,6 +112,9 @@ def main(argv=None) -> None:
                    help="(d) suffix decoding's min_token_prob (none: skip (d); needs arctic-inference)")
     u.add_argument("--sources", nargs="+", default=[s for s in lc.SOURCES if s != "logits+offpath"], choices=list(lc.SOURCES))
     u.add_argument("--offpath-model", help="the recorded target (tiny or a folder), for the logits+offpath source")
+    u.add_argument("--offpath-from", type=int, default=0,
+                   help="run it from this rollout on (earlier ones learn on-path only: e.g. 1 = not in `cold`)")
+    u.add_argument("--rollouts", nargs="+", default=list(lc.ROLLOUTS), choices=lc.ROLLOUTS, help="replay these only, in order")
     u.add_argument("--decide-on", default="smollm2-t1", help="the pair whose fresh prompts decide (issue 34's rule)")
     u.add_argument("--threads", type=int, default=1)
     u.add_argument("--json", type=Path)

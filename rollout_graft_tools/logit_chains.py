@@ -255,13 +255,17 @@ class OffPathLogitChains(LogitChainProposer):
     on each rejected chain in its context: a sensitivity check of the on-path approximation (one
     forward per row-step with a rejection, so for the tiny target)."""
 
-    def __init__(self, model, *args, **kwargs):
+    def __init__(self, model, *args, offpath_from: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
-        self.model = model
+        self.model, self.offpath_from = model, offpath_from  # rollouts before `offpath_from` learn on-path only
+        self.rollout = 0  # set by `replay_pair`
         self.sent: dict[int, tuple[int, list[int]]] = {}  # request → (completion tokens done, chain sent)
 
     def learn_emitted(self, num: np.ndarray) -> None:
         super().learn_emitted(num)
+        if self.rollout < self.offpath_from:
+            self.sent.clear()
+            return
         from rollout_graft.sampling import top_k_probs
 
         temperature = self.rec.params.temperature
@@ -391,16 +395,17 @@ SOURCES = {
 
 
 def make_proposer(source: str, k: int, depth: int, cut: float, max_model_len: int, vocab: int, top_k: int = 8,
-                  model=None):
+                  model=None, offpath_from: int = 0):
     """A proposer of `source` (`SOURCES`) drafting at most `depth` ≤ k tokens; `cut`: τ (suffix: its
-    min_token_prob). model: the recorded target (for "logits+offpath" only)."""
+    min_token_prob). model: the recorded target (for "logits+offpath" only), run from the
+    `offpath_from`-th rollout on."""
     if source == "suffix":
         return SuffixReplay(depth, cut, max_model_len)
     policy = ScoreThreshold(depth, cut)
     if source == "logits+offpath":
         if model is None:
             raise ValueError("logits+offpath runs the recorded target: pass --offpath-model (the tiny target)")
-        return OffPathLogitChains(model, k, max_model_len, vocab, top_k, policy=policy)
+        return OffPathLogitChains(model, k, max_model_len, vocab, top_k, policy=policy, offpath_from=offpath_from)
     if source == "text":
         return text_proposer(k, max_model_len, vocab, policy)
     if source.startswith("logits"):
@@ -464,7 +469,8 @@ def compare(curves: dict[str, list[dict]], levels=(0.5, 1.0, 2.0, 4.0)) -> dict:
 
 
 def study(fresh_paths: list[Path], k: int = 8, taus=TAUS, depths=DEPTHS, suffix_probs=SUFFIX_PROBS,
-          sources=tuple(s for s in SOURCES if s != "logits+offpath"), model=None, command: str = "") -> dict:
+          sources=tuple(s for s in SOURCES if s != "logits+offpath"), model=None, offpath_from: int = 0,
+          rollouts=ROLLOUTS, command: str = "") -> dict:
     """Every source over the τ sweep (depth k) and the depth caps (τ = 0; suffix: its smallest
     min_token_prob) on each recording pair (`<name>-fresh` then `<name>-revisit`)."""
     sources = [s for s in sources if s != "suffix" or suffix_probs]
@@ -473,7 +479,7 @@ def study(fresh_paths: list[Path], k: int = 8, taus=TAUS, depths=DEPTHS, suffix_
     for fresh in fresh_paths:
         fresh = Path(fresh)
         name = fresh.name.removesuffix("-fresh.safetensors")
-        paths = {r: fresh.with_name(f"{name}-{r}.safetensors") for r in ROLLOUTS}
+        paths = {r: fresh.with_name(f"{name}-{r}.safetensors") for r in rollouts}
         paths = {r: p for r, p in paths.items() if p.exists()}
         recs = {r: Recording.load(p) for r, p in paths.items()}
         max_len = max(len(rec.prompts[g]) + len(c) for rec in recs.values()
@@ -484,7 +490,7 @@ def study(fresh_paths: list[Path], k: int = 8, taus=TAUS, depths=DEPTHS, suffix_
             cuts = list(suffix_probs) if source == "suffix" else list(taus)
             settings = [(k, c) for c in cuts] + [(d, cuts[0] if source == "suffix" else 0.0) for d in depths]
             for depth, cut in settings:
-                prop = make_proposer(source, k, depth, cut, max_len, vocab, model=model)
+                prop = make_proposer(source, k, depth, cut, max_len, vocab, model=model, offpath_from=offpath_from)
                 results = dict(zip(recs, replay_pair(prop, list(recs.values()))))
                 variants[f"{source}@{depth}/{cut:g}"] = {"source": source, "depth": depth, "cut": cut, **results,
                                                        **({"picked": prop.picked} if source.startswith("best") else {})}
@@ -499,7 +505,8 @@ def study(fresh_paths: list[Path], k: int = 8, taus=TAUS, depths=DEPTHS, suffix_
 def compare_pair(pair: dict) -> dict:
     """`compare` per rollout over every source the pair's variants hold (in `SOURCES` order)."""
     sources = [s for s in SOURCES if any(v["source"] == s for v in pair["variants"].values())]
-    return {rollout: compare({s: [v[rollout] for v in pair["variants"].values() if v["source"] == s] for s in sources})
+    return {rollout: compare({s: [v[rollout] for v in pair["variants"].values() if v["source"] == s and rollout in v]
+                              for s in sources})
             for rollout in pair["recordings"]}
 
 
@@ -517,7 +524,7 @@ def merge(old: dict, new: dict) -> dict:
     return out
 
 
-DECIDING = ("logits", "logits-o2", "best", "best-cal")  # (b) and (c) as vLLM could run them
+DECIDING = ("logits", "logits-o2", "logits+offpath", "best", "best-cal")  # (b) and (c) as vLLM could run them
 
 
 def decide(out: dict, pair: str, rollout: str = "fresh", threshold: float = 1.15, min_drafted: float = 0.5) -> dict:
@@ -591,7 +598,7 @@ def table(out: dict) -> str:
     return "\n".join(lines)
 
 
-HEADLINE = ("text", "logits", "best", "best-cal", "suffix")
+HEADLINE = ("text", "logits", "logits+offpath", "best", "best-cal", "suffix")
 
 
 def headline(out: dict, levels=(1.0, 2.0)) -> list[dict]:
@@ -602,7 +609,7 @@ def headline(out: dict, levels=(1.0, 2.0)) -> list[dict]:
         for rollout in pair["recordings"]:
             row = {"pair": name, "rollout": rollout}
             for src in HEADLINE:
-                points = [v[rollout] for v in pair["variants"].values() if v["source"] == src]
+                points = [v[rollout] for v in pair["variants"].values() if v["source"] == src and rollout in v]
                 if not points:
                     continue
                 top = max(points, key=lambda p: p["mat"])

@@ -1,12 +1,14 @@
 """The logit-chain replay study (`rollout_graft_tools.logit_chains`) on hand-written token arrays."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 
 from rollout_graft import SamplingParams
 from rollout_graft.chain_budget import Chains
 from rollout_graft_tools.chain_replay import replay_rows
-from rollout_graft_tools.logit_chains import Calibration, LogitChainProposer, ScoreThreshold, at_drafted
+from rollout_graft_tools.logit_chains import Calibration, LogitChainProposer, OffPathLogitChains, ScoreThreshold, at_drafted
 from rollout_graft_tools.replay import Recording
 
 V = 16
@@ -87,6 +89,21 @@ def test_logit_chain_backs_off_to_the_prior_and_cuts_by_score():
     assert chains.tokens[1] == [4, 5]  # from the prior: 3 → 4 (0.6) → 5 (0.36); nothing after 5 yet
     sent = prop.policy.cut(chains)[0]
     assert sent.tokens[1] == [4]  # τ = 0.5 keeps the first token only (0.6 ≥ 0.5 > 0.36)
+
+
+def test_offpath_learns_the_positions_past_a_rejected_token():
+    def model(input_ids, use_cache):  # a target that always follows t with t + 1
+        return SimpleNamespace(logits=torch.nn.functional.one_hot((input_ids + 1) % V, V).float() * 10)
+
+    rec = recording([[1, 2]], [[3, 4, 5]], [0], {})
+    prop = OffPathLogitChains(model, k=3, max_model_len=32, vocab=V, use_prior=False)
+    prop.start(rec)
+    prop.set_requests([0], [2])
+    prop.learned = [1]  # position 0 (after 2) learned at the first call
+    prop.sent = {0: (1, [9, 10])}  # a chain sent after token 3; the step emitted 4 (9 rejected)
+    prop.learn_emitted(np.array([4]))
+    assert prop.index.ids[0, 3, 0] == 0  # on-path: after 3 the recording's successor (0 for an unknown token)
+    assert prop.index.ids[0, 9, 0] == 10 and prop.index.ids[0, 10, 0] == 11  # off-path: after 9 and after 10
 
 
 def test_calibration_learns_acceptance_per_score_bin():
