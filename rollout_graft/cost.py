@@ -4,16 +4,20 @@
 (at a fixed cached context) and caches the table on disk, keyed by model, device, dtype and
 threads; `predict` interpolates it (bilinear; linear extrapolation past the grid's edge). The
 rest of a step (tree building, sampling along the walk, learning) depends on the proposer and is
-measured online (`TreeStepCost`). Profiling is bounded: a cell slower than
-`cell_limit_ms` ends its row of the grid (the rest is extrapolated linearly in tokens); cells
-faster than a quarter of it are timed again in whole passes over the grid and the best is kept
-(a busy spell distorts one pass, not a region of the table).
+measured online (`TreeStepCost`), which also replaces the table's forwards by measured ones: the
+table is a prior. Each cell is timed as a ratio to a plain (one-token) forward timed right before
+it, and a row is its fastest plain forward × each cell's median ratio over the passes: a shared
+machine's load slows both forwards of a pair alike, so a profile taken on a busy machine keeps the
+table's shape (how much dearer a wider forward is), which is what D-cut's choice depends on.
+Profiling is bounded: a cell slower than `cell_limit_ms` ends its row of the grid (the rest is
+extrapolated linearly in tokens); cells faster than a quarter of it are timed again in whole passes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import statistics
 import time
 import warnings
 from bisect import bisect_left
@@ -95,7 +99,7 @@ class CostModel:
         p = next(model.parameters())
         cfg = model.config
         ident = f"{getattr(cfg, 'name_or_path', '')}|{cfg.model_type}|{sum(x.numel() for x in model.parameters())}"
-        ident += f"|{p.device}|{p.dtype}|threads={torch.get_num_threads()}|forward-only|passes"
+        ident += f"|{p.device}|{p.dtype}|threads={torch.get_num_threads()}|forward-only|paired"
         return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
     @staticmethod
@@ -113,11 +117,13 @@ class CostModel:
                 "loadavg": {"before": _loadavg()}, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
         runner = ModelRunner(model)
         _time_forward(runner, 1, 1, context, runner.vocab_size, 1)  # first-call allocations
-        table = _grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms)
-        for _ in range(repeats - 1):  # cheap cells again, in whole passes: a busy spell of a shared
-            # machine then distorts one pass, not a region of the table, and the best of the passes is kept
-            again = _grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms / 4, table)
-            table = [[min(x, y) for x, y in zip(r1, r2)] for r1, r2 in zip(table, again)]
+        passes = [_grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms)]
+        for _ in range(repeats - 1):  # cheap cells again, in whole passes: a busy spell distorts one pass
+            passes.append(_grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms / 4, passes[0]))
+        # each row: its fastest plain forward × each cell's median ratio to the plain forward timed beside it
+        # (a shared machine's load slows both of a pair alike: the table's shape survives a busy profile)
+        table = [[min(p[b][0] for p in passes) * statistics.median(p[b][1][i] for p in passes)
+                  for i in range(len(tokens))] for b in range(len(batches))]
         meta["loadavg"]["after"] = _loadavg()
         cost = CostModel(list(batches), list(tokens), _monotone(table), key, meta)
         if use_cache:
@@ -283,23 +289,29 @@ class TreeStepCost:
 
 
 def _grid(runner: ModelRunner, batches, tokens, context: int, max_tokens_per_forward: int, cell_limit_ms: float,
-          known: list[list[float]] | None = None) -> list[list[float]]:
-    """One timing of every cell, batches × tokens per row. A cell over `max_tokens_per_forward`
-    tokens, or past a cell slower than `cell_limit_ms` in its row, is extrapolated linearly in tokens
-    (or, with `known`, taken from it)."""
-    table: list[list[float]] = []
+          known: list | None = None) -> list[tuple[float, list[float]]]:
+    """One pass over the grid: per batch size, (a plain forward's ms, each token count's ms over the
+    plain forward timed right before it). A cell over `max_tokens_per_forward` tokens, or past a cell
+    slower than `cell_limit_ms` in its row, is extrapolated linearly in tokens (or, with `known`, an
+    earlier pass, taken from it)."""
+    out = []
     for b, batch in enumerate(batches):
-        row: list[float] = []
+        plain = _time_forward(runner, batch, 1, context, runner.vocab_size, 1)
+        ratios: list[float] = []
         for q in tokens:
-            too_big = batch * q > max_tokens_per_forward or (row and row[-1] > cell_limit_ms)
-            if too_big and known is not None:
-                row.append(known[b][len(row)])
-            elif too_big and row:
-                row.append(row[-1] * q / tokens[len(row) - 1])
+            slow = ratios and ratios[-1] * plain > cell_limit_ms
+            too_big = batch * q > max_tokens_per_forward or slow
+            if q == tokens[0] and q == 1:
+                ratios.append(1.0)
+            elif too_big and known is not None:
+                ratios.append(known[b][1][len(ratios)])
+            elif too_big and ratios:
+                ratios.append(ratios[-1] * q / tokens[len(ratios) - 1])
             else:
-                row.append(_time_forward(runner, batch, q, context, runner.vocab_size, 1))
-        table.append(row)
-    return table
+                base = _time_forward(runner, batch, 1, context, runner.vocab_size, 1)
+                ratios.append(_time_forward(runner, batch, q, context, runner.vocab_size, 1) / base)
+        out.append((plain, ratios))
+    return out
 
 
 @torch.inference_mode()

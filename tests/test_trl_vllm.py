@@ -48,9 +48,17 @@ def test_rollout_metrics_and_importance_sampling_are_logged(run):
 
 
 def test_the_policy_update_reaches_vllm(run):
+    """vLLM's greedy completions (our proposer on) follow the trained policy, not the initial one: along
+    them, the trained HF model's own argmax almost everywhere, the initial model's rarely. Not token
+    for token: after this deliberately destabilising update (lr 2e-2) vLLM's CPU kernels and HF's
+    round differently enough to flip a few argmaxes (greedy identity with plain vLLM is
+    tests/test_vllm.py's)."""
     _, report = run
     assert report["hf_greedy"] != report["initial_greedy"]  # the large learning rate changed the policy
-    assert report["vllm_greedy"] == report["hf_greedy"]
+    trained = [g for row in report["vllm_greedy_gaps"] for g in row]
+    initial = [g for row in report["vllm_greedy_gaps_initial"] for g in row]
+    assert len(trained) > 40 and sum(g == 0.0 for g in trained) >= 0.85 * len(trained)
+    assert sum(trained) < 0.1 * sum(initial)  # relative gaps to each model's argmax, summed
 
 
 def test_resume_restores_the_proposer_state(run):

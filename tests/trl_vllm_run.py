@@ -24,6 +24,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from rollout_graft.assets import TINY_TARGET, load_tiny_prompts  # noqa: E402
@@ -64,6 +65,22 @@ def hf_greedy(model, tokenizer, prompts: list[str]) -> list[list[int]]:
     return out
 
 
+def greedy_gaps(model, tokenizer, prompts: list[str], completions: list[list[int]]) -> list[list[float]]:
+    """For each token of each completion: the model's best logit there minus the completion token's,
+    relative to the best logit's size (0 where the token is the model's own argmax; a float near-tie
+    gives a few ulps: the large learning rate leaves logits of ~1e5, where fp32's spacing is ~0.01)."""
+    gaps = []
+    for p, c in zip(prompts, completions):
+        ids = tokenizer(p, return_tensors="pt")["input_ids"]
+        seq = torch.cat([ids, torch.tensor([c], dtype=torch.long)], 1)
+        with torch.no_grad():
+            logits = model.eval()(seq).logits[0, ids.shape[1] - 1 : -1].float()  # [len(c), V]
+        chosen = logits.gather(1, torch.tensor(c).view(-1, 1)).squeeze(1)
+        best = logits.max(1).values
+        gaps.append(((best - chosen) / best.abs().clamp(min=1.0)).tolist())
+    return gaps
+
+
 def main(out: Path, resume: bool, method: str) -> None:
     prompts = [r["prompt"] for r in load_tiny_prompts("test")[:4]]
     if not resume:
@@ -76,6 +93,11 @@ def main(out: Path, resume: bool, method: str) -> None:
         outs = t.vllm_generation.llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
         report = {"log_history": t.state.log_history, "vllm_greedy": [list(o.outputs[0].token_ids) for o in outs],
                   "hf_greedy": hf_greedy(t.accelerator.unwrap_model(t.model), t.processing_class, prompts),
+                  "vllm_greedy_gaps": greedy_gaps(t.accelerator.unwrap_model(t.model), t.processing_class, prompts,
+                                                  [list(o.outputs[0].token_ids) for o in outs]),
+                  "vllm_greedy_gaps_initial": greedy_gaps(AutoModelForCausalLM.from_pretrained(TINY_TARGET, dtype=torch.float32),
+                                                          t.processing_class, prompts,
+                                                          [list(o.outputs[0].token_ids) for o in outs]),
                   "initial_greedy": initial, "policy": t.vllm_metrics.policy(),
                   "speculative_config": t.vllm_generation.llm.llm_engine.vllm_config.speculative_config is not None,
                   "checkpoint": sorted(p.name for p in (out / "checkpoint-1").iterdir())}

@@ -5,7 +5,9 @@ arguments. `GraftVLLMGeneration` is that class with two changes and nothing copi
 
 - `_init_vllm` runs TRL's code with `speculative_config` added to the `LLM(...)` call: our
   `RLDraftProposer` (`rollout_graft.vllm.speculative_config`), vLLM's own suffix or ngram drafter
-  (`rollout_graft.vllm.vllm_speculative_config`), or none (`GraftConfig.speculative_config`);
+  (`rollout_graft.vllm.vllm_speculative_config`), or none (`GraftConfig.speculative_config`); on
+  vLLM's CPU backend also the policy's own dtype (its "auto" runs a float32 model in bfloat16 on a
+  CPU with bf16 units, so the rollouts would sample another model than the one being trained);
 - `sync_weights` on vLLM's CPU backend loads the policy's weights with the model runner's
   `reload_weights` (the CPU backend repacks its layers after loading, so TRL's per-parameter
   `model.load_weights` fails there: "'Parameter' object has no attribute 'weight_loader'");
@@ -43,8 +45,16 @@ class GraftVLLMGeneration(VLLMGeneration):
         if self.mode != "colocate":
             raise ValueError("GraftConfig(backend='vllm') runs TRL's colocate mode (vllm_mode='colocate'); with "
                              "`trl vllm-serve`, pass our proposer as --speculative_config instead (README)")
+        from vllm.platforms import current_platform
+
+        extra = {}
+        if current_platform.is_cpu():
+            # vLLM's "auto" dtype runs a float32 policy in bfloat16 on a CPU with bf16 units: the rollouts
+            # would sample another model than the one trained. On a CPU, rollouts run the policy's own dtype.
+            extra["dtype"] = next(self.model.parameters()).dtype
         original = trl_vllm.LLM
-        trl_vllm.LLM = functools.partial(original, speculative_config=self.speculative_config, disable_log_stats=False)
+        trl_vllm.LLM = functools.partial(original, speculative_config=self.speculative_config, disable_log_stats=False,
+                                         **extra)
         try:
             super()._init_vllm()
         finally:
