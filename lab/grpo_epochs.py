@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
                 start = time.perf_counter()
                 runs[arm].append(run_arm(arms[arm], args.steps, Path(tmp) / f"{arm}-{repeat}"))
                 print(f"repeat {repeat} {arm}: {time.perf_counter() - start:.0f}s", flush=True)
-    result = {"environment": environment("cpu", "float32", argv if argv is not None else sys.argv),
+    env = environment("cpu", "float32", argv if argv is not None else sys.argv)
+    result = {"command": env["command"], "environment": env,
               "arms": arms, "steps": args.steps, "repeats": args.repeats, "reference": args.reference,
               "first_visit": ratios(runs, args.reference, "first_visit"),
               "revisits": ratios(runs, args.reference, "revisits"),

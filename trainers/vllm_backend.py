@@ -100,13 +100,16 @@ class VLLMRolloutMetrics:
         d = {k: now[k] - last.get(k, 0) for k in now}
         accepted = d.get("vllm:spec_decode_num_accepted_tokens", 0)
         drafted = d.get("vllm:spec_decode_num_draft_tokens", 0)
-        steps = max(emitted_tokens - accepted, 1)  # request-steps
+        drafts = d.get("vllm:spec_decode_num_drafts", 0)
+        # request-steps: vLLM counts tokens it accepted past max_tokens, which the returned completions
+        # cut off, so emitted - accepted may fall short; a request-step verifies at most one draft
+        steps = max(emitted_tokens - accepted, drafts, 1)
         metrics = {
             "rollout/tokens_per_s": emitted_tokens / max(seconds, 1e-9),
             "rollout/mean_accepted_tokens": emitted_tokens / steps,
             "rollout/draft_tokens_per_step": drafted / steps,
             "rollout/accept_rate": accepted / drafted if drafted else 0.0,
-            "rollout/drafted_share": d.get("vllm:spec_decode_num_drafts", 0) / steps,  # request-steps that verified a draft
+            "rollout/drafted_share": drafts / steps,  # request-steps that verified a draft
             "rollout/seconds": seconds,
         }
         if self.ours:  # the share of found draft tokens that D-cut kept (1.0 for a fixed budget)
