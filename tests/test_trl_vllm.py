@@ -54,6 +54,12 @@ def test_the_policy_update_reaches_vllm(run):
     round differently enough to flip a few argmaxes (greedy identity with plain vLLM is
     tests/test_vllm.py's)."""
     _, report = run
+    assert_vllm_runs_the_trained_policy(report)
+
+
+def assert_vllm_runs_the_trained_policy(report: dict) -> None:
+    """vLLM's greedy tokens are the trained model's argmax almost everywhere, the initial model's rarely
+    (relative logit gaps to each model's argmax along vLLM's tokens, `trl_vllm_run.greedy_gaps`)."""
     assert report["hf_greedy"] != report["initial_greedy"]  # the large learning rate changed the policy
     trained = [g for row in report["vllm_greedy_gaps"] for g in row]
     initial = [g for row in report["vllm_greedy_gaps_initial"] for g in row]
@@ -100,8 +106,7 @@ def test_vllms_own_draft_methods_train_through_the_same_path(tmp_path, method):
         assert all(h["rollout/mean_accepted_tokens"] == 1.0 and h["rollout/draft_tokens_per_step"] == 0 for h in steps)
     else:  # the tiny model's completions repeat their prompts' numbers: vLLM's drafters find some
         assert max(h["rollout/draft_tokens_per_step"] for h in steps) > 0
-    assert report["hf_greedy"] != report["initial_greedy"]  # the large learning rate changed the policy
-    assert report["vllm_greedy"] == report["hf_greedy"]  # and vLLM runs it: weights synced
+    assert_vllm_runs_the_trained_policy(report)  # weights synced
     assert "trainer_state.json" in report["checkpoint"] and "graft_vllm_state" not in report["checkpoint"]
 
 
