@@ -294,13 +294,10 @@ class DCut(BudgetPolicy):
         return widths[i], decision
 
     def calibrated(self, draft: Draft) -> torch.Tensor:
-        """[rows, m] each node's score mapped to the acceptance observed for such scores of its source."""
-        out = torch.zeros_like(draft.score)
-        for source, calibration in enumerate(self.calibrations):
-            nodes = draft.source == source
-            if bool(nodes.any()):
-                out[nodes] = calibration(draft.score[nodes])
-        return out
+        """[rows, m] each node's score mapped to the acceptance observed for such scores of its source:
+        one gather from the sources' rate tables (they share their bins), no host round trip."""
+        rates = torch.from_numpy(np.stack([c._rates() for c in self.calibrations])).to(draft.score.device)
+        return rates[draft.source.long(), self.calibrations[0]._bin(draft.score)]
 
     def _next_proposal(self, width: int, m: int) -> None:
         """How wide the next proposal is, after this step chose `width` from a draft of width m: the
@@ -318,9 +315,12 @@ class DCut(BudgetPolicy):
     def observe(self, step: StepRecord) -> None:
         """Calibrate the scores on what was verified, time the step, and keep the probe credit
         (`ProbeCredit`: a probe spends what it cost beyond a plain step)."""
-        if step.draft.tokens.shape[1]:
-            for source, calibration in enumerate(self.calibrations):
-                calibration.observe(step.draft.score, step.draft.valid & (step.draft.source == source), step.accepted)
+        if step.draft.tokens.shape[1]:  # one host transfer, then each source's nodes counted on the host
+            d = step.draft
+            score, valid, accepted, source = torch.stack([d.score.float(), d.valid.float(), step.accepted.float(),
+                                                          d.source.float()]).cpu().numpy()
+            for s, calibration in enumerate(self.calibrations):
+                calibration.observe_host(score, (valid > 0) & (source == s), accepted > 0)
         self.cost.observe(step.rows, step.forward_tokens, step.planned, step.timing)
         self.since_plain = 0 if step.forward_tokens == 1 else self.since_plain + 1
         ms, plain = step.timing.total_ms, self.cost.step_ms(step.rows, 0, 0)

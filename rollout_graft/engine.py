@@ -269,8 +269,8 @@ class RolloutEngine:
         finally:
             self.runner.release()
         stats.emitted_tokens = sum(len(c) for c in run.completions)
-        if stats.budget_trace:
-            self.speculative_share = sum(t["ratio"] > 0 for t in stats.budget_trace) / len(stats.budget_trace)
+        if stats.drafted_share is not None:
+            self.speculative_share = stats.drafted_share
         return RolloutOutput(run.completions, run.logprobs, run.reasons, stats, seed)
 
     def _waves(self, row_group: list[int]) -> list[list[int]]:
