@@ -20,6 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once (os.umask can only be read by setting it)
+
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
@@ -29,6 +32,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    # mkstemp makes the file private (0600); the file it replaces keeps its mode, a new one gets what
+    # open() would give it (0666 less the umask): a checkpoint stays readable by whoever could read it
+    os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_UMASK)
     try:
         yield Path(tmp)
         os.replace(tmp, path)

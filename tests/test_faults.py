@@ -73,6 +73,18 @@ def test_atomic_writes_replace_whole_files_or_nothing(tmp_path, monkeypatch):
     assert (tmp_path / "new" / "dir" / "x.txt").read_text() == "hi"
 
 
+def test_atomic_writes_keep_the_modes_open_would_give(tmp_path):
+    """Not mkstemp's private 0600: a new file gets 0666 less the umask, a replaced one keeps its mode."""
+    new = tmp_path / "new.json"
+    files.atomic_write_json(new, {})
+    assert new.stat().st_mode & 0o777 == 0o666 & ~files._UMASK
+    shared = tmp_path / "shared.json"
+    shared.write_text("{}")
+    shared.chmod(0o640)
+    files.atomic_write_json(shared, {"a": 1})
+    assert shared.stat().st_mode & 0o777 == 0o640
+
+
 # ---------------------------------------------------------------------------- the D-cut cost cache
 @pytest.fixture(scope="module")
 def tiny_model():
