@@ -108,7 +108,7 @@ def check_types(obj, ints: tuple[str, ...] = (), reals: tuple[str, ...] = (), bo
                 paths: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
     """TypeError naming the first field of `obj` whose value has the wrong type (ints: int, not bool
     or float; reals: a number; bools: True/False; paths: str or os.PathLike); `optional` fields may
-    also be None. Ints and reals are normalised to Python int / float."""
+    also be None. Ints and reals are normalised to Python int / float (frozen dataclasses too)."""
     where = type(obj).__name__
     for names, kind in ((ints, "int"), (reals, "real"), (bools, "bool"), (paths, "path")):
         for name in names:
@@ -123,7 +123,7 @@ def check_types(obj, ints: tuple[str, ...] = (), reals: tuple[str, ...] = (), bo
                 raise TypeError(f"{where}.{name} must be True or False, got {type(value).__name__} {value!r}")
             elif kind == "path" and not isinstance(value, (str, os.PathLike)):
                 raise TypeError(f"{where}.{name} must be a local path (str), got {type(value).__name__} {value!r}")
-            setattr(obj, name, value)
+            object.__setattr__(obj, name, value)
 
 
 def _token_ids(name: str, ids) -> list[int]:

@@ -16,6 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from ..config import check_types
+
 PROPOSER_CLASS = "rollout_graft.vllm.proposer.RLDraftProposer"
 """Path of the proposer class; settings follow its name after a double underscore."""
 
@@ -75,10 +77,9 @@ class ChainConfig:
     def __post_init__(self) -> None:
         if self.budget_policy not in ("fixed", "dcut"):
             raise ValueError(f"budget_policy must be 'fixed' or 'dcut', got {self.budget_policy!r}")
-        for name in ("share_in_group", "use_prior"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {type(getattr(self, name)).__name__} "
-                                f"{getattr(self, name)!r}")
+        check_types(self, ints=("min_match", "max_match", "recall", "recall_prompts", "explore_every",
+                                "max_prior_contexts", "identity_tokens"),
+                    reals=("probe_share",), bools=("share_in_group", "use_prior"))
         if self.prior_path is not None:
             if not isinstance(self.prior_path, str) or not self.prior_path:
                 raise TypeError(f"prior_path must be a path (str) to a saved prior.safetensors or None, got "
@@ -89,17 +90,9 @@ class ChainConfig:
             if not self.use_prior:
                 raise ValueError(f"prior_path={self.prior_path!r} is given but use_prior=False: the prior would not "
                                  "be loaded; set use_prior=True or prior_path=None")
-        for name in ("min_match", "max_match", "recall_prompts", "max_prior_contexts", "identity_tokens",
-                     "recall", "explore_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         for name in ("min_match", "max_match", "recall_prompts", "max_prior_contexts", "identity_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
-        if isinstance(self.probe_share, bool) or not isinstance(self.probe_share, (int, float)):
-            raise TypeError(f"probe_share must be a number in (0, 1], got {type(self.probe_share).__name__} "
-                            f"{self.probe_share!r}")
         if not 0.0 < self.probe_share <= 1.0:
             raise ValueError(f"probe_share must be a number in (0, 1], got {self.probe_share!r}")
         if self.max_match < self.min_match:
