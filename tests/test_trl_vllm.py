@@ -35,14 +35,25 @@ def run(tmp_path_factory):
     return out, json.loads((out / "first.json").read_text())
 
 
-def test_rollout_metrics_and_importance_sampling_are_logged(run):
-    _, report = run
+ROLLOUT_METRICS = ("rollout/tokens_per_s", "rollout/mean_accepted_tokens", "rollout/draft_tokens_per_step",
+                   "rollout/accept_rate", "rollout/drafted_share")
+"""Logged every step by every vLLM draft method (ours adds rollout/budget_ratio)."""
+
+
+def logged_steps(report: dict, extra: tuple[str, ...] = ()) -> list[dict]:
+    """The report's two training steps, each checked to log `ROLLOUT_METRICS` and `extra`."""
     steps = [h for h in report["log_history"] if "loss" in h]
     assert len(steps) == 2
     for h in steps:
-        for name in ("rollout/tokens_per_s", "rollout/mean_accepted_tokens", "rollout/draft_tokens_per_step",
-                     "rollout/accept_rate", "rollout/budget_ratio"):
+        for name in ROLLOUT_METRICS + extra:
             assert name in h, name
+    return steps
+
+
+def test_rollout_metrics_and_importance_sampling_are_logged(run):
+    _, report = run
+    steps = logged_steps(report, ("rollout/budget_ratio",))
+    for h in steps:
         assert 0.8 < h["sampling/importance_sampling_ratio/mean"] < 1.2
     assert report["summary"]["draft_tokens"] > 0 and max(h["rollout/mean_accepted_tokens"] for h in steps) > 1.0
 
@@ -91,12 +102,8 @@ def test_vllms_own_draft_methods_train_through_the_same_path(tmp_path, method):
     counters) and checkpoints, without our proposer's state."""
     _run(tmp_path, f"method={method}")
     report = json.loads((tmp_path / "first.json").read_text())
-    steps = [h for h in report["log_history"] if "loss" in h]
-    assert len(steps) == 2
+    steps = logged_steps(report)
     for h in steps:
-        for name in ("rollout/tokens_per_s", "rollout/mean_accepted_tokens", "rollout/draft_tokens_per_step",
-                     "rollout/accept_rate", "rollout/drafted_share"):
-            assert name in h, name
         assert "rollout/budget_ratio" not in h  # our proposer's budget: not there
     # vLLM's sampling logprobs are the trainer's (before the update: the huge first step can collapse the
     # tiny model onto one token, whose rare alternatives' logprobs differ between vLLM's and HF's kernels)
