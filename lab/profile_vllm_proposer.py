@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from rollout_graft.budget import FixedBudget
+from rollout_graft.dcut.chains import FixedDepth
 from rollout_graft_tools.chain_replay import PROMPT, VOCAB, FakeClock, replay, vllm_config
 
 
@@ -77,7 +77,7 @@ class Parts:
         return out
 
 
-class NeverDraft(FixedBudget):
+class NeverDraft(FixedDepth):
     """`--policies plain`: every decision is K = 0 and no probe comes (the floor of the proposer's
     own work while D-cut decodes plainly: rows found, texts extended; counting waits for a draft)."""
 

@@ -1,10 +1,36 @@
-"""rollout_graft: lossless speculative rollouts for GRPO training."""
+"""rollout_graft: lossless speculative rollouts for GRPO training.
 
-from .calibration import calibrate
-from .config import DCutConfig, DraftConfig, EngineConfig, RetrievalConfig, SamplingParams
-from .engine import RolloutEngine, RolloutOutput
-from .stats import RolloutStats
+The exports below are imported on first use (module `__getattr__`): `import rollout_graft.vllm...`
+in vLLM's worker then loads none of the engine (`engine` → transformers).
+"""
 
-__all__ = ["DCutConfig", "DraftConfig", "EngineConfig", "RetrievalConfig", "RolloutEngine", "RolloutOutput", "RolloutStats",
-           "SamplingParams", "calibrate"]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "calibrate": "calibration",
+    "DCutConfig": "config",
+    "DraftConfig": "config",
+    "EngineConfig": "config",
+    "RetrievalConfig": "config",
+    "SamplingParams": "config",
+    "RolloutEngine": "engine",
+    "RolloutOutput": "engine",
+    "RolloutStats": "stats",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

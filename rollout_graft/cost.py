@@ -4,9 +4,9 @@
 (at a fixed cached context) and caches the table on disk, keyed by model, device, dtype and
 threads; `predict` interpolates it (bilinear; linear extrapolation past the grid's edge). The
 rest of a step (tree building, sampling along the walk, learning) depends on the proposer and is
-measured online (`TreeStepCost`), which also replaces the table's forwards by measured ones: the
-table is a prior. Each cell is timed as a ratio to a plain (one-token) forward timed right before
-it, and a row is its fastest plain forward × each cell's median ratio over the passes: a shared
+measured online (`dcut.trees.TreeStepCost`), which also replaces the table's forwards by measured
+ones: the table is a prior. Each cell is timed as a ratio to a plain (one-token) forward timed right
+before it, and a row is its fastest plain forward × each cell's median ratio over the passes: a shared
 machine's load slows both forwards of a pair alike, so a profile taken on a busy machine keeps the
 table's shape (how much dearer a wider forward is), which is what D-cut's choice depends on.
 Profiling is bounded: a cell slower than `cell_limit_ms` ends its row of the grid (the rest is
@@ -28,7 +28,6 @@ import torch
 
 from .files import atomic_write_json, is_finite_number, is_int, read_json, require_keys
 from .runner import ModelRunner
-from .stats import StepTiming
 
 DEFAULT_BATCHES = (1, 4, 16, 64)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
@@ -38,8 +37,9 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("ROLLOUT_GRAFT_CACHE", Path.home() / ".cache" / "rollout_graft")) / "cost"
 
 
-def _interp(xs: list[float], x: float) -> tuple[int, int, float]:
-    """Neighbouring grid indices and weight of the upper one (extrapolates at the ends)."""
+def neighbours(xs: list[float], x: float) -> tuple[int, int, float]:
+    """Neighbouring grid indices and weight of the upper one (extrapolates at the ends: a weight
+    outside [0, 1])."""
     if len(xs) == 1:
         return 0, 0, 0.0
     j = min(max(bisect_left(xs, x), 1), len(xs) - 1)
@@ -57,8 +57,8 @@ class CostModel:
 
     def predict(self, batch: int, tokens_per_row: float) -> float:
         """Predicted milliseconds for `batch` rows verifying `tokens_per_row` nodes each."""
-        bi, bj, bw = _interp(self.batches, batch)
-        ti, tj, tw = _interp(self.tokens, tokens_per_row)
+        bi, bj, bw = neighbours(self.batches, batch)
+        ti, tj, tw = neighbours(self.tokens, tokens_per_row)
         row = lambda b: (1 - tw) * self.latency_ms[b][ti] + tw * self.latency_ms[b][tj]  # noqa: E731
         return max((1 - bw) * row(bi) + bw * row(bj), 1e-3)
 
@@ -152,140 +152,6 @@ def _read_cache(path: Path) -> CostModel | None:
     except ValueError as e:
         warnings.warn(f"{e}; profiling again (the cache is rewritten)", RuntimeWarning, stacklevel=3)
         return None
-
-
-class RowFit:
-    """y = a + b·rows, fitted by exponentially weighted least squares. Past the most rows measured
-    it predicts no less than proportionally to the rows: a fit made on a drained batch's tail (a
-    few rows, noisy) must not price a full batch's tree as cheap."""
-
-    def __init__(self, forget: float):
-        self.forget = forget
-        self.sums = [0.0] * 5  # Σw, Σw·x, Σw·y, Σw·x², Σw·x·y
-        self.most_rows = 0
-
-    def observe(self, rows: int, ms: float) -> None:
-        f = self.forget
-        w, sx, sy, sxx, sxy = (v * f for v in self.sums)
-        self.sums = [w + 1, sx + rows, sy + ms, sxx + rows * rows, sxy + rows * ms]
-        self.most_rows = max(self.most_rows, rows)
-
-    def predict(self, rows: int) -> float:
-        """Predicted ms at `rows` rows (0 before the first observation)."""
-        if self.most_rows == 0:
-            return 0.0
-        if rows > self.most_rows:
-            return max(self._fit(rows), self._fit(self.most_rows) * rows / self.most_rows)
-        return self._fit(rows)
-
-    def _fit(self, rows: int) -> float:
-        w, sx, sy, sxx, sxy = self.sums
-        var = sxx / w - (sx / w) ** 2
-        if var < 1e-6 * max(1.0, (sx / w) ** 2):  # one batch size seen so far: scale with the rows
-            return sy / max(sx, 1e-9) * rows
-        b = (sxy / w - sx * sy / w**2) / var
-        a = sy / w - b * sx / w
-        return max(a + b * rows, 0.0)
-
-
-class WidthFit:
-    """ms outside the forward of steps that proposed a tree, per proposal width (nodes per row the
-    proposer was asked for: a drafter expands up to that many levels, every proposer scores and
-    cuts that many nodes): a `RowFit` per width seen. A width not seen yet is interpolated between
-    the nearest seen ones; above the widest it follows the slope of the two widest (proportionally
-    when one was seen: never an under-estimate of a drafter's extra levels); below the narrowest
-    it is the narrowest's."""
-
-    def __init__(self, forget: float = 0.9):
-        self.forget = forget
-        self.fits: dict[int, RowFit] = {}
-
-    def observe(self, rows: int, width: int, ms: float) -> None:
-        self.fits.setdefault(width, RowFit(self.forget)).observe(rows, ms)
-
-    def predict(self, rows: int, width: int) -> float:
-        if not self.fits:
-            return 0.0
-        if width in self.fits:
-            return self.fits[width].predict(rows)
-        below = sorted(w for w in self.fits if w < width)
-        above = sorted(w for w in self.fits if w > width)
-        if not below:
-            return self.fits[above[0]].predict(rows)
-        w1, y1 = below[-1], self.fits[below[-1]].predict(rows)
-        if above:
-            w2, y2 = above[0], self.fits[above[0]].predict(rows)
-            return y1 + (y2 - y1) * (width - w1) / (w2 - w1)
-        if len(below) == 1:
-            return y1 * width / w1
-        w0, y0 = below[-2], self.fits[below[-2]].predict(rows)
-        return y1 + max((y1 - y0) / (w1 - w0), 0.0) * (width - w1)
-
-
-class TreeStepCost:
-    """Predicted milliseconds of one engine step of `rows` rows that proposed trees of P nodes per
-    row and verifies W of them: the verify forward of 1 + W tokens per row, plus the time outside it.
-
-    Forward: the profiled table is a prior that the rollout's own forwards replace. The table is a
-    best-of, profiled once and cached, possibly on a busier or idler machine than now; a rollout's
-    forwards run in its caches, allocator and neighbours. For each of the table's token counts q
-    (1: a plain step), `scale(q)` is the mean of measured / profiled over the forwards of about q
-    tokens per row, the table counting as `PRIOR_FORWARDS` such forwards, every weight aged by
-    `AGE` per step: evidence ages with the steps that pass, not with its own count, so a width
-    measured rarely (D-cut's probes while it decodes plainly, its reference steps while it drafts)
-    is priced by its latest measurement, and no stale figure — the table's included — stands for good.
-    Outside the forward: for steps that proposed, per proposal width (`WidthFit`: building, cutting,
-    walking and learning from the tree; a step that proposed pays for its tree also when D-cut then
-    verified none of it); for plain steps (one draw per row) a + b·rows (`RowFit`)."""
-
-    PRIOR_FORWARDS = 1.0  # the table's weight, in measured forwards, before it ages
-    AGE = 0.95  # per step: a forward measured 20 steps ago weighs e⁻¹ of one measured now
-
-    def __init__(self, table: CostModel, forget: float = 0.9):
-        self.table = table
-        # per profiled token count q: Σ aged weight, and Σ aged weight · measured / profiled
-        self._weight = [self.PRIOR_FORWARDS] * len(table.tokens)
-        self._sum = [self.PRIOR_FORWARDS] * len(table.tokens)
-        self.tree = WidthFit(forget)
-        self.plain = RowFit(forget)
-
-    def observe(self, rows: int, forward_tokens: int, proposed: int, timing: StepTiming) -> None:
-        """A step measured by the engine: `proposed` nodes per row asked of the proposer (0: none)."""
-        self._observe_forward(rows, forward_tokens, timing.forward_ms)
-        if proposed:
-            self.tree.observe(rows, proposed, timing.propose_ms + timing.rest_ms)
-        else:
-            self.plain.observe(rows, timing.rest_ms)
-
-    def _observe_forward(self, rows: int, tokens_per_row: int, ms: float) -> None:
-        for k, (weight, total) in enumerate(zip(self._weight, self._sum)):
-            self._weight[k] = max(weight * self.AGE, 1e-9)  # floored: a width never measured keeps its mean
-            self._sum[k] = total / weight * self._weight[k]
-        if ms <= 0:
-            return
-        ratio = ms / self.table.predict(rows, tokens_per_row)
-        for k, share in self._neighbours(tokens_per_row):  # the profiled token counts around it, by nearness
-            self._weight[k] += share
-            self._sum[k] += share * ratio
-
-    def _neighbours(self, tokens_per_row: float) -> list[tuple[int, float]]:
-        i, j, w = _interp(self.table.tokens, tokens_per_row)
-        w = min(max(w, 0.0), 1.0)  # past the grid's ends: the end's own scale
-        return [(k, share) for k, share in ((i, 1.0 - w), (j, w)) if share > 0]
-
-    def scale(self, tokens_per_row: float) -> float:
-        """Measured / profiled for forwards of `tokens_per_row` tokens per row (1.0: as profiled)."""
-        return sum(share * self._sum[k] / self._weight[k] for k, share in self._neighbours(tokens_per_row))
-
-    def forward_ms(self, rows: int, tokens_per_row: int) -> float:
-        """Predicted verify forward: the table × the measured scale of such forwards."""
-        return self.table.predict(rows, tokens_per_row) * self.scale(tokens_per_row)
-
-    def step_ms(self, rows: int, verified: int, proposed: int) -> float:
-        """A step of `rows` rows that proposed `proposed` nodes per row (0: a plain step, no tree)
-        and verifies `verified` of them."""
-        outside = self.tree.predict(rows, proposed) if proposed else self.plain.predict(rows)
-        return self.forward_ms(rows, 1 + verified) + outside
 
 
 def _grid(runner: ModelRunner, batches, tokens, context: int, max_tokens_per_forward: int, cell_limit_ms: float,

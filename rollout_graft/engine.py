@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .budget import BudgetDecision, BudgetPolicy, DCut, FixedBudget, StepRecord
 from .config import EngineConfig, SamplingParams
 from .cost import CostModel
+from .dcut.core import BudgetDecision
+from .dcut.trees import DCut, FixedBudget, StepRecord, TreePolicy
 from .files import local_dir
 from .proposers import GraftProposer, NoProposer, Proposer, RetrievalProposer, StepContext
 from .runner import ModelRunner
@@ -128,7 +129,7 @@ class RolloutEngine:
                 "pass the tokenizer that was trained with this model"
             )
         self.proposer = proposer or self._build_proposer(draft_model)
-        self.policy: BudgetPolicy | None = None  # built on first use: D-cut's profiling takes a few seconds
+        self.policy: TreePolicy | None = None  # built on first use: D-cut's profiling takes a few seconds
         self.speculative_share = 1.0  # share of the last rollout's steps that verified a tree (`_waves`)
         self.eos_ids = _eos_ids(model)
         self._lock = threading.Lock()  # one rollout at a time: the runner's cache and the proposer's state are per call
@@ -166,7 +167,7 @@ class RolloutEngine:
         with self._lock:  # not while another thread's rollout drafts with the old one
             self.proposer.reload_drafter(draft_model, self.runner, self.tokenizer)
 
-    def budget_policy(self) -> BudgetPolicy:
+    def budget_policy(self) -> TreePolicy:
         """The budget policy of `config.budget_policy` (D-cut profiles its cost model on first call)."""
         if self.policy is None:
             if self.config.budget_policy == "dcut":

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from rollout_graft.budget import BudgetDecision, BudgetPolicy
+from rollout_graft.dcut.chains import ChainPolicy
+from rollout_graft.dcut.core import BudgetDecision
 
 PROMPT = 64
 VOCAB = 32000
@@ -193,7 +194,7 @@ def _condense(slots: list[int], sampled: list[list[int]], finished: list[int], t
 
 
 # ---------------------------------------------------------------------- chain proposers replayed
-class ScoreThreshold(BudgetPolicy):
+class ScoreThreshold(ChainPolicy):
     """Chains cut where their raw score falls below `tau` (no cost model: replay has no clock)."""
 
     def __init__(self, depth: int, tau: float):

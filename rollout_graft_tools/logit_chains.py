@@ -44,8 +44,8 @@ import numpy as np
 import torch
 
 from rollout_graft.adjacency import EMPTY, AdjacencyIndex
-from rollout_graft.budget import BudgetDecision, BudgetPolicy
-from rollout_graft.chain_budget import Chains
+from rollout_graft.dcut.chains import ChainPolicy, Chains
+from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft_tools.chain_replay import SuffixReplay, replay_rows, vllm_config
 from rollout_graft_tools.replay import Recording
 
@@ -102,7 +102,7 @@ def record_set(spec: RecordSpec, out_dir: str | Path, name: str, rollouts=ROLLOU
 
 
 # ---------------------------------------------------------------------- chain cuts
-class ScoreThreshold(BudgetPolicy):
+class ScoreThreshold(ChainPolicy):
     """Chains of at most `depth` tokens cut where their raw score (a prefix product) falls below
     `tau` (no cost model: replay has no clock). `last` keeps the uncut chains of the last call."""
 
@@ -155,7 +155,7 @@ class LogitChainProposer:
 
     def __init__(self, k: int, max_model_len: int, vocab: int, top_k: int = 8, merge_decay: float = 0.5,
                  use_prior: bool = True, learn_prompt: bool = False, context_order: int = 1,
-                 policy: BudgetPolicy | None = None):
+                 policy: ChainPolicy | None = None):
         self.k, self.max_model_len, self.vocab, self.top_k = k, max_model_len, vocab, top_k
         self.merge_decay, self.learn_prompt = merge_decay, learn_prompt
         self.context_rows = min(4 * vocab, 1 << 16) if context_order == 2 else 0  # the engine's default size
@@ -291,7 +291,7 @@ class OffPathLogitChains(LogitChainProposer):
 
 
 # ---------------------------------------------------------------------- (a) text chains and (c) the better of both
-def text_proposer(k: int, max_model_len: int, vocab: int, policy: BudgetPolicy):
+def text_proposer(k: int, max_model_len: int, vocab: int, policy: ChainPolicy):
     """(a): our vLLM proposer (`RLDraftProposer`, default sources), its cut replaced by `policy`."""
     from rollout_graft.vllm.config import ChainConfig
     from rollout_graft.vllm.proposer import RLDraftProposer
@@ -337,7 +337,7 @@ class BestOfChains:
     `policy` on those scores. Both sources see every step (each learns from the text and logits as
     it would alone)."""
 
-    def __init__(self, k: int, max_model_len: int, vocab: int, policy: BudgetPolicy, top_k: int = 8,
+    def __init__(self, k: int, max_model_len: int, vocab: int, policy: ChainPolicy, top_k: int = 8,
                  calibrated: bool = False):
         self.text = text_proposer(k, max_model_len, vocab, ScoreThreshold(k, 0.0))
         self.logits = LogitChainProposer(k, max_model_len, vocab, top_k)

@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 
-from rollout_graft.budget import BudgetDecision
+from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.vllm.proposer import RLDraftProposer
 
 STEPS: list[tuple[int, int, float, int, int]] = []  # rows, draft tokens, ms, rows that drafted, deepest chain

@@ -9,8 +9,9 @@ import torch
 from conftest import draft_with_scores, random_model
 
 from rollout_graft import DCutConfig, EngineConfig, RetrievalConfig, RolloutEngine, SamplingParams
-from rollout_graft.budget import DCut, FixedBudget, ScoreCalibration, StepRecord
-from rollout_graft.cost import CostModel, RowFit, TreeStepCost
+from rollout_graft.cost import CostModel
+from rollout_graft.dcut.core import RowCost, ScoreCalibration
+from rollout_graft.dcut.trees import DCut, FixedBudget, StepRecord, TreeStepCost
 from rollout_graft.selection import keep_best
 from rollout_graft.stats import StepTiming
 from rollout_graft.tree import Draft
@@ -91,9 +92,9 @@ def test_the_proposal_follows_the_choice():
     poor = draft_with_scores([[(-1, 1e-4)] * 4] * 2)
     step(dcut, poor, ms=5.0)  # a plain decision (a dear step: the next probe waits for its credit) …
     assert dcut.plan(2) == 0
-    while not dcut.plan(2):
+    while not (planned := dcut.plan(2)):
         step(dcut, Draft.empty(2, "cpu"))
-    assert dcut.planned == 4  # … and the probe proposes what was chosen last
+    assert planned == 4  # … and the probe proposes what was chosen last
 
 
 def test_width_follows_the_batch_size_as_it_drains():
@@ -105,11 +106,11 @@ def test_width_follows_the_batch_size_as_it_drains():
 
 
 def test_the_time_outside_the_forward_is_fitted_per_row_and_charged_to_speculation():
-    model = RowFit(0.9)
+    model = RowCost(0.9)
     for rows, ms in [(1, 3.0), (4, 6.0), (16, 18.0)]:
         model.observe(rows, ms)
     assert model.predict(8) == pytest.approx(10.0, rel=1e-6)  # fits 2 + 1·rows exactly
-    tail = RowFit(0.9)  # measured on a drained batch's tail only, the fit falls with the rows
+    tail = RowCost(0.9)  # measured on a drained batch's tail only, the fit falls with the rows
     for rows, ms in [(1, 4.0), (2, 3.0), (3, 2.0)]:
         tail.observe(rows, ms)
     assert tail.predict(2) == pytest.approx(3.0)
@@ -194,7 +195,7 @@ def test_probes_that_find_nothing_cost_at_most_their_share_of_the_time():
             continue
         assert out[1].probe and out[1].ratio == 0.25 and int(out[0].valid.sum()) == 2  # verifies W = 1 to measure it
         probes, probe_ms = probes + 1, probe_ms + 10.0
-    assert dcut.planned in (0, 1)  # the proposal never grew: nothing was chosen
+    assert dcut.plan(2) in (0, 1)  # the proposal never grew: nothing was chosen
     # predicted: the 5 ms tree + the W = 1 forward as the probes measured it (5 ms; the table said 2) - a plain step
     assert dcut.probe_ms(2) == pytest.approx(9.0, rel=0.02)
     waste = 9.0 * probes  # without the credit, every step would probe: +900 % time
@@ -218,12 +219,14 @@ def test_where_speculation_pays_what_it_saved_funds_the_probes():
 
 def test_calibration_learns_acceptance_rates():
     cal = ScoreCalibration(prior_weight=1.0)
-    score = torch.full((1, 100), 0.1)
-    accepted = torch.zeros(1, 100, dtype=torch.bool)
+    score = np.full((1, 100), 0.1)
+    accepted = np.zeros((1, 100), dtype=bool)
     accepted[0, :90] = True  # nodes scored 0.1 are accepted 90% of the time
-    cal.observe(score, torch.ones_like(accepted), accepted)
-    assert cal(torch.tensor([0.1])).item() == pytest.approx(0.9, abs=0.02)
-    assert cal(torch.tensor([0.5])).item() >= cal(torch.tensor([0.1])).item()  # monotone
+    cal.observe(score, np.ones_like(accepted), accepted)
+    assert cal(np.array([0.1]))[0] == pytest.approx(0.9, abs=0.02)
+    assert cal(np.array([0.5]))[0] >= cal(np.array([0.1]))[0]  # monotone
+    cal.age(0.5)
+    assert cal.seen.sum() == pytest.approx(50.0) and cal(np.array([0.1]))[0] == pytest.approx(0.9, abs=0.02)
 
 
 def test_dcut_is_lossless_and_logs_decisions(tmp_path, monkeypatch):
@@ -236,7 +239,8 @@ def test_dcut_is_lossless_and_logs_decisions(tmp_path, monkeypatch):
     out = engine.generate(prompts, params)
     assert out.completion_ids == ar.completion_ids
     assert len(out.stats.budget_trace) == out.stats.target_forwards
-    assert engine.policy.cost.plain.most_rows == 8  # the engine timed its steps
+    cost = engine.policy.cost  # the engine timed its steps: the time outside the forward is measured
+    assert cost.step_ms(8, 0, 0) > cost.forward_ms(8, 1)
     assert out.stats.budget_ratio is not None
     assert list(tmp_path.glob("cost/*.json"))  # the profile is cached on disk
 
@@ -260,18 +264,22 @@ def test_dcut_runs_lead_waves_only_after_a_rollout_that_speculated(qwen3_model):
     assert len(fixed._waves(groups)) == 2  # a fixed budget always staggers
 
 
-def test_calibration_host_path_matches_the_torch_path():
-    """The vLLM proposer's numpy calibration (`rate_of`, `observe_host`) bins, counts and maps
-    scores exactly as the engine's torch path does, bin edges and the clamped ends included."""
+def test_dcut_maps_scores_on_the_device_as_the_calibration_does():
+    """The engine's D-cut maps a draft's scores in one gather from its sources' rate tables, binned on
+    the draft's device: exactly the numpy calibration's map per source, bin edges and the clamped ends
+    included."""
     gen = np.random.default_rng(0)
-    torch_cal, host_cal = ScoreCalibration(), ScoreCalibration()
-    edges = torch_cal.edges
-    for _ in range(20):
+    flat = CostModel([1, 2, 64], [1, 2, 4, 8], [[1.0] * 4] * 3)
+    dcut = DCut(flat, 4)
+    edges = dcut.calibrations[0].edges
+    for _ in range(5):
         score = np.concatenate([gen.random(40) ** 6, edges[gen.integers(0, len(edges), 8)], [0.0, 1e-9, 1.0]])
         score = score.astype(np.float32).reshape(3, -1)
-        verified, accepted = gen.random(score.shape) < 0.7, gen.random(score.shape) < 0.4
-        torch_cal.observe(torch.from_numpy(score), torch.from_numpy(verified), torch.from_numpy(accepted))
-        host_cal.observe_host(score, verified, accepted)
-        assert np.array_equal(torch_cal.seen, host_cal.seen) and np.array_equal(torch_cal.accepted, host_cal.accepted)
-        assert np.array_equal(torch_cal._bin(torch.from_numpy(score)).numpy(), host_cal._bin_of(score))
-        assert np.array_equal(host_cal.rate_of(score), torch_cal(torch.from_numpy(score)).numpy())
+        source = gen.integers(0, len(dcut.calibrations), score.shape)
+        for s, calibration in enumerate(dcut.calibrations):  # each source learns its own rates
+            calibration.observe(score, (source == s) & (gen.random(score.shape) < 0.7), gen.random(score.shape) < 0.2 * (s + 1))
+        tokens = torch.zeros(score.shape, dtype=torch.long)
+        draft = Draft(tokens, tokens - 1, tokens + 1, torch.ones(score.shape, dtype=torch.bool), torch.from_numpy(score),
+                      torch.from_numpy(source).to(torch.int8))
+        expected = np.choose(source, [c(score) for c in dcut.calibrations])
+        assert np.array_equal(dcut.calibrated(draft).numpy(), expected)

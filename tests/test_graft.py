@@ -10,8 +10,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 import rollout_graft.proposers.graft as graft_module
 from rollout_graft import DraftConfig, EngineConfig, RolloutEngine, SamplingParams, calibrate
 from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts
+from rollout_graft.dcut.core import BudgetDecision
+from rollout_graft.dcut.trees import TreePolicy
 from rollout_graft.merge import merge_trees, sibling_duplicates, token_paths
-from rollout_graft.budget import BudgetDecision, BudgetPolicy
 from rollout_graft.selection import keep_best
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.pruning import draft_quota, fit_thresholds, pruning_stage, separating_thresholds
@@ -206,7 +207,7 @@ def test_graft_trees_within_budget_superset_and_well_formed(qwen3_model, monkeyp
     assert grafted > 0  # retrieval actually filled freed slots
 
 
-class Scripted(BudgetPolicy):
+class Scripted(TreePolicy):
     """Decodes plainly without proposing where `skips` says True, else verifies the whole draft."""
 
     def __init__(self, budget: int, skips: list[bool]):

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from rollout_graft import SamplingParams
-from rollout_graft.chain_budget import Chains
+from rollout_graft.dcut.chains import Chains
 from rollout_graft_tools.chain_replay import replay_rows
 from rollout_graft_tools.logit_chains import Calibration, LogitChainProposer, OffPathLogitChains, ScoreThreshold, at_drafted
 from rollout_graft_tools.replay import Recording

@@ -1,4 +1,5 @@
-"""Budget policies: how much of each step's draft the target verifies (DESIGN.md §2 step 4).
+"""The engine's budget policies: how much of each step's draft tree the target verifies (DESIGN.md
+§2 step 4, "Budget policies").
 
 `FixedBudget` verifies every row's whole draft. `DCut` chooses, each step, one verified width W
 for the batch — every row verifies its W best nodes (`selection.keep_best`) — maximising
@@ -16,41 +17,30 @@ Three rules around the choice, each measured to matter (a D-cut ablation; see gi
 - after a plain decision nothing is proposed until the next proposal (a probe: the tree is built, and
   may again be cut to W = 0) is affordable: probes may cost `DCutConfig.probe_share` of the
   decoding time, plus what speculation saved;
-- the profiled forward table is corrected by what the rollout's forwards measure (`cost.TreeStepCost`).
+- the profiled forward table is corrected by what the rollout's forwards measure (`TreeStepCost`).
 The other controllers an earlier D-cut had (switch margin, back-off, advantage average,
 exploration, per-batch-size state) were removed after the same comparison.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 import numpy as np
 import torch
 
-from .config import DCutConfig
-from .cost import CostModel, TreeStepCost
-from .selection import keep_best
-from .stats import StepTiming
-from .tree import SOURCES, Draft
-
-
-@dataclass(slots=True)
-class BudgetDecision:
-    ratio: float  # verified width / budget (a fixed budget verifies its whole draft: 1.0)
-    kept: int | None = None  # candidate nodes kept (whole batch; None: not counted)
-    candidates: int | None = None  # candidate nodes proposed (whole batch; None: not counted)
-    expected_emitted: float | None = None  # predicted Σ emitted tokens of this step (None: no prediction)
-    probe: bool = False  # a draft was proposed and D-cut chose ρ = 0 (the proposal only probed)
-    # why D-cut verifies what it verifies, at its best width W > 0 (None: no such width was weighed):
-    break_even_mat: float | None = None  # tokens per row a step at W must emit to match plain decoding's rate
-    expected_mat: float | None = None  # tokens per row a step at W is expected to emit (calibrated acceptance)
+from ..config import DCutConfig
+from ..cost import CostModel, neighbours
+from ..selection import keep_best
+from ..stats import StepTiming
+from ..tree import SOURCES, Draft
+from .core import BudgetDecision, ProbeCredit, RowCost, ScoreCalibration
 
 
 @dataclass(slots=True)
 class StepRecord:
-    """What a budget policy learns from after a step."""
+    """What a tree policy learns from after a step."""
 
     rows: int
     planned: int  # nodes per row the proposer was asked for (`plan`; 0: nothing proposed)
@@ -62,37 +52,33 @@ class StepRecord:
     timing: StepTiming
 
 
-class BudgetPolicy(ABC):
-    """How much of each step's draft the target verifies. The engine calls, every step:
+class TreePolicy(Protocol):
+    """How much of each step's draft tree the target verifies. The engine calls, every step:
 
         nodes = policy.plan(rows)             # how many candidate nodes per row to propose (0: none)
         draft, decision = policy.cut(draft)   # the part of the draft to verify, and why
         ... verify, accept, commit, learn ...
         policy.observe(StepRecord(...))       # what the step verified, accepted and took
-    """
+
+    An implementation may subclass it for the defaults of `timed` and `observe`."""
 
     timed: bool = False
     """Whether `observe` reads the step's wall times (the engine then synchronises a GPU per phase)."""
 
-    @abstractmethod
     def plan(self, rows: int) -> int:
         """Candidate nodes per row to propose this step, for `rows` active rows (0: decode plainly)."""
+        ...
 
-    @abstractmethod
     def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
         """The part of `draft` the target verifies this step."""
+        ...
 
     def observe(self, step: StepRecord) -> None:
-        """Learn from the step just made."""
-
-    def explain(self) -> str:
-        """Why the policy verifies what it verifies (for logs and `proposer_summary`)."""
-        return " ".join((type(self).__doc__ or type(self).__name__).split("\n\n")[0].split())
+        """Learn from the step just made (by default: nothing)."""
 
 
-class FixedBudget(BudgetPolicy):
-    """Fixed budget: every row verifies its proposer's whole draft (at most `budget` nodes per row
-    for a tree, `budget` tokens for a chain)."""
+class FixedBudget(TreePolicy):
+    """Fixed budget: every row verifies its proposer's whole draft (at most `budget` nodes)."""
 
     def __init__(self, budget: int):
         self.budget = budget
@@ -100,113 +86,111 @@ class FixedBudget(BudgetPolicy):
     def plan(self, rows: int) -> int:
         return self.budget
 
-    def cut(self, draft):
+    def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
         return draft, BudgetDecision(1.0)
 
 
-class ScoreCalibration:
-    """Maps a proposer's raw score to the acceptance rate observed for such scores.
+@dataclass
+class TreeStepCost:
+    """Predicted milliseconds of one engine step of `rows` rows that proposed trees of P nodes per
+    row and verifies W of them: the verify forward of 1 + W tokens per row, plus the time outside it.
 
-    Raw scores are prefix products of confidences; greedy decoding or a drifting policy makes them
-    biased. Verified nodes are binned by log-score; each bin's acceptance rate (with a prior that
-    pulls an empty bin back to the raw score) is the calibrated estimate. Bins are made
-    non-increasing towards lower scores so the calibrated score stays monotone along paths.
-    `age` scales the counts (the chain D-cut forgets so, its evidence coming every step; the
-    engine's D-cut never forgets).
-    """
+    Forward: the profiled table is a prior that the rollout's own forwards replace. The table is a
+    best-of, profiled once and cached, possibly on a busier or idler machine than now; a rollout's
+    forwards run in its caches, allocator and neighbours. For each of the table's token counts q
+    (1: a plain step), `scale(q)` is the mean of measured / profiled over the forwards of about q
+    tokens per row, the table counting as `PRIOR_FORWARDS` such forwards, every weight aged by
+    `AGE` per step: evidence ages with the steps that pass, not with its own count, so a width
+    measured rarely (D-cut's probes while it decodes plainly, its reference steps while it drafts)
+    is priced by its latest measurement, and no stale figure — the table's included — stands for good.
+    Outside the forward: for steps that proposed, a `RowCost` per proposal width (nodes per row the
+    proposer was asked for: building, cutting, walking and learning from the tree; a step that
+    proposed pays for its tree also when D-cut then verified none of it; `outside_ms` prices a width
+    not measured yet); for plain steps (one draw per row) a `RowCost` of their own."""
 
-    def __init__(self, bins: int = 24, floor: float = 1e-6, prior_weight: float = 4.0):
-        # host float32 arrays: both D-cuts count and map on the host, the vLLM proposer every step
-        # (numpy's per-call cost, not torch's: D-cut's own time is part of a small model's step)
-        self.edges = torch.logspace(torch.log10(torch.tensor(floor)).item(), 0.0, bins + 1).numpy()
-        self.mid = np.sqrt(self.edges[:-1] * self.edges[1:])
-        self.seen = np.zeros(bins, dtype=np.float32)
-        self.accepted = np.zeros(bins, dtype=np.float32)
-        self.prior_weight = prior_weight
+    PRIOR_FORWARDS: ClassVar[float] = 1.0  # the table's weight, in measured forwards, before it ages
+    AGE: ClassVar[float] = 0.95  # per step: a forward measured 20 steps ago weighs e⁻¹ of one measured now
 
-    def _bin(self, score: torch.Tensor) -> torch.Tensor:
-        edges = torch.from_numpy(self.edges).to(score.device)
-        return (torch.bucketize(score.float().clamp(min=edges[0], max=1.0), edges) - 1).clamp(0, len(self.seen) - 1)
+    table: CostModel
+    forget: float = 0.9  # the outside fits' `CostFit.forget`
+    trees: dict[int, RowCost] = field(default_factory=dict, init=False)  # proposal width → ms outside the forward
+    plain: RowCost = field(init=False)  # ms outside the forward of plain steps
+    # per profiled token count q: Σ aged weight, and Σ aged weight · measured / profiled
+    _weight: list[float] = field(init=False, repr=False)
+    _sum: list[float] = field(init=False, repr=False)
 
-    def observe(self, score: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor) -> None:
-        """score, verified, accepted: [rows, m] (candidate nodes of one step; counted on the host,
-        after one transfer)."""
-        host = torch.stack([score.float(), verified.float(), accepted.float()]).cpu().numpy()
-        self.observe_host(host[0], host[1] > 0, host[2] > 0)
+    def __post_init__(self) -> None:
+        self.plain = RowCost(self.forget)
+        self._weight = [self.PRIOR_FORWARDS] * len(self.table.tokens)
+        self._sum = [self.PRIOR_FORWARDS] * len(self.table.tokens)
 
-    def __call__(self, score: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self._rates()).to(score.device)[self._bin(score)]
+    def observe(self, rows: int, forward_tokens: int, proposed: int, timing: StepTiming) -> None:
+        """A step measured by the engine: `proposed` nodes per row asked of the proposer (0: none)."""
+        self._observe_forward(rows, forward_tokens, timing.forward_ms)
+        if proposed:
+            self.trees.setdefault(proposed, RowCost(self.forget)).observe(rows, timing.propose_ms + timing.rest_ms)
+        else:
+            self.plain.observe(rows, timing.rest_ms)
 
-    def rate_of(self, score: np.ndarray) -> np.ndarray:
-        """`self(score)` for host numpy scores (the vLLM proposer's)."""
-        return self._rates()[self._bin_of(score)]
+    def _observe_forward(self, rows: int, tokens_per_row: int, ms: float) -> None:
+        for k, (weight, total) in enumerate(zip(self._weight, self._sum)):
+            self._weight[k] = max(weight * self.AGE, 1e-9)  # floored: a width never measured keeps its mean
+            self._sum[k] = total / weight * self._weight[k]
+        if ms <= 0:
+            return
+        ratio = ms / self.table.predict(rows, tokens_per_row)
+        for k, share in self._neighbours(tokens_per_row):  # the profiled token counts around it, by nearness
+            self._weight[k] += share
+            self._sum[k] += share * ratio
 
-    def observe_host(self, score: np.ndarray, verified: np.ndarray, accepted: np.ndarray) -> None:
-        """`observe` for host numpy arrays (the vLLM proposer's)."""
-        b = self._bin_of(score[verified])
-        self.seen += np.bincount(b, minlength=len(self.seen)).astype(np.float32)
-        self.accepted += np.bincount(b, weights=accepted[verified].astype(np.float64), minlength=len(self.seen)).astype(np.float32)
+    def _neighbours(self, tokens_per_row: float) -> list[tuple[int, float]]:
+        i, j, w = neighbours(self.table.tokens, tokens_per_row)
+        w = min(max(w, 0.0), 1.0)  # past the grid's ends: the end's own scale
+        return [(k, share) for k, share in ((i, 1.0 - w), (j, w)) if share > 0]
 
-    def age(self, factor: float) -> None:
-        """Scale the counts by `factor` (< 1: older evidence weighs less)."""
-        self.seen *= np.float32(factor)
-        self.accepted *= np.float32(factor)
+    def scale(self, tokens_per_row: float) -> float:
+        """Measured / profiled for forwards of `tokens_per_row` tokens per row (1.0: as profiled)."""
+        return sum(share * self._sum[k] / self._weight[k] for k, share in self._neighbours(tokens_per_row))
 
-    def _rates(self) -> np.ndarray:
-        """Each bin's calibrated acceptance rate (float32)."""
-        pw = np.float32(self.prior_weight)
-        return np.maximum.accumulate((self.accepted + pw * self.mid) / (self.seen + pw))  # monotone in the raw score
+    def forward_ms(self, rows: int, tokens_per_row: int) -> float:
+        """Predicted verify forward: the table × the measured scale of such forwards."""
+        return self.table.predict(rows, tokens_per_row) * self.scale(tokens_per_row)
 
-    def _bin_of(self, score: np.ndarray) -> np.ndarray:
-        """`_bin` in numpy (torch.bucketize's left side is numpy.searchsorted's)."""
-        clipped = np.minimum(np.maximum(score.astype(np.float32), self.edges[0]), np.float32(1.0))
-        return np.minimum(np.maximum(np.searchsorted(self.edges, clipped, side="left") - 1, 0), len(self.edges) - 2)
+    def outside_ms(self, rows: int, width: int) -> float:
+        """Predicted ms outside the forward of a step that proposed `width` nodes per row: a width not
+        measured yet is interpolated between the nearest measured ones; above the widest it follows
+        the slope of the two widest (proportionally when one was measured: never an under-estimate of
+        a drafter's extra levels); below the narrowest it is the narrowest's (0: nothing measured)."""
+        if width in self.trees:
+            return self.trees[width].predict(rows)
+        below = sorted(w for w in self.trees if w < width)
+        above = sorted(w for w in self.trees if w > width)
+        if not below:
+            return self.trees[above[0]].predict(rows) if above else 0.0
+        w1, y1 = below[-1], self.trees[below[-1]].predict(rows)
+        if above:
+            w2, y2 = above[0], self.trees[above[0]].predict(rows)
+            return y1 + (y2 - y1) * (width - w1) / (w2 - w1)
+        if len(below) == 1:
+            return y1 * width / w1
+        w0, y0 = below[-2], self.trees[below[-2]].predict(rows)
+        return y1 + max((y1 - y0) / (w1 - w0), 0.0) * (width - w1)
 
-    def expected_vs_actual(self) -> tuple[float, float]:
-        return float((self.mid * self.seen).sum()), float(self.accepted.sum())
-
-
-@dataclass(slots=True)
-class ProbeCredit:
-    """How long a budget policy that decided plain decoding waits before proposing again (a probe:
-    the draft is built, and may again be cut to nothing). Every step earns `share` of its time, a
-    speculative step also what it saved against plain steps for the same tokens; a probe spends
-    what it cost beyond a plain step. So probes that find nothing cost at most `share` of the
-    decoding time plus what speculation saved — however dear a probe is next to a plain step —
-    and where speculation pays (a small batch) probing is not held back. Both backends' D-cut use it."""
-
-    share: float
-    ms: float = 0.0  # what the probes may still cost
-
-    def earn(self, step_ms: float, saved_ms: float = 0.0) -> None:
-        self.ms += self.share * step_ms + max(saved_ms, 0.0)
-
-    def spend(self, extra_ms: float) -> None:
-        self.ms -= max(extra_ms, 0.0)
-
-    def settle(self, ms: float, plain_ms: float, rows: int, emitted: int, probe: bool, cost: float | None = None) -> None:
-        """One step's account (`ms`, against `plain_ms` predicted for a plain step of `rows` rows):
-        it earns `share` of its time; a probe spends what it cost beyond plain steps for the tokens it
-        emitted — `cost` where the caller knows it (a chain draft cut to nothing: vLLM took its plain
-        path, so only the drafting), else `ms - plain_ms · emitted / rows` (a probe that verified and
-        paid earns); a step whose drafts were accepted also earns what it saved against plain steps."""
-        net = ms - plain_ms * emitted / rows  # this step's time beyond plain steps for its tokens
-        self.earn(ms, -net if emitted > rows and not probe else 0.0)
-        if probe:
-            if cost is None:
-                self.ms -= net
-            else:
-                self.spend(cost)
-
-    def bank_at_most(self, ms: float) -> None:
-        """A long spell of paying speculation banks no more than `ms` (two probes)."""
-        self.ms = min(self.ms, ms)
-
-    def affords(self, probe_ms: float) -> bool:
-        return self.ms >= probe_ms
+    def step_ms(self, rows: int, verified: int, proposed: int) -> float:
+        """A step of `rows` rows that proposed `proposed` nodes per row (0: a plain step, no tree)
+        and verifies `verified` of them."""
+        outside = self.outside_ms(rows, proposed) if proposed else self.plain.predict(rows)
+        return self.forward_ms(rows, 1 + verified) + outside
 
 
-class DCut(BudgetPolicy):
+def device_bins(calibration: ScoreCalibration, score: torch.Tensor) -> torch.Tensor:
+    """`calibration.bin_of` on `score`'s device (torch.bucketize's default side is numpy.searchsorted's
+    left side): the engine maps its scores where they are."""
+    edges = torch.from_numpy(calibration.edges).to(score.device)
+    return (torch.bucketize(score.float().clamp(min=edges[0], max=1.0), edges) - 1).clamp(0, calibration.bins - 1)
+
+
+class DCut(TreePolicy):
     """Chooses the verified width W per step (module docstring). budget: the per-row budget the
     ratios refer to, and the widest proposal.
 
@@ -295,9 +279,10 @@ class DCut(BudgetPolicy):
 
     def calibrated(self, draft: Draft) -> torch.Tensor:
         """[rows, m] each node's score mapped to the acceptance observed for such scores of its source:
-        one gather from the sources' rate tables (they share their bins), no host round trip."""
-        rates = torch.from_numpy(np.stack([c._rates() for c in self.calibrations])).to(draft.score.device)
-        return rates[draft.source.long(), self.calibrations[0]._bin(draft.score)]
+        one gather on the draft's device from the sources' rate tables (they share their bins), no
+        host round trip."""
+        rates = torch.from_numpy(np.stack([c.rates() for c in self.calibrations])).to(draft.score.device)
+        return rates[draft.source.long(), device_bins(self.calibrations[0], draft.score)]
 
     def _next_proposal(self, width: int, m: int) -> None:
         """How wide the next proposal is, after this step chose `width` from a draft of width m: the
@@ -320,7 +305,7 @@ class DCut(BudgetPolicy):
             score, valid, accepted, source = torch.stack([d.score.float(), d.valid.float(), step.accepted.float(),
                                                           d.source.float()]).cpu().numpy()
             for s, calibration in enumerate(self.calibrations):
-                calibration.observe_host(score, (valid > 0) & (source == s), accepted > 0)
+                calibration.observe(score, (valid > 0) & (source == s), accepted > 0)
         self.cost.observe(step.rows, step.forward_tokens, step.planned, step.timing)
         self.since_plain = 0 if step.forward_tokens == 1 else self.since_plain + 1
         ms, plain = step.timing.total_ms, self.cost.step_ms(step.rows, 0, 0)

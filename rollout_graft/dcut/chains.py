@@ -2,16 +2,16 @@
 
 vLLM verifies one chain per request and packs every scheduled token of the batch into one
 forward, so its step time follows the number of scheduled tokens — the setting of the D-cut
-paper itself. The policies implement the engine's `BudgetPolicy` (plan → cut → observe) over
-`Chains` (a fixed depth is the engine's `FixedBudget`). Each step `ChainDCut` takes every request's chain with the score of each draft token
-(the prefix product of confidences, calibrated against observed acceptance by the same
-`ScoreCalibration` as the engine's D-cut), keeps the batch's global top-K tokens, and picks K to
-maximise expected emitted tokens per predicted step time:
+paper itself. The vLLM proposer calls a `ChainPolicy` (plan → cut → observe) over `Chains`
+(`FixedDepth`: every chain whole). Each step `ChainDCut` takes every request's chain with the
+score of each draft token (the prefix product of confidences, calibrated against observed
+acceptance by the `core.ScoreCalibration` the engine's D-cut uses too), keeps the batch's global
+top-K tokens, and picks K to maximise expected emitted tokens per predicted step time:
 
     E[emitted | K] = rows + Σ_{top-K tokens} score        (one bonus/recovered token per row)
     time(K)        = a + b_rows · rows + b_draft · K + b_spec · [K > 0]
                                                           (fitted online to vLLM's measured steps,
-                                                           per batch-size class: `SizedStepCost`;
+                                                           per batch-size class: `StepCosts`;
                                                            b_spec: the speculative path's own cost)
 
 K = 0 (plain decoding) is always a candidate. Every chain the proposer computed and D-cut did not
@@ -25,153 +25,23 @@ brought evidence), so when a rollout's drafts start to be accepted — a later e
 recall their completions — D-cut follows within tens of steps, whether it drafted or not.
 
 After a plain decision the proposer drafts nothing until the next draft (a probe) is affordable:
-the engine's `ProbeCredit`, charged with what the probe cost beyond a plain step (the proposer's
+`core.ProbeCredit`, charged with what the probe cost beyond a plain step (the proposer's
 drafting time). A probe is an ordinary decision on fresh chains; what it cuts away becomes shadows.
 Scores never increase along a chain, so the global top-K is a prefix of each chain: a depth per
 request (`selection.global_top_k_depths`). The step time is measured between consecutive `propose`
 calls (vLLM's whole step: schedule, forward, sample, propose) and fitted by exponentially weighted
-least squares (`StepCost`).
+least squares (`core.CostFit`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from .budget import BudgetDecision, BudgetPolicy, ProbeCredit, ScoreCalibration
-from .cost import RowFit
-from .selection import global_top_k_depths
-
-
-@dataclass
-class StepCost:
-    """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens + b_spec·[draft_tokens > 0],
-    exponentially weighted least squares. b_spec is what a step pays for taking vLLM's speculative
-    path at all (its speculative metadata and rejection sampler; a step where no request drafted
-    takes the plain path: `plugin`): on the tiny target 1.2 ms at 8 rows and 5.0 ms at 64, 16 % and
-    28 % of a plain step, where a draft token costs 0.04–0.06 ms — a fit without it priced steps
-    that verified at most a token per row 6–8 % below what they took, so D-cut drafted at
-    break-even at a loss (`lab/vllm_step_cost.py`; docs/RESULTS.md, "vLLM step cost against draft
-    tokens (tiny target)").
-
-    The two costs of drafting have priors of 0, with the weight of one step that took the
-    speculative path (`spec_prior`) and of one draft token (`draft_prior`): the drafting steps
-    measured outweigh them while they are recent, and as they are forgotten (D-cut decoding
-    plainly measures none) the costs shrink until D-cut drafts again and measures them anew. A cost
-    over-estimated once — vLLM's first speculative steps take twice the others, a busy machine —
-    held D-cut plain for good otherwise (at batch 1, from a rollout's first steps on); so did an
-    earlier prior that a draft token costs what a row costs, which at batch 1 is a whole step.
-    `samples` counts the steps measured. Plain Python floats: it runs every step, and a 4×4 fit in
-    numpy calls costs tens of µs of per-call overhead (a vLLM step of a small model is a few ms; on
-    a GPU the proposer's time is not overlapped)."""
-
-    forget: float = 0.97
-    spec_prior: float = 1.0
-    draft_prior: float = 1.0
-    gram: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
-    moment: list[float] = field(default_factory=lambda: [0.0] * 4)
-    samples: int = 0
-
-    fitted: np.ndarray | None = None  # `coef` since the last observation
-
-    def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
-        x, f = (1.0, float(rows), float(draft_tokens), float(draft_tokens > 0)), self.forget
-        self.gram = [[f * g + xi * xj for g, xj in zip(row, x)] for row, xi in zip(self.gram, x)]
-        self.moment = [f * m + ms * xi for m, xi in zip(self.moment, x)]
-        self.samples += 1
-        self.fitted = None
-
-    @property
-    def coef(self) -> np.ndarray:
-        """[a, b_rows, b_draft, b_spec] (ms), none negative (a coefficient the fit drives below 0 is
-        fixed at 0 and the others refitted). A constant batch size leaves a and b_rows confounded;
-        predictions at the measured batch sizes are right either way."""
-        if self.fitted is None:
-            self.fitted = self._fit()
-        return self.fitted
-
-    def _fit(self) -> np.ndarray:
-        if self.samples == 0:  # a row 1 ms; drafting free (the priors)
-            return np.array([0.0, 1.0, 0.0, 0.0])
-        g = self.gram
-        # the priors (`draft_prior`, `spec_prior`: drafting costs nothing) and a tiny ridge
-        penalty = [[1e-9, 0.0, 0.0, 0.0], [0.0, 1e-9, 0.0, 0.0], [0.0, 0.0, self.draft_prior + 1e-9, 0.0],
-                   [0.0, 0.0, 0.0, self.spec_prior + 1e-9]]
-        free = [0, 1, 2, 3]
-        coef = [0.0] * 4
-        while free:
-            x = _solve([[g[i][j] + penalty[i][j] for j in free] for i in free], [self.moment[i] for i in free])
-            coef = [0.0] * 4
-            for i, xi in zip(free, x):
-                coef[i] = xi
-            if min(coef) >= 0:
-                break
-            free.remove(min(free, key=lambda i: coef[i]))
-        return np.maximum(np.array(coef), 0.0)
-
-    def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
-        a, b_rows, b_draft, b_spec = self.coef
-        k = np.asarray(draft_tokens, dtype=np.float64)
-        return a + b_rows * rows + b_draft * k + b_spec * (k > 0)
-
-
-def _solve(m: list[list[float]], v: list[float]) -> list[float]:
-    """x with m·x = v for a small symmetric positive definite m (Gaussian elimination)."""
-    n = len(v)
-    a = [row[:] + [v[i]] for i, row in enumerate(m)]
-    for c in range(n):
-        for r in range(c + 1, n):
-            f = a[r][c] / a[c][c]
-            a[r] = [x - f * y for x, y in zip(a[r], a[c])]
-    x = [0.0] * n
-    for r in reversed(range(n)):
-        x[r] = (a[r][n] - sum(a[r][k] * x[k] for k in range(r + 1, n))) / a[r][r]
-    return x
-
-
-def size_class(rows: int) -> int:
-    """Batch-size class: rows rounded down to a power of two (its bit length)."""
-    return max(rows, 1).bit_length()
-
-
-@dataclass
-class SizedStepCost:
-    """`StepCost` per batch-size class, beside one fit over all sizes: a class predicts with its own
-    fit once it has measured `least` plain and `least` drafting steps, before that the overall fit
-    does. A verified draft token's cost is not one number across batch sizes (at batch 1 a step is
-    overhead and extra tokens ride along; at batch 64 they are compute), and a rollout's batch
-    drains from its full size to one row as requests finish, so one linear fit with a short memory
-    priced batch 1 from the batch-64 steps just before it (measured when introduced; see git
-    history)."""
-
-    least: int = 4
-    overall: StepCost = field(default_factory=StepCost)
-    classes: dict[int, StepCost] = field(default_factory=dict)
-    seen: dict[int, list[int]] = field(default_factory=dict)  # class → [plain steps, drafting steps]
-
-    def fit_for(self, rows: int) -> StepCost:
-        cls = size_class(rows)
-        plain, drafting = self.seen.get(cls, (0, 0))
-        return self.classes[cls] if min(plain, drafting) >= self.least else self.overall
-
-    def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
-        cls = size_class(rows)
-        self.overall.observe(rows, draft_tokens, ms)
-        self.classes.setdefault(cls, StepCost()).observe(rows, draft_tokens, ms)
-        self.seen.setdefault(cls, [0, 0])[draft_tokens > 0] += 1
-
-    def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
-        return self.fit_for(rows).predict(rows, draft_tokens)
-
-    @property
-    def samples(self) -> int:
-        return self.overall.samples
-
-    @property
-    def drafting_steps(self) -> int:
-        """Steps measured that verified drafts (all classes)."""
-        return sum(drafting for _, drafting in self.seen.values())
+from ..selection import global_top_k_depths
+from .core import RIDGE, BudgetDecision, CostFit, ProbeCredit, RowCost, ScoreCalibration
 
 
 @dataclass(slots=True)
@@ -204,10 +74,133 @@ class ChainStep:
     verified: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # raw scores [n, depth], depths [n], accepted [n] of the rows that drafted
     ms: float | None  # the whole step (our own time included); None: not timed (it also prefilled)
     emitted: int  # tokens the step emitted (all requests)
-    shadowed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # as `verified`, for chains computed and not sent, matched against the text emitted since (resolved this step)
+    # as `verified`, for chains computed and not sent, matched against the text emitted since (resolved this step)
+    shadowed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
-class ChainDCut(BudgetPolicy):
+class ChainPolicy(Protocol):
+    """How deep each request drafts. The vLLM proposer calls, every step:
+
+        depth = policy.plan(rows)              # how deep to draft (0: not at all)
+        chains, decision = policy.cut(chains)  # the depths verified, and why
+        ... vLLM verifies; at the next call:
+        policy.observe(ChainStep(...))         # what the step verified, accepted and took
+
+    and `explain()` for its summary. An implementation may subclass it for the defaults of
+    `observe` and `explain`."""
+
+    def plan(self, rows: int) -> int:
+        """Draft depth this step, for `rows` requests (0: decode plainly)."""
+        ...
+
+    def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
+        """The part of each chain vLLM verifies this step."""
+        ...
+
+    def observe(self, step: ChainStep) -> None:
+        """Learn from the step vLLM just made (by default: nothing)."""
+
+    def explain(self) -> str:
+        """Why the policy verifies what it verifies (by default: its docstring's first paragraph)."""
+        return " ".join((type(self).__doc__ or type(self).__name__).split("\n\n")[0].split())
+
+
+class FixedDepth(ChainPolicy):
+    """Fixed budget: every request verifies its whole chain (at most `depth` tokens)."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+
+    def plan(self, rows: int) -> int:
+        return self.depth
+
+    def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
+        return draft, BudgetDecision(1.0)
+
+
+def size_class(rows: int) -> int:
+    """Batch-size class: rows rounded down to a power of two (its bit length)."""
+    return max(rows, 1).bit_length()
+
+
+def step_ms(coef: np.ndarray, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
+    """A vLLM step's ms under the fit `coef` = [a, b_rows, b_draft, b_spec], for each draft token count."""
+    a, b_rows, b_draft, b_spec = coef
+    k = np.asarray(draft_tokens, dtype=np.float64)
+    return a + b_rows * rows + b_draft * k + b_spec * (k > 0)
+
+
+@dataclass
+class StepCosts:
+    """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens + b_spec·[draft_tokens > 0]
+    (`step_ms`), a non-negative `CostFit` per batch-size class beside one over all sizes.
+
+    b_spec is what a step pays for taking vLLM's speculative path at all (its speculative metadata
+    and rejection sampler; a step where no request drafted takes the plain path: `plugin`): on the
+    tiny target 1.2 ms at 8 rows and 5.0 ms at 64, 16 % and 28 % of a plain step, where a draft
+    token costs 0.04–0.06 ms — a fit without it priced steps that verified at most a token per row
+    6–8 % below what they took, so D-cut drafted at break-even at a loss (`lab/vllm_step_cost.py`;
+    docs/RESULTS.md, "vLLM step cost against draft tokens (tiny target)").
+
+    The two costs of drafting have priors of 0, with the weight of one step that took the
+    speculative path (`spec_prior`) and of one draft token (`draft_prior`): the drafting steps
+    measured outweigh them while they are recent, and as they are forgotten (D-cut decoding
+    plainly measures none) the costs shrink until D-cut drafts again and measures them anew. A cost
+    over-estimated once — vLLM's first speculative steps take twice the others, a busy machine —
+    held D-cut plain for good otherwise (at batch 1, from a rollout's first steps on); so did an
+    earlier prior that a draft token costs what a row costs, which at batch 1 is a whole step.
+    Before any step is measured a row costs 1 ms and drafting nothing.
+
+    A class predicts with its own fit once it has measured `least` plain and `least` drafting
+    steps, before that the overall fit does. A verified draft token's cost is not one number across
+    batch sizes (at batch 1 a step is overhead and extra tokens ride along; at batch 64 they are
+    compute), and a rollout's batch drains from its full size to one row as requests finish, so one
+    linear fit with a short memory priced batch 1 from the batch-64 steps just before it (measured
+    when introduced; see git history). A constant batch size leaves a and b_rows confounded;
+    predictions at the measured batch sizes are right either way."""
+
+    least: int = 4
+    forget: float = 0.97
+    spec_prior: float = 1.0
+    draft_prior: float = 1.0
+    overall: CostFit = field(init=False)
+    classes: dict[int, CostFit] = field(default_factory=dict)
+    seen: dict[int, list[int]] = field(default_factory=dict)  # class → [plain steps, drafting steps]
+
+    def __post_init__(self) -> None:
+        self.overall = self._new_fit()
+
+    def _new_fit(self) -> CostFit:
+        return CostFit((RIDGE, RIDGE, self.draft_prior + RIDGE, self.spec_prior + RIDGE), self.forget, nonnegative=True,
+                       unmeasured=(0.0, 1.0, 0.0, 0.0))
+
+    def fit_for(self, rows: int) -> CostFit:
+        cls = size_class(rows)
+        plain, drafting = self.seen.get(cls, (0, 0))
+        return self.classes[cls] if min(plain, drafting) >= self.least else self.overall
+
+    def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
+        cls, x = size_class(rows), (1.0, rows, draft_tokens, float(draft_tokens > 0))
+        self.overall.observe(x, ms)
+        if cls not in self.classes:
+            self.classes[cls] = self._new_fit()
+        self.classes[cls].observe(x, ms)
+        self.seen.setdefault(cls, [0, 0])[draft_tokens > 0] += 1
+
+    def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
+        return step_ms(self.fit_for(rows).coef, rows, draft_tokens)
+
+    @property
+    def samples(self) -> int:
+        return self.overall.samples
+
+    @property
+    def drafting_steps(self) -> int:
+        """Steps measured that verified drafts (all classes)."""
+        return sum(drafting for _, drafting in self.seen.values())
+
+
+class ChainDCut(ChainPolicy):
     """D-cut for chains (see the module docstring). depth: the deepest chain (vLLM's
     `num_speculative_tokens`); explore_every: every n-th decision to draft decodes plainly
     instead, so the measured guard (`pays`) never compares with plain steps measured long ago (on
@@ -225,8 +218,8 @@ class ChainDCut(BudgetPolicy):
         self.depth = depth
         self.calibration = ScoreCalibration()
         self.forget = forget
-        self.cost = SizedStepCost()
-        self.draft_cost = RowFit(0.9)  # the proposer's drafting time per step (what a probe costs)
+        self.cost = StepCosts()
+        self.draft_cost = RowCost(0.9)  # the proposer's drafting time per step (what a probe costs)
         self.probe_share = probe_share
         self.probes: dict[int, ProbeCredit] = {}  # per batch-size class: one class's probes do not pay for another's
         self.explore_every = explore_every
@@ -249,7 +242,7 @@ class ChainDCut(BudgetPolicy):
         return self.probes[cls]
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
-        cal = self.calibration.rate_of(scores)
+        cal = self.calibration(scores)
         return np.where(scores > 0, np.minimum.accumulate(cal, axis=1), 0.0)  # stays non-increasing
 
     def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
@@ -285,7 +278,7 @@ class ChainDCut(BudgetPolicy):
             self.calibration.age(self.forget)  # per step with evidence, not per source
         for scores, depths, accepted in evidence:
             pos = np.arange(scores.shape[1]).reshape(1, -1)
-            self.calibration.observe_host(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
+            self.calibration.observe(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
         credit = self.credit(step.rows)
