@@ -11,8 +11,8 @@ at its boundary: `trees.DCut.calibrated`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
