@@ -18,7 +18,7 @@ from .templates import TemplateConfig
 Method = Literal["ar", "retrieval", "graft"]
 BudgetPolicy = Literal["fixed", "dcut"]
 """'fixed': every row verifies its proposer's tree (≤ budget nodes). 'dcut': every row verifies
-its W best nodes, one W for the batch chosen per step by the profiled cost model (budget.DCut)."""
+its W best nodes, one W for the batch chosen per step by the profiled cost model (dcut.trees.DCut)."""
 
 DEFAULT_RECALL = 4
 """Completions remembered per prompt by default (RetrievalConfig.recall): a GRPO epoch revisits every prompt."""
@@ -301,7 +301,7 @@ class DraftConfig:
 
 @dataclass(slots=True)
 class DCutConfig:
-    """D-cut's settings (`budget.DCut`). Knobs that an ablation showed do not matter beyond the
+    """D-cut's settings (`dcut.trees.DCut`). Knobs that an ablation showed do not matter beyond the
     benchmark's noise were removed (the ablation: see git history; DESIGN.md states the rule).
 
     Args:

@@ -43,9 +43,13 @@ class OracleProposer:
     def load_model(self, *args, **kwargs) -> None:
         pass
 
+    def set_requests(self, ids, prompt_lengths) -> None:  # each step, from our plugin
+        self.requests = (ids, prompt_lengths)
+
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         out, pending = [], {}
-        for req, new in zip(self.tracker.rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu), sampled_token_ids):
+        rows = self.tracker.rows(*self.requests, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        for req, new in zip(rows, sampled_token_ids):
             if req is None:
                 out.append([])
                 continue

@@ -9,6 +9,7 @@ exactly what vLLM's rejection sampler accepts on the run that emitted those toke
 
 from __future__ import annotations
 
+import itertools
 import time
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ from rollout_graft.dcut.core import BudgetDecision
 PROMPT = 64
 VOCAB = 32000
 SPARE_ROWS = 8  # vLLM's max_num_reqs exceeds the running batch
+_RUNS = itertools.count()
 
 
 def vllm_config(k: int, max_model_len: int, vocab: int = VOCAB):
@@ -92,8 +94,9 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
     the last row, recomputed. counts (optional dict): request-steps, emitted, drafted and accepted
     tokens are added to it (the prefill step counts: MAT = emitted / (emitted − accepted), as
     `scripts/bench.py --backend vllm` counts). A proposer with `set_requests(ids, prompt_lengths)` is told each call's
-    request per row (vLLM's own proposers read them from its input batch; ours finds them itself)."""
+    request id and prompt length per row, as vLLM's input batch holds them (our plugin hands them to ours)."""
     batch = len(prompts)
+    run = next(_RUNS)  # request ids are unique across replays, as vLLM's
     plen = [len(p) for p in prompts]
     max_len = proposer.max_model_len
     token_ids = np.zeros((batch + SPARE_ROWS, max_len), dtype=np.int32)
@@ -124,7 +127,7 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             rows, drafted = len(slots), sum(len(drafts.get(r, ())) for r in slots)
             clock.now += (step_ms[0] + step_ms[1] * rows + step_ms[2] * drafted) / 1000.0
         if hasattr(proposer, "set_requests"):
-            proposer.set_requests(list(slots), [plen[r] for r in slots])
+            proposer.set_requests([f"{run}-{r}" for r in slots], [plen[r] for r in slots])
         t = time.perf_counter()
         rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
         got = (clock.call(proposer.propose, rows_in, num, token_ids) if clock is not None

@@ -18,8 +18,7 @@ class ShadowChecked(RLDraftProposer):
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         out = super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        for i in self.tracker.active.tolist():
-            req = self.tracker.slots[i]
+        for req in self.tracker.live.values():  # this step's requests
             if req.draft:  # sent: its shadow resolves as vLLM verifies it
                 self._shadow(req, list(req.draft), req.draft_scores)
         return out

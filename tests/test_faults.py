@@ -258,8 +258,10 @@ def test_the_vllm_proposer_refuses_a_prior_outside_its_vocabulary(tmp_path):
     named_error(path, _proposer, prior_path=str(path), budget_policy="fixed")
 
 
-def _step(prop, text: list[int], sampled: list[int]) -> list[list[int]]:
+def _step(prop, text: list[int], sampled: list[int], prompt: int = 8) -> list[list[int]]:
+    """One step of one request (id "r0", its prompt the first `prompt` tokens of `text`)."""
     ids = np.array([text + sampled], dtype=np.int32)
+    prop.set_requests(["r0"], [prompt])
     return prop.propose([sampled], np.array([len(text) + len(sampled)]), ids)
 
 

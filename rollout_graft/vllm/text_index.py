@@ -12,9 +12,8 @@ Every table of a proposer lives in one `NgramStore`, so one compiled call counts
 tokens of every group.
 
 Counting is lazy: `extend` appends to the text and marks the index stale (in `pending`, shared
-by all groups); `match` first counts its own index's new positions, and `catch_up` counts every
-pending index's (the proposer calls it before drafting, so the prior also learns from groups that
-never draft). A group that decodes plainly (the budget policy drafts nothing) then costs a list
+by all groups); `catch_up` counts every pending index's new positions (the proposer calls it
+before drafting, so the prior also learns from groups that never draft). A group that decodes plainly (the budget policy drafts nothing) then costs a list
 append per request-step instead of its counting. Counts do not depend on when they are made.
 """
 
@@ -23,12 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .ngrams import NgramCounts, NgramStore
-
-
-@dataclass(slots=True)
-class Match:
-    chain: list[int]  # the continuation (at most `depth` tokens), [] when nothing is known
-    scores: list[float]  # prefix products of the tokens' confidences (`NgramCounts.chain`)
 
 
 @dataclass(eq=False)
@@ -68,16 +61,12 @@ class TextIndex:
         return tid
 
     def extend(self, tid: int, tokens: list[int]) -> None:
-        """Append `tokens` to text `tid`; they are counted by the next `match` or `catch_up`."""
+        """Append `tokens` to text `tid`; they are counted by the next `catch_up`."""
         if tokens:
             self.texts[tid].extend(tokens)
             if not self.stale and self.pending is not None:
                 self.pending[id(self)] = self
             self.stale[tid] = None
-
-    def count(self) -> None:
-        """Count the stale texts' new positions (and teach the prior the completions')."""
-        self.store.teach(self.take())
 
     def take(self) -> list[tuple]:
         """The stale texts' new positions, as `NgramStore.teach` work; they count as counted."""
@@ -90,12 +79,6 @@ class TextIndex:
         if self.pending is not None:
             self.pending.pop(id(self), None)
         return work
-
-    def match(self, tid: int, depth: int) -> Match:
-        """The chain continuing text `tid` from the group's counts."""
-        if self.stale:
-            self.count()
-        return Match(*self.counts.chain(self.texts[tid], depth))
 
 
 def catch_up(pending: dict[int, TextIndex]) -> None:
