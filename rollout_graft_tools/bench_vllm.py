@@ -6,6 +6,7 @@ built once, kept across cells):
     suffix@K            vLLM's suffix decoding (arctic-inference)
     ours@K              our proposer, fixed budget (every request drafts up to K)
     ours+dcut@K         our proposer with D-cut (depths up to K)
+    ours+dcut@K~NAME    the same with one of D-cut's mechanisms taken out (`ablation.VARIANTS`)
     oracle@K            drafts the recorded T=0 plain completion: what speculation can give here at all
     empty@K             drafts nothing: vLLM's speculative path with empty drafts (vLLM's floor)
     empty+plain@K       the same with our plugin's plain path for undrafted steps (our proposer's floor)
@@ -72,7 +73,15 @@ def _oracle_counts(worker) -> dict:
 def spec_for(method: str) -> dict | None:
     """The `speculative_config` of a method name (None: plain)."""
     base, _, k = method.partition("@")
+    k, _, variant = k.partition("~")
     k = int(k or 8)
+    if variant:  # ours+dcut@K~NAME: one of D-cut's mechanisms taken out (`ablation.VARIANTS`)
+        from .ablation import VARIANTS
+
+        if base != "ours+dcut" or variant not in VARIANTS:
+            raise SystemExit(f"unknown ablation {method!r}: ours+dcut@K~NAME, NAME one of {sorted(VARIANTS)}")
+        return {"method": "custom_class", "model": f"{VARIANTS[variant].__module__}.{VARIANTS[variant].__name__}",
+                "num_speculative_tokens": k}
     if base in ("plain", "plain-twin"):
         return None
     custom = {"oracle": f"{__name__}.OracleProposer", "empty": "rollout_graft.vllm.baselines.EmptyProposer",
