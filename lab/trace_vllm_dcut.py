@@ -7,13 +7,11 @@
 Each argument is one rollout, `batch:temperature` (batch 8 and up: groups of 8 samples per prompt;
 prompts no earlier rollout used; at most --max-tokens new tokens), or `batch:temperature:again`
 (the last rollout's prompts again: a later GRPO epoch). After each rollout it prints what our
-proposer drafted in it (steps, drafts, draft and accepted tokens) and the policy's state: the
-measured guard at 1, 8 and 64 rows (`pays`), whether the last decision was plain, the probe credit
-per batch-size class (ms), the step-cost fit used at batch 1, 8 and 64 ([a, b_rows, b_draft, b_spec] ms),
-the guard's tokens per ms per class (`d`: drafting steps, `p`: plain), plain and drafting steps
-measured per class, drafting steps so far, the predicted drafting time at one row
-and the acceptance rate so far: a trace of D-cut's cold start, its cost model per batch-size class
-and its probe credit. Its decisions follow measured step times, so runs differ.
+proposer drafted in it (steps, drafts, draft and accepted tokens) and the policy's state: whether
+the last decision was plain, the probe credit (ms), the step-cost fit ([a, b_rows, b_draft, b_spec]
+ms) and the steps it was fitted on, the drafting decisions so far, the predicted drafting time at
+one row and the acceptance rate so far: a trace of D-cut's cold start, its cost model and its probe
+credit. Its decisions follow measured step times, so runs differ.
 """
 
 import os
@@ -31,11 +29,9 @@ from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E40
 def policy_state(worker) -> dict:
     p = worker.model_runner.drafter.policy
     seen = float(p.calibration.seen.sum())
-    return {"pays": {rows: bool(p.pays(rows)) for rows in (1, 8, 64)}, "plain": p.plain,
-            "credit_ms": {k: round(v.ms, 2) for k, v in p.probes.items()},
-            "fit": {rows: p.cost.fit_for(rows).coef.round(3).tolist() for rows in (1, 8, 64)}, "seen": dict(p.cost.seen),
-            "measured": {f"{cls}{'d' if d else 'p'}": round(v[0] / v[1], 3) for (cls, d), v in p.measured.items()},
-            "drafting_steps": p.cost.drafting_steps, "draft_ms1": round(float(p.draft_cost.predict(1)), 3),
+    return {"plain": p.plain, "credit_ms": round(p.credit.ms, 2), "fit": p.cost.fit.coef.round(3).tolist(),
+            "steps_fitted": p.cost.fit.samples, "drafting_decisions": p.drafting,
+            "draft_ms1": round(float(p.draft_cost.predict(1)), 3),
             "accept_rate": round(float(p.calibration.accepted.sum()) / seen, 3) if seen else None}
 
 

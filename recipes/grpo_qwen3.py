@@ -255,6 +255,7 @@ def summarize(log_history: list[dict], wall_seconds: float, backend: str) -> dic
         "steps": len(steps),
         "wall_seconds": wall_seconds,
         "rollout_seconds": total("rollout/seconds"),
+        "weight_sync_seconds": total("rollout/sync_seconds"),  # vLLM backend: TRL's weight sync, apart
         "step_seconds": total("step_time"),
         "rollout_share": total("rollout/seconds") / max(total("step_time"), 1e-9),
         "rollout_tokens_per_s": _mean([h["rollout/tokens_per_s"] for h in steps if h.get("rollout/tokens_per_s")]),
@@ -299,6 +300,8 @@ def print_summary(s: dict) -> None:
     rows = [
         ("rollout share of step time", f"{_fmt(s['rollout_share'], '.1%')} ({s['rollout_seconds']:.1f}s of {s['step_seconds']:.1f}s)"),
         ("rollout tokens/s", _fmt(s["rollout_tokens_per_s"], ".0f")),
+        *([("weight sync to vLLM", f"{s['weight_sync_seconds']:.1f}s (not in the rollout time)")]
+          if s["weight_sync_seconds"] else []),
         ("mean accepted tokens (MAT)", _fmt(s["mean_accepted_tokens"], ".2f")),
         ("train reward (first -> last)", f"{_fmt(s['reward_first'], '.3f')} -> {_fmt(s['reward_final'], '.3f')}"),
         ("train correct (first -> last)", f"{_fmt(s['correct_first'], '.1%')} -> {_fmt(s['correct_final'], '.1%')}"),

@@ -84,8 +84,8 @@ def spec_for(method: str) -> dict | None:
                 "num_speculative_tokens": k}
     if base in ("plain", "plain-twin"):
         return None
-    custom = {"oracle": f"{__name__}.OracleProposer", "empty": "rollout_graft.vllm.baselines.EmptyProposer",
-              "empty+plain": "rollout_graft.vllm.baselines.PlainEmptyProposer"}
+    custom = {"oracle": f"{__name__}.OracleProposer", "empty": "rollout_graft_tools.baselines.EmptyProposer",
+              "empty+plain": "rollout_graft_tools.baselines.PlainEmptyProposer"}
     if base in ("ngram", "suffix"):  # as GraftConfig(backend="vllm", method=base) builds them
         return vllm_speculative_config(base, k)
     if base in ("ours", "ours+dcut"):

@@ -40,8 +40,6 @@ class RandomCut:
 
 
 class RandomCutProposer(RLDraftProposer):
-    untimed_first_counts = False  # every step timed: `first_counts` measures the first ones
-
     def __init__(self, vllm_config):
         super().__init__(vllm_config)
         self.policy = RandomCut(self.k)

@@ -417,8 +417,6 @@ def test_the_recipe_refuses_a_bad_dataset_before_training(tmp_path):
     lambda: ChainConfig(share_in_group="no"),
     lambda: ChainConfig(use_prior=1),
     lambda: ChainConfig(recall=2.0),
-    lambda: ChainConfig(max_match="4"),
-    lambda: ChainConfig(probe_share="0.1"),
     lambda: ChainConfig(prior_path=3),
     lambda: speculative_config(share_in_group="no"),
     lambda: GraftConfig(share_in_group="no"),

@@ -32,7 +32,7 @@ def _spec(spec):
         return {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     if spec in ("empty", "empty-shipped"):
         cls = "PlainEmptyProposer" if spec == "empty" else "EmptyProposer"
-        return {"method": "custom_class", "model": f"rollout_graft.vllm.baselines.{cls}", "num_speculative_tokens": 4}
+        return {"method": "custom_class", "model": f"rollout_graft_tools.baselines.{cls}", "num_speculative_tokens": 4}
     if spec == "shadow-check":  # tests/shadow_check.py (this script's folder is on sys.path)
         return {"method": "custom_class", "model": "shadow_check.ShadowChecked", "num_speculative_tokens": 4}
     return speculative_config(**spec)

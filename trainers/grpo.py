@@ -51,7 +51,8 @@ class GraftGRPOTrainer(GRPOTrainer):
 
     Logged per step, next to TRL's metrics: `rollout/tokens_per_s`, `rollout/mean_accepted_tokens`
     (MAT), `rollout/verify_tokens_per_step`, `rollout/seconds` and `rollout/budget_ratio` (the
-    verified share of the budget: D-cut's mean ρ; 1.0 for a fixed budget).
+    verified share of the budget: D-cut's mean ρ; 1.0 for a fixed budget); on the vLLM backend
+    also `rollout/sync_seconds`, the weight sync before the rollout (not in `rollout/seconds`).
     """
 
     def __init__(self, model: str | PreTrainedModel, reward_funcs=None, args: GRPOConfig | None = None,
@@ -128,10 +129,12 @@ class GraftGRPOTrainer(GRPOTrainer):
         return out.completion_ids, out.logprobs
 
     def _generate_with_vllm(self, prompt_ids, num_generations):
-        """TRL's vLLM path (weight sync, then vLLM's generate with our proposer), timed and logged."""
-        start = time.perf_counter()
+        """TRL's vLLM path (weight sync, then vLLM's generate with our proposer), timed and logged:
+        generation and the weight sync apart."""
+        start, synced = time.perf_counter(), self.vllm_generation.sync_seconds
         completion_ids, logprobs = super()._generate_single_turn(prompt_ids, None, {}, num_generations)
-        metrics = self.vllm_metrics.rollout(sum(len(c) for c in completion_ids), time.perf_counter() - start)
+        sync = self.vllm_generation.sync_seconds - synced
+        metrics = self.vllm_metrics.rollout(sum(len(c) for c in completion_ids), time.perf_counter() - start - sync, sync)
         for name, value in metrics.items():
             self._log_metric(name, value)
         return completion_ids, logprobs

@@ -14,7 +14,8 @@ arguments. `GraftVLLMGeneration` is that class with two changes and nothing copi
   on GPUs it is TRL's own.
 
 `VLLMRolloutMetrics` turns vLLM's spec-decode counters (and our proposer's summary) into the
-per-rollout metrics our engine logs.
+per-rollout metrics our engine logs; the weight sync before a rollout is timed apart
+(`rollout/sync_seconds`), so `rollout/seconds` and tokens/s are generation alone on both backends.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class GraftVLLMGeneration(VLLMGeneration):
     """TRL's `VLLMGeneration` (colocate) whose engine drafts with `speculative_config`."""
 
     speculative_config: dict | None = None  # set by `with_speculative_config`; None: plain vLLM
+    sync_seconds: float = 0.0  # time spent in `sync_weights` so far (the trainer logs it apart from generation)
 
     @classmethod
     def with_speculative_config(cls, speculative_config: dict | None) -> type["GraftVLLMGeneration"]:
@@ -61,6 +63,13 @@ class GraftVLLMGeneration(VLLMGeneration):
             trl_vllm.LLM = original
 
     def sync_weights(self):
+        start = time.perf_counter()
+        try:
+            self._sync_weights()
+        finally:
+            self.sync_seconds += time.perf_counter() - start
+
+    def _sync_weights(self):
         from vllm.platforms import current_platform
 
         if self.mode != "colocate" or not current_platform.is_cpu():
@@ -92,8 +101,9 @@ class VLLMRolloutMetrics:
         return {**counters, **{k: v for k, v in summary.items() if isinstance(v, (int, float))},
                 "time": time.perf_counter()}
 
-    def rollout(self, emitted_tokens: int, seconds: float) -> dict[str, float]:
-        """Metrics of the rollout that ended now."""
+    def rollout(self, emitted_tokens: int, seconds: float, sync_seconds: float = 0.0) -> dict[str, float]:
+        """Metrics of the rollout that ended now: `seconds` of generation (tokens/s over them, as our
+        engine's rollouts are timed) and, apart, the `sync_seconds` TRL's weight sync to vLLM took."""
         now = self.snapshot()
         last = self.last or {k: 0 for k in now}
         self.last = now
@@ -111,6 +121,7 @@ class VLLMRolloutMetrics:
             "rollout/accept_rate": accepted / drafted if drafted else 0.0,
             "rollout/drafted_share": drafts / steps,  # request-steps that verified a draft
             "rollout/seconds": seconds,
+            "rollout/sync_seconds": sync_seconds,
         }
         if self.ours:  # the share of found draft tokens that D-cut kept (1.0 for a fixed budget)
             metrics["rollout/budget_ratio"] = d["kept_tokens"] / d["proposed_tokens"] if d.get("proposed_tokens") else 0.0

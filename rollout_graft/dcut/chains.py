@@ -10,9 +10,9 @@ top-K tokens, and picks K to maximise expected emitted tokens per predicted step
 
     E[emitted | K] = rows + Σ_{top-K tokens} score        (one bonus/recovered token per row)
     time(K)        = a + b_rows · rows + b_draft · K + b_spec · [K > 0]
-                                                          (fitted online to vLLM's measured steps,
-                                                           per batch-size class: `StepCosts`;
-                                                           b_spec: the speculative path's own cost)
+                                                          (fitted online to vLLM's measured steps:
+                                                           `StepCost`; b_spec: the speculative
+                                                           path's own cost)
 
 K = 0 (plain decoding) is always a candidate. Every chain the proposer computed and D-cut did not
 send still teaches the calibration: the proposer keeps it as a *shadow* and compares it with the
@@ -30,7 +30,8 @@ drafting time). A probe is an ordinary decision on fresh chains; what it cuts aw
 Scores never increase along a chain, so the global top-K is a prefix of each chain: a depth per
 request (`selection.global_top_k_depths`). The step time is measured between consecutive `propose`
 calls (vLLM's whole step: schedule, forward, sample, propose) and fitted by exponentially weighted
-least squares (`core.CostFit`).
+least squares (`core.CostFit`). Every mechanism here was raced against the policy without it; what
+stays and why: docs/DESIGN.md, "The vLLM backend", step 4.
 """
 
 from __future__ import annotations
@@ -118,11 +119,6 @@ class FixedDepth(ChainPolicy):
         return draft, BudgetDecision(1.0)
 
 
-def size_class(rows: int) -> int:
-    """Batch-size class: rows rounded down to a power of two (its bit length)."""
-    return max(rows, 1).bit_length()
-
-
 def step_ms(coef: np.ndarray, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
     """A vLLM step's ms under the fit `coef` = [a, b_rows, b_draft, b_spec], for each draft token count."""
     a, b_rows, b_draft, b_spec = coef
@@ -130,10 +126,20 @@ def step_ms(coef: np.ndarray, rows: int, draft_tokens: np.ndarray | int) -> np.n
     return a + b_rows * rows + b_draft * k + b_spec * (k > 0)
 
 
+FORGET = 0.97  # the step-cost fit's memory per step measured
+DRAFT_FORGET = 0.9  # the drafting-time fit's (what a probe costs)
+EXPLORE_EVERY = 16
+"""Every n-th decision to draft decodes plainly instead. A fit that only ever sees drafting steps
+cannot tell the plain step's cost from drafting's (its priors then price drafting at 0): D-cut drafted
+on through 600 steps of a machine whose plain steps had become twice as fast per token, where one
+plain step in 16 brings it to plain decoding within 200 (`tests/test_vllm_units.py`,
+`test_dcut_follows_plain_steps_that_became_faster`); one in 100 did not."""
+
+
 @dataclass
-class StepCosts:
+class StepCost:
     """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens + b_spec·[draft_tokens > 0]
-    (`step_ms`), a non-negative `CostFit` per batch-size class beside one over all sizes.
+    (`step_ms`): one non-negative `CostFit`.
 
     b_spec is what a step pays for taking vLLM's speculative path at all (its speculative metadata
     and rejection sampler; a step where no request drafted takes the plain path: `plugin`): on the
@@ -145,101 +151,46 @@ class StepCosts:
     The two costs of drafting have priors of 0, with the weight of one step that took the
     speculative path (`spec_prior`) and of one draft token (`draft_prior`): the drafting steps
     measured outweigh them while they are recent, and as they are forgotten (D-cut decoding
-    plainly measures none) the costs shrink until D-cut drafts again and measures them anew. A cost
-    over-estimated once — vLLM's first speculative steps take twice the others, a busy machine —
-    held D-cut plain for good otherwise (at batch 1, from a rollout's first steps on); so did an
-    earlier prior that a draft token costs what a row costs, which at batch 1 is a whole step.
-    Before any step is measured a row costs 1 ms and drafting nothing.
-
-    A class predicts with its own fit once it has measured `least` plain and `least` drafting
-    steps, before that the overall fit does. A verified draft token's cost is not one number across
-    batch sizes (at batch 1 a step is overhead and extra tokens ride along; at batch 64 they are
-    compute), and a rollout's batch drains from its full size to one row as requests finish, so one
-    linear fit with a short memory priced batch 1 from the batch-64 steps just before it (measured
-    when introduced; see git history). A constant batch size leaves a and b_rows confounded;
+    plainly measures none) the costs shrink until D-cut drafts again and measures them anew, so a
+    cost over-estimated once cannot hold D-cut plain for good. Before any step is measured a row
+    costs 1 ms and drafting nothing. A constant batch size leaves a and b_rows confounded;
     predictions at the measured batch sizes are right either way."""
 
-    least: int = 4
-    forget: float = 0.97
     spec_prior: float = 1.0
     draft_prior: float = 1.0
-    overall: CostFit = field(init=False)
-    classes: dict[int, CostFit] = field(default_factory=dict)
-    seen: dict[int, list[int]] = field(default_factory=dict)  # class → [plain steps, drafting steps]
+    fit: CostFit = field(init=False)
 
     def __post_init__(self) -> None:
-        self.overall = self._new_fit()
-
-    def _new_fit(self) -> CostFit:
-        return CostFit((RIDGE, RIDGE, self.draft_prior + RIDGE, self.spec_prior + RIDGE), self.forget, nonnegative=True,
-                       unmeasured=(0.0, 1.0, 0.0, 0.0))
-
-    def fit_for(self, rows: int) -> CostFit:
-        cls = size_class(rows)
-        plain, drafting = self.seen.get(cls, (0, 0))
-        return self.classes[cls] if min(plain, drafting) >= self.least else self.overall
+        self.fit = CostFit((RIDGE, RIDGE, self.draft_prior + RIDGE, self.spec_prior + RIDGE), FORGET, nonnegative=True,
+                           unmeasured=(0.0, 1.0, 0.0, 0.0))
 
     def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
-        cls, x = size_class(rows), (1.0, rows, draft_tokens, float(draft_tokens > 0))
-        self.overall.observe(x, ms)
-        if cls not in self.classes:
-            self.classes[cls] = self._new_fit()
-        self.classes[cls].observe(x, ms)
-        self.seen.setdefault(cls, [0, 0])[draft_tokens > 0] += 1
+        self.fit.observe((1.0, rows, draft_tokens, float(draft_tokens > 0)), ms)
 
     def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
-        return step_ms(self.fit_for(rows).coef, rows, draft_tokens)
-
-    @property
-    def samples(self) -> int:
-        return self.overall.samples
-
-    @property
-    def drafting_steps(self) -> int:
-        """Steps measured that verified drafts (all classes)."""
-        return sum(drafting for _, drafting in self.seen.values())
+        return step_ms(self.fit.coef, rows, draft_tokens)
 
 
 class ChainDCut(ChainPolicy):
     """D-cut for chains (see the module docstring). depth: the deepest chain (vLLM's
-    `num_speculative_tokens`); explore_every: every n-th decision to draft decodes plainly
-    instead, so the measured guard (`pays`) never compares with plain steps measured long ago (on
-    a machine whose speed moves, such a reference let D-cut draft at a loss for a whole rollout;
-    0: never); warmup: drafting steps measured before the fit decides (until then decisions
-    take full drafts, plain steps and drafts of about a token per row in turn, so the fit sees
-    all three and tells the speculative path's cost from a draft token's; a cold proposer that has
-    nothing to draft yet does not end it); probe_share: `ProbeCredit.share`, kept per batch-size class
-    (probes at a full batch cost many times a probe at one row: their debt held D-cut plain at
-    batch 1 for hundreds of steps, where drafting paid); forget: the calibration's memory per step
-    that brought evidence (verified drafts or resolved shadows; 1: never forgets)."""
+    `num_speculative_tokens`); probe_share: `ProbeCredit.share`; forget: the calibration's memory
+    per step that brought evidence (verified drafts or resolved shadows; 1: never forgets)."""
 
-    def __init__(self, depth: int, explore_every: int = 16, warmup: int = 8, probe_share: float = 0.01,
-                 forget: float = 0.98):
+    def __init__(self, depth: int, probe_share: float = 0.01, forget: float = 0.98):
         self.depth = depth
         self.calibration = ScoreCalibration()
         self.forget = forget
-        self.cost = StepCosts()
-        self.draft_cost = RowCost(0.9)  # the proposer's drafting time per step (what a probe costs)
-        self.probe_share = probe_share
-        self.probes: dict[int, ProbeCredit] = {}  # per batch-size class: one class's probes do not pay for another's
-        self.explore_every = explore_every
-        self.warmup = warmup
-        self.decisions = 0
-        self.draft_decisions = 0  # K > 0 decisions so far (every explore_every-th decodes plainly)
+        self.cost = StepCost()
+        self.draft_cost = RowCost(DRAFT_FORGET)  # the proposer's drafting time per step (what a probe costs)
+        self.credit = ProbeCredit(probe_share)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
+        self.explore_every = EXPLORE_EVERY
+        self.drafting = 0  # drafting decisions so far (every `explore_every`-th decodes plainly)
         self.rows = 0  # rows of the last decision (for `explain`)
-        self.measured: dict[tuple[int, bool], tuple[float, float]] = {}  # (rows class, drafted) → EW Σ (tokens, ms) (`pays`)
 
     def plan(self, rows: int) -> int:
         """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
-        return 0 if self.plain and not self.credit(rows).affords(self.draft_cost.predict(rows)) else self.depth
-
-    def credit(self, rows: int) -> ProbeCredit:
-        """The probe credit of this batch size's class."""
-        cls = size_class(rows)
-        if cls not in self.probes:
-            self.probes[cls] = ProbeCredit(self.probe_share)
-        return self.probes[cls]
+        return 0 if self.plain and not self.credit.affords(self.draft_cost.predict(rows)) else self.depth
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
         cal = self.calibration(scores)
@@ -249,23 +200,16 @@ class ChainDCut(ChainPolicy):
         scores = draft.scores
         rows = self.rows = scores.shape[0]
         probe = self.plain  # proposed after a plain decision
-        self.decisions += 1
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        if self.cost.drafting_steps < self.warmup:  # full drafts, plain steps and a token per row in turn:
-            k = (proposed, 0, min(rows, proposed), 0)[self.decisions % 4]  # the fit tells b_spec from b_draft
-            self.plain = False
-        else:
-            rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
-            k = int(np.argmax(rates))
-            if k > 0 and not probe and not self.pays(rows):  # the measured steps say plain was faster:
-                k = 0  # plain, until a probe drafts again and measures them anew
-            self.plain = k == 0
-            if not self.plain:
-                self.draft_decisions += 1
-                if self.explore_every and self.draft_decisions % self.explore_every == 0:
-                    k = 0  # a plain step keeps the guard's plain reference current (not a plain decision)
+        rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
+        k = int(np.argmax(rates))
+        self.plain = k == 0
+        if not self.plain:
+            self.drafting += 1
+            if self.explore_every and self.drafting % self.explore_every == 0:
+                k = 0  # a plain step (not a plain decision): the fit keeps measuring plain steps
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
         return draft.cut(global_top_k_depths(cal, k)), decision
@@ -281,39 +225,14 @@ class ChainDCut(ChainPolicy):
             self.calibration.observe(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
-        credit = self.credit(step.rows)
         probe = step.decision is not None and step.decision.probe  # cut to nothing: it cost our drafting
         if step.ms is None:  # not timed
-            credit.spend(step.draft_ms if probe else 0.0)
+            self.credit.spend(step.draft_ms if probe else 0.0)
         else:  # the probe's cost is our drafting, not the step's noise beside plain steps
-            credit.settle(step.ms, self.plain_step_ms(step.rows), step.rows, step.emitted, probe, cost=step.draft_ms)
+            plain_ms = float(self.cost.predict(step.rows, 0))
+            self.credit.settle(step.ms, plain_ms, step.rows, step.emitted, probe, cost=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
-            key = (size_class(step.rows), step.drafted > 0)
-            tokens, ms = self.measured.get(key, (0.0, 0.0))
-            self.measured[key] = (0.9 * tokens + step.emitted, 0.9 * ms + step.ms)
-        credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
-
-    def plain_step_ms(self, rows: int) -> float:
-        """A plain step of `rows` rows as the guard measured plain steps at this batch-size class (ms
-        per token × rows; one token per row), else as fitted. Every step's credit reads it, and
-        while D-cut decodes plainly nothing else needs the fit: refitting it every step was a quarter
-        of D-cut's policy time there (`lab/profile_vllm_proposer.py`; measured when introduced, see
-        git history)."""
-        plain = self.measured.get((size_class(rows), False))
-        return rows * plain[1] / plain[0] if plain is not None else float(self.cost.predict(rows, 0))
-
-    def pays(self, rows: int) -> bool:
-        """Whether steps that drafted emitted more tokens per ms than plain steps did, at this batch
-        size class (rows rounded down to a power of two; tokens per ms as the ratio of exponentially
-        weighted sums, so one slow step weighs by its time, not as one rate among few); True until
-        both were measured. It guards the fit, whose costs can be confounded (in a rollout, draft
-        tokens grow with the rows). A probe is not held by it: while D-cut decodes plainly nothing
-        else measures drafting steps, and a guard holding what drafts earned long ago — an earlier
-        epoch's sibling drafts, accepted rarely — held D-cut plain through a revisit whose drafts
-        were accepted mostly (measured when introduced; see git history)."""
-        cls = size_class(rows)
-        spec, plain = self.measured.get((cls, True)), self.measured.get((cls, False))
-        return spec is None or plain is None or spec[0] / spec[1] >= plain[0] / plain[1]
+        self.credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def explain(self) -> str:
         """Why D-cut verifies what it verifies: a draft token with acceptance p adds p tokens for
@@ -321,7 +240,7 @@ class ChainDCut(ChainPolicy):
         per row for (a + b_rows·rows) / rows ms; so K draft tokens pay iff their Σ p exceeds
         (b_spec + b_draft·K) · rows / (a + b_rows·rows)."""
         rows = max(self.rows, 1)
-        a, b_rows, b_draft, b_spec = self.cost.fit_for(rows).coef
+        a, b_rows, b_draft, b_spec = self.cost.fit.coef
         per_token = (a + b_rows * rows) / rows
         seen = float(self.calibration.seen.sum())
         rate = float(self.calibration.accepted.sum()) / seen if seen else float("nan")
@@ -329,4 +248,4 @@ class ChainDCut(ChainPolicy):
                 f"{b_spec:.2f} ms more and each verified draft token {b_draft:.2f} ms, so a draft token pays when "
                 f"accepted with probability > {b_draft / per_token:.0%} (and the step's drafts together pay "
                 f"its {b_spec / per_token:.2f} tokens' worth of speculative path); draft tokens were accepted at "
-                f"{rate:.0%} ({int(seen)} verified, fit over {self.cost.samples} steps)")
+                f"{rate:.0%} ({int(seen)} verified, fit over {self.cost.fit.samples} steps)")

@@ -23,10 +23,28 @@ PROPOSER_CLASS = "rollout_graft.vllm.proposer.RLDraftProposer"
 
 ChainPolicy = Literal["fixed", "dcut"]
 
+MIN_MATCH, MAX_MATCH = 1, 4
+"""Lengths of the contexts counted (`NgramCounts`; at most 8): a chain token is the most frequent
+successor of the longest known context of the last `MAX_MATCH` tokens."""
+RECALL_PROMPTS = 4096
+"""Prompts whose completions are remembered for their next rollout at most (least recently used
+forgotten first)."""
+MAX_PRIOR_CONTEXTS = 4_000_000
+"""The prior starts over from empty when it holds more contexts (its memory bound: 0.13–0.5 KB of
+host memory a context, the hash tables being a quarter to half full — 0.24 KB over a 400k-token
+text: `lab/profile_vllm_proposer.py --prior-memory 400000` — so ≈ 0.5–2 GB; a rollout of R new
+tokens adds up to ~`MAX_MATCH`·R contexts, fewer where text repeats)."""
+PROBE_SHARE = 0.01
+"""D-cut: after a plain decision, nothing is drafted until drafting again (a probe) is affordable:
+probes that find nothing cost at most this share of the time (plus what speculation saved; the
+engine's `DCutConfig.probe_share`). What a probe drafts and D-cut cuts away still teaches its
+calibration (shadows: `dcut.chains`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ChainConfig:
-    """Our RL draft sources and budget inside vLLM's speculative decoding.
+    """Our RL draft sources and budget inside vLLM's speculative decoding (the draft depth is
+    `speculative_config`'s `num_speculative_tokens`).
 
     Args:
         budget_policy: "dcut" (a draft depth per request each step under one batch-wide budget,
@@ -34,49 +52,24 @@ class ChainConfig:
             up to `num_speculative_tokens`).
         share_in_group: the requests of one prompt (a GRPO group) read each other's text; else
             a request reads only its own prompt and completion.
-        min_match, max_match: lengths of the contexts counted (`NgramCounts`; at most 8): a
-            chain token is the most frequent successor of the longest known context of the last
-            `max_match` tokens.
         recall: completions of a prompt's previous rollout kept for its next one (GRPO epochs); 0 = off.
-        recall_prompts: prompts remembered at most (least recently used forgotten first).
         use_prior: a global table (the prior) counts the contexts of every completion, kept
             across rollouts; a request drafts from it where it expects more accepted tokens than
             from its group's counts.
         prior_path: a saved prior to start from (`prior.safetensors` written by `save_state`,
             e.g. TRL's `graft_vllm_state`).
-        max_prior_contexts: the prior starts over from empty when it holds more contexts (its
-            memory bound: 0.13–0.5 KB of host memory a context, the hash tables being a quarter to
-            half full — 0.24 KB over a 400k-token text: `lab/profile_vllm_proposer.py
-            --prior-memory 400000` — so the default is ≈ 0.5–2 GB; a rollout
-            of R new tokens adds up to ~`max_match`·R contexts, fewer where text repeats).
-        explore_every: D-cut: every n-th decision to draft decodes plainly instead (its measured
-            plain reference stays current; 0: never).
-        probe_share: D-cut: after a plain decision, nothing is drafted until drafting again (a probe)
-            is affordable: probes that find nothing cost at most this share of the time (plus what
-            speculation saved; the engine's `DCutConfig.probe_share`). Drafting chains D-cut then
-            cuts away cost the tiny target 17–20 % of its wall time without such a back-off
-            (measured when introduced; see git history). What a probe drafts and D-cut cuts away still
-            teaches its calibration (shadows: `dcut.chains`).
     """
 
     budget_policy: ChainPolicy = "dcut"
     share_in_group: bool = True
-    min_match: int = 1
-    max_match: int = 4
     recall: int = 4
-    recall_prompts: int = 4096
     use_prior: bool = True
     prior_path: str | None = None
-    explore_every: int = 16
-    probe_share: float = 0.01
-    max_prior_contexts: int = 4_000_000
 
     def __post_init__(self) -> None:
         if self.budget_policy not in ("fixed", "dcut"):
             raise ValueError(f"budget_policy must be 'fixed' or 'dcut', got {self.budget_policy!r}")
-        check_types(self, ints=("min_match", "max_match", "recall", "recall_prompts", "explore_every",
-                                "max_prior_contexts"),
-                    reals=("probe_share",), bools=("share_in_group", "use_prior"))
+        check_types(self, ints=("recall",), bools=("share_in_group", "use_prior"))
         if self.prior_path is not None:
             if not isinstance(self.prior_path, str) or not self.prior_path:
                 raise TypeError(f"prior_path must be a path (str) to a saved prior.safetensors or None, got "
@@ -87,18 +80,8 @@ class ChainConfig:
             if not self.use_prior:
                 raise ValueError(f"prior_path={self.prior_path!r} is given but use_prior=False: the prior would not "
                                  "be loaded; set use_prior=True or prior_path=None")
-        for name in ("min_match", "max_match", "recall_prompts", "max_prior_contexts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
-        if not 0.0 < self.probe_share <= 1.0:
-            raise ValueError(f"probe_share must be a number in (0, 1], got {self.probe_share!r}")
-        if self.max_match < self.min_match:
-            raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
-        if self.max_match > 8:
-            raise ValueError(f"max_match must be <= 8 (contexts are packed in four int64 words), got {self.max_match}")
-        for name in ("recall", "explore_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be an int >= 0 (0 = off), got {getattr(self, name)!r}")
+        if self.recall < 0:
+            raise ValueError(f"recall must be an int >= 0 (0 = off), got {self.recall!r}")
 
     def class_path(self) -> str:
         """The `speculative_config["model"]` naming our proposer with these settings."""
@@ -123,7 +106,7 @@ def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPoli
 
     Pass it as `vllm.LLM(..., speculative_config=speculative_config())`, or as JSON to
     `vllm serve --speculative-config '<json>'`. options: `ChainConfig` fields (`recall`,
-    `share_in_group`, `prior_path`, …). num_speculative_tokens: the deepest draft per request and
+    `share_in_group`, `use_prior`, `prior_path`). num_speculative_tokens: the deepest draft per request and
     step (D-cut chooses depths up to it).
     """
     if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1:
@@ -137,8 +120,7 @@ def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPoli
         from .ngrams import read_prior
 
         order = read_prior(config.prior_path)["order"].tolist()
-        if order != [config.max_match, config.min_match]:
+        if order != [MAX_MATCH, MIN_MATCH]:
             raise ValueError(f"the prior {config.prior_path} counts contexts of {order[1]}…{order[0]} tokens but the "
-                             f"proposer counts {config.min_match}…{config.max_match}: set min_match={order[1]}, "
-                             f"max_match={order[0]}")
+                             f"proposer counts {MIN_MATCH}…{MAX_MATCH}: pass a prior this proposer saved")
     return {"method": "custom_class", "model": config.class_path(), "num_speculative_tokens": num_speculative_tokens}

