@@ -10,6 +10,8 @@ mechanism stays only where taking it out loses beyond the A/A twin's spread.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rollout_graft.vllm.proposer import RLDraftProposer
 
 
@@ -33,7 +35,7 @@ class NoExplore(_Variant):
     """No forced plain step every `explore_every` drafting decisions."""
 
     def ablate(self, policy):
-        policy.explore_every = 0
+        policy.config = replace(policy.config, explore_every=0)
 
 
 class NoSpecTerm(_Variant):
@@ -58,7 +60,7 @@ class NoAging(_Variant):
     """The calibration never forgets."""
 
     def ablate(self, policy):
-        policy.forget = 1.0
+        policy.config = replace(policy.config, forget=1.0)
 
 
 VARIANTS = {"same": Same, "no-explore": NoExplore, "no-spec-term": NoSpecTerm, "no-shadows": NoShadows,

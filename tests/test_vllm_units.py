@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_graft.dcut.chains import ChainDCut, Chains, ChainStep, FixedDepth, StepCost
+from rollout_graft.dcut.chains import ChainDCut, ChainDCutConfig, Chains, ChainStep, FixedDepth, StepCost
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import RequestTracker
@@ -514,7 +514,7 @@ def test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted(forget):
     drafting steps that emitted little) and decodes plainly; now the chains it cuts away would be
     accepted whole. Resolved shadows show it, and D-cut drafts again within a few probes —
     sooner with a calibration that forgets (here 4 probes) than with one that never does (10)."""
-    policy = ChainDCut(4, forget=forget)
+    policy = ChainDCut(4, ChainDCutConfig(forget=forget))
     scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
     rejected = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.zeros(8, dtype=np.int64))
     for i in range(200):  # a draft token costs 0.2 ms, a plain row-step 2.25 ms: p > 9 % pays
@@ -626,9 +626,16 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
     assert depths.tolist() == [1] and accepted.tolist() == [1] and prop._shadows == []
 
 
+@pytest.mark.parametrize("bad", [{"explore_every": -1}, {"explore_every": 2.0}, {"forget": 0.0}, {"probe_share": 1.5},
+                                 {"step_forget": "0.9"}])
+def test_chain_dcut_settings_refuse_values_outside_their_range(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        ChainDCutConfig(**bad)
+
+
 def test_dcut_follows_plain_steps_that_became_faster():
     """Plain steps measured long ago (a slower machine) must not keep D-cut drafting: every 16th
-    decision to draft decodes plainly (`EXPLORE_EVERY`), so the step-cost fit measures plain steps
+    decision to draft decodes plainly (`ChainDCutConfig.explore_every`), so the step-cost fit measures plain steps
     while drafting, and once they are faster per token than drafting ones D-cut decodes plainly
     (bar a few probes). Without those steps the fit never sees a plain step again and drafts on."""
     policy = ChainDCut(4)

@@ -126,14 +126,41 @@ def step_ms(coef: np.ndarray, rows: int, draft_tokens: np.ndarray | int) -> np.n
     return a + b_rows * rows + b_draft * k + b_spec * (k > 0)
 
 
-FORGET = 0.97  # the step-cost fit's memory per step measured
-DRAFT_FORGET = 0.9  # the drafting-time fit's (what a probe costs)
-EXPLORE_EVERY = 16
-"""Every n-th decision to draft decodes plainly instead. A fit that only ever sees drafting steps
-cannot tell the plain step's cost from drafting's (its priors then price drafting at 0): D-cut drafted
-on through 600 steps of a machine whose plain steps had become twice as fast per token, where one
-plain step in 16 brings it to plain decoding within 200 (`tests/test_vllm_units.py`,
-`test_dcut_follows_plain_steps_that_became_faster`); one in 100 did not."""
+@dataclass(frozen=True)
+class ChainDCutConfig:
+    """The chain D-cut's settings (not user options: `ChainConfig` holds those). Each stayed through
+    the ablation on evidence of its own (docs/DESIGN.md, the vLLM backend, step 4).
+
+    Args:
+        explore_every: every n-th decision to draft decodes plainly instead (0: never). A fit that
+            only ever sees drafting steps cannot tell the plain step's cost from drafting's (its
+            priors then price drafting at 0): D-cut drafted on through 600 steps of a machine whose
+            plain steps had become twice as fast per token, where one plain step in 16 brings it to
+            plain decoding within 200 (`tests/test_vllm_units.py`,
+            `test_dcut_follows_plain_steps_that_became_faster`); one in 100 did not.
+        probe_share: `core.ProbeCredit.share`: after a plain decision, probes that find nothing cost
+            at most this share of the time (the engine's `DCutConfig.probe_share`).
+        forget: the calibration's memory per step that brought evidence (verified drafts or resolved
+            shadows; 1: never forgets). A test shows a forgetting calibration following drafts that
+            start to be accepted within 4 probes, one that never forgets within 10
+            (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`).
+        step_forget: the step-cost fit's memory per step measured (`StepCost`).
+        draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
+    """
+
+    explore_every: int = 16
+    probe_share: float = 0.01
+    forget: float = 0.98
+    step_forget: float = 0.97
+    draft_forget: float = 0.9
+
+    def __post_init__(self) -> None:
+        if isinstance(self.explore_every, bool) or not isinstance(self.explore_every, int) or self.explore_every < 0:
+            raise ValueError(f"explore_every must be an int >= 0 (0: never), got {self.explore_every!r}")
+        for name in ("probe_share", "forget", "step_forget", "draft_forget"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
 
 
 @dataclass
@@ -158,10 +185,11 @@ class StepCost:
 
     spec_prior: float = 1.0
     draft_prior: float = 1.0
+    forget: float = ChainDCutConfig.step_forget
     fit: CostFit = field(init=False)
 
     def __post_init__(self) -> None:
-        self.fit = CostFit((RIDGE, RIDGE, self.draft_prior + RIDGE, self.spec_prior + RIDGE), FORGET, nonnegative=True,
+        self.fit = CostFit((RIDGE, RIDGE, self.draft_prior + RIDGE, self.spec_prior + RIDGE), self.forget, nonnegative=True,
                            unmeasured=(0.0, 1.0, 0.0, 0.0))
 
     def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
@@ -173,18 +201,15 @@ class StepCost:
 
 class ChainDCut(ChainPolicy):
     """D-cut for chains (see the module docstring). depth: the deepest chain (vLLM's
-    `num_speculative_tokens`); probe_share: `ProbeCredit.share`; forget: the calibration's memory
-    per step that brought evidence (verified drafts or resolved shadows; 1: never forgets)."""
+    `num_speculative_tokens`); config: `ChainDCutConfig`."""
 
-    def __init__(self, depth: int, probe_share: float = 0.01, forget: float = 0.98):
-        self.depth = depth
+    def __init__(self, depth: int, config: ChainDCutConfig = ChainDCutConfig()):
+        self.depth, self.config = depth, config
         self.calibration = ScoreCalibration()
-        self.forget = forget
-        self.cost = StepCost()
-        self.draft_cost = RowCost(DRAFT_FORGET)  # the proposer's drafting time per step (what a probe costs)
-        self.credit = ProbeCredit(probe_share)
+        self.cost = StepCost(forget=config.step_forget)
+        self.draft_cost = RowCost(config.draft_forget)  # the proposer's drafting time per step (what a probe costs)
+        self.credit = ProbeCredit(config.probe_share)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
-        self.explore_every = EXPLORE_EVERY
         self.drafting = 0  # drafting decisions so far (every `explore_every`-th decodes plainly)
         self.rows = 0  # rows of the last decision (for `explain`)
 
@@ -208,7 +233,8 @@ class ChainDCut(ChainPolicy):
         self.plain = k == 0
         if not self.plain:
             self.drafting += 1
-            if self.explore_every and self.drafting % self.explore_every == 0:
+            every = self.config.explore_every
+            if every and self.drafting % every == 0:
                 k = 0  # a plain step (not a plain decision): the fit keeps measuring plain steps
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
@@ -219,7 +245,7 @@ class ChainDCut(ChainPolicy):
         drafting, keep the probe credit."""
         evidence = [e for e in (step.verified, step.shadowed) if e is not None]
         if evidence:
-            self.calibration.age(self.forget)  # per step with evidence, not per source
+            self.calibration.age(self.config.forget)  # per step with evidence, not per source
         for scores, depths, accepted in evidence:
             pos = np.arange(scores.shape[1]).reshape(1, -1)
             self.calibration.observe(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..dcut.chains import ChainDCut, Chains, ChainStep, FixedDepth
 from ..files import atomic_write_json, is_int, read_json, require_keys
-from .config import MAX_MATCH, MAX_PRIOR_CONTEXTS, MIN_MATCH, PROBE_SHARE, PROPOSER_CLASS, RECALL_PROMPTS, ChainConfig
+from .config import PROPOSER_CLASS, TABLES, ChainConfig
 from .groups import Request, RequestTracker
 from .ngrams import NgramCounts, read_prior
 from .text_index import catch_up
@@ -86,13 +86,13 @@ class RLDraftProposer:
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         cfg = self.config
-        self.prior = NgramCounts(MAX_MATCH, MIN_MATCH, MAX_PRIOR_CONTEXTS) if cfg.use_prior else None
+        self.prior = NgramCounts(TABLES.max_match, TABLES.min_match, TABLES.max_prior_contexts) if cfg.use_prior else None
         self.vocab = _vocab_size(vllm_config)
         if self.prior is not None and cfg.prior_path:
             self.prior.load(cfg.prior_path, self.vocab)
-        self.tracker = RequestTracker(MIN_MATCH, MAX_MATCH, cfg.recall, RECALL_PROMPTS, prior=self.prior,
+        self.tracker = RequestTracker(TABLES.min_match, TABLES.max_match, cfg.recall, TABLES.recall_prompts, prior=self.prior,
                                       shared=cfg.share_in_group)
-        self.policy = (ChainDCut(self.k, probe_share=PROBE_SHARE) if cfg.budget_policy == "dcut"
+        self.policy = (ChainDCut(self.k) if cfg.budget_policy == "dcut"
                        else FixedDepth(self.k))
         self.stats = ProposerStats()
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
