@@ -137,12 +137,12 @@ class ChainDCutConfig:
             priors then price drafting at 0): D-cut drafted on through 600 steps of a machine whose
             plain steps had become twice as fast per token, where one plain step in 16 brings it to
             plain decoding within 200 (`tests/test_vllm_units.py`,
-            `test_dcut_follows_plain_steps_that_became_faster`); one in 100 did not.
+            `test_dcut_follows_plain_steps_that_became_faster`).
         probe_share: `core.ProbeCredit.share`: after a plain decision, probes that find nothing cost
             at most this share of the time (the engine's `DCutConfig.probe_share`).
         forget: the calibration's memory per step that brought evidence (verified drafts or resolved
             shadows; 1: never forgets). A test shows a forgetting calibration following drafts that
-            start to be accepted within 4 probes, one that never forgets within 10
+            start to be accepted within 6 steps, one that never forgets not before 9
             (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`).
         step_forget: the step-cost fit's memory per step measured (`StepCost`).
         draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
