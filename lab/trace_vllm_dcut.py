@@ -9,7 +9,7 @@ prompts no earlier rollout used; at most --max-tokens new tokens), or `batch:tem
 (the last rollout's prompts again: a later GRPO epoch). After each rollout it prints what our
 proposer drafted in it (steps, drafts, draft and accepted tokens) and the policy's state: whether
 the last decision was plain, the probe credit (ms), the step-cost fit ([a, b_rows, b_draft, b_spec]
-ms) and the steps it was fitted on, the drafting decisions so far, the predicted drafting time at
+ms) and the steps it was fitted on, the share of plain steps it remembers, the predicted drafting time at
 one row and the acceptance rate so far: a trace of D-cut's cold start, its cost model and its probe
 credit. Its decisions follow measured step times, so runs differ.
 """
@@ -30,7 +30,8 @@ def policy_state(worker) -> dict:
     p = worker.model_runner.drafter.policy
     seen = float(p.calibration.seen.sum())
     return {"plain": p.plain, "credit_ms": round(p.credit.ms, 2), "fit": p.cost.fit.coef.round(3).tolist(),
-            "steps_fitted": p.cost.fit.samples, "drafting_decisions": p.drafting,
+            "steps_fitted": p.cost.fit.samples,
+            "plain_share": round(p.plain_weight / p.step_weight, 3) if p.step_weight else None,
             "draft_ms1": round(float(p.draft_cost.predict(1)), 3),
             "accept_rate": round(float(p.calibration.accepted.sum()) / seen, 3) if seen else None}
 

@@ -393,8 +393,9 @@ def test_dcut_verifies_drafts_only_where_they_pay():
     scores = np.tile(0.9 ** np.arange(1, 5), (8, 1))  # 8 rows × 4 tokens
     cheap, dear = ChainDCut(4), ChainDCut(4)
     for policy, per_draft in ((cheap, 0.01), (dear, 5.0)):  # a row's step: 18 ms / 8 = 2.25 ms
-        for i in range(40):
-            timed(policy, 8, i % 33, 10.0 + 1.0 * 8 + per_draft * (i % 33), 8 + int(0.9 * (i % 33)))
+        for i in range(40):  # one plain step in 8 (more than `explore_every` asks for)
+            drafted = 4 * (i % 8)
+            timed(policy, 8, drafted, 10.0 + 1.0 * 8 + per_draft * drafted, 8 + int(0.9 * drafted))
         # calibrate: the drafts are accepted as their scores say
         timed(policy, 8, 0, None, 8, verified=(np.tile(scores[:1], (500, 1)), np.full(500, 4),
                                                np.random.default_rng(0).binomial(4, 0.9, 500)))
@@ -634,9 +635,9 @@ def test_chain_dcut_settings_refuse_values_outside_their_range(bad):
 
 
 def test_dcut_follows_plain_steps_that_became_faster():
-    """Plain steps measured long ago (a slower machine) must not keep D-cut drafting: every 16th
-    decision to draft decodes plainly (`ChainDCutConfig.explore_every`), so the step-cost fit measures plain steps
-    while drafting, and once they are faster per token than drafting ones D-cut decodes plainly
+    """Plain steps measured long ago (a slower machine) must not keep D-cut drafting: decisions to
+    draft decode plainly while plain steps make up less than 1 in 16 of the fit's memory
+    (`ChainDCutConfig.explore_every`), so the step-cost fit measures plain steps while drafting, and once they are faster per token than drafting ones D-cut decodes plainly
     (bar a few probes). Without those steps the fit never sees a plain step again and drafts on."""
     policy = ChainDCut(4)
     for i in range(40):  # the past: drafting steps 0.6 tokens/ms, plain ones 0.4
@@ -652,6 +653,53 @@ def test_dcut_follows_plain_steps_that_became_faster():
         policy.observe(ChainStep(8, planned, kept, 0.0, decision, verified if kept else None, ms, emitted))
         drafted.append(kept > 0)
     assert sum(drafted[-100:]) <= 10 and sum(drafted[:100]) > 50  # it drafted at first: the past said so
+
+
+def simulate(policy, steps: int, accept: float, spec_ms: float, seed: int = 0) -> list[int]:
+    """Draft tokens verified per step by `policy` on a made-up machine: 8 rows, plain steps of
+    3.2 ms, a step that verifies K draft tokens 3.2 + spec_ms + 0.06·K ms (±20 %); a draft token is
+    accepted with probability `accept` (its chain's raw scores say nothing about it); what D-cut
+    cuts away resolves as a shadow."""
+    rng = np.random.default_rng(seed)
+    kept_per_step = []
+    for _ in range(steps):
+        planned = policy.plan(8)
+        decision, kept, verified, shadowed = None, 0, None, None
+        accepted = np.minimum(rng.geometric(1 - accept, 8) - 1, 8)
+        if planned:
+            raw = np.cumprod(np.sort(rng.uniform(0.05, 0.6, (8, 8)), axis=1)[:, ::-1], axis=1) ** 0.3
+            cut, decision = policy.cut(chains(raw))
+            depths = cut.depths
+            kept = int(depths.sum())
+            if kept:
+                verified = (cut.scores[depths > 0], depths[depths > 0], np.minimum(accepted, depths)[depths > 0])
+            if (depths == 0).any():
+                shadowed = (raw[depths == 0], np.full(int((depths == 0).sum()), 8), accepted[depths == 0])
+        emitted = 8 + (int(np.minimum(accepted, depths).sum()) if kept else 0)
+        ms = (3.2 + (spec_ms + 0.06 * kept if kept else 0.0)) * rng.lognormal(0.0, 0.2)
+        draft_ms = 0.1 if planned else 0.0
+        policy.observe(ChainStep(8, planned, kept, draft_ms, decision, verified, ms, emitted, shadowed))
+        kept_per_step.append(kept)
+    return kept_per_step
+
+
+def test_dcut_measures_a_plain_step_before_drafting_on():
+    """At the start nothing says what drafting costs (its priors say nothing). D-cut keeps plain steps
+    at 1 in `explore_every` of the steps its fit remembers, so it measures one before it drafts on,
+    and where drafting does not pay (9 % acceptance; the speculative path alone costs 1.2 ms on a 3.2
+    ms step) it drafts in at most a couple of the first 40 steps. Counting decisions instead (every
+    16th decodes plainly) it drafted full depth through the first 15 steps: 0.63x plain there."""
+    for seed in range(5):
+        kept = simulate(ChainDCut(8), 40, accept=0.09, spec_ms=1.2, seed=seed)
+        assert kept[0] == 0 and sum(k > 0 for k in kept) <= 2, kept
+
+
+def test_dcut_keeps_measuring_plain_steps_while_drafting_pays():
+    """Where drafting pays (half the draft tokens accepted, a cheap speculative path) D-cut drafts in
+    most steps and decodes plainly in about 1 of `explore_every` (16): the fit's plain reference."""
+    kept = simulate(ChainDCut(8), 320, accept=0.5, spec_ms=0.3)
+    plain = sum(k == 0 for k in kept)
+    assert 320 / 24 <= plain <= 320 / 10, plain
 
 
 class Reference:

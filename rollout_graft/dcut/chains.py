@@ -132,12 +132,15 @@ class ChainDCutConfig:
     the ablation on evidence of its own (docs/DESIGN.md, the vLLM backend, step 4).
 
     Args:
-        explore_every: every n-th decision to draft decodes plainly instead (0: never). A fit that
-            only ever sees drafting steps cannot tell the plain step's cost from drafting's (its
-            priors then price drafting at 0): D-cut drafted on through 600 steps of a machine whose
-            plain steps had become twice as fast per token, where one plain step in 16 brings it to
-            plain decoding within 200 (`tests/test_vllm_units.py`,
-            `test_dcut_follows_plain_steps_that_became_faster`).
+        explore_every: a decision to draft decodes plainly instead while plain steps make up less
+            than 1 in `explore_every` of the step-cost fit's measured steps (weighted as the fit
+            weighs them: `step_forget`; 0: never). A fit that only ever sees drafting steps cannot
+            tell the plain step's cost from drafting's (its priors then price drafting at 0): D-cut
+            drafted on through 600 steps of a machine whose plain steps had become twice as fast per
+            token, where plain steps kept at 1 in 16 bring it to plain decoding within 200
+            (`test_dcut_follows_plain_steps_that_became_faster`). Kept as a share of the fit's memory
+            rather than every n-th decision, the first plain step is measured at the start, not
+            after 15 steps drafted blind (`test_dcut_measures_a_plain_step_before_drafting_on`).
         probe_share: `core.ProbeCredit.share`: after a plain decision, probes that find nothing cost
             at most this share of the time (the engine's `DCutConfig.probe_share`).
         forget: the calibration's memory per step that brought evidence (verified drafts or resolved
@@ -210,7 +213,8 @@ class ChainDCut(ChainPolicy):
         self.draft_cost = RowCost(config.draft_forget)  # the proposer's drafting time per step (what a probe costs)
         self.credit = ProbeCredit(config.probe_share)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
-        self.drafting = 0  # drafting decisions so far (every `explore_every`-th decodes plainly)
+        self.plain_weight = 0.0  # the fit's measured plain steps, weighted as the fit weighs them (`explore_every`)
+        self.step_weight = 0.0  # the fit's measured steps, alike
         self.rows = 0  # rows of the last decision (for `explain`)
 
     def plan(self, rows: int) -> int:
@@ -231,11 +235,9 @@ class ChainDCut(ChainPolicy):
         rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
         k = int(np.argmax(rates))
         self.plain = k == 0
-        if not self.plain:
-            self.drafting += 1
-            every = self.config.explore_every
-            if every and self.drafting % every == 0:
-                k = 0  # a plain step (not a plain decision): the fit keeps measuring plain steps
+        every = self.config.explore_every
+        if not self.plain and every and self.plain_weight * every <= self.step_weight:
+            k = 0  # a plain step (not a plain decision): the fit keeps measuring plain steps
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
         return draft.cut(global_top_k_depths(cal, k)), decision
@@ -258,6 +260,9 @@ class ChainDCut(ChainPolicy):
             plain_ms = float(self.cost.predict(step.rows, 0))
             self.credit.settle(step.ms, plain_ms, step.rows, step.emitted, probe, cost=step.draft_ms)
             self.cost.observe(step.rows, step.drafted, step.ms)
+            forget = self.config.step_forget
+            self.plain_weight = forget * self.plain_weight + (step.drafted == 0)
+            self.step_weight = forget * self.step_weight + 1.0
         self.credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def explain(self) -> str:
