@@ -637,7 +637,8 @@ def test_chain_dcut_settings_refuse_values_outside_their_range(bad):
 def test_dcut_follows_plain_steps_that_became_faster():
     """Plain steps measured long ago (a slower machine) must not keep D-cut drafting: decisions to
     draft decode plainly while plain steps make up less than 1 in 16 of the fit's memory
-    (`ChainDCutConfig.explore_every`), so the step-cost fit measures plain steps while drafting, and once they are faster per token than drafting ones D-cut decodes plainly
+    (`ChainDCutConfig.explore_every`), so the step-cost fit measures plain steps while drafting,
+    and once they are faster per token than drafting ones D-cut decodes plainly
     (bar a few probes). Without those steps the fit never sees a plain step again and drafts on."""
     policy = ChainDCut(4)
     for i in range(40):  # the past: drafting steps 0.6 tokens/ms, plain ones 0.4
