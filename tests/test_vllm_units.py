@@ -12,10 +12,9 @@ import torch
 from rollout_graft.dcut.chains import ChainDCut, ChainDCutConfig, Chains, ChainStep, FixedDepth, StepCost
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
-from rollout_graft.vllm.groups import RequestTracker
+from rollout_graft.vllm.groups import Group, RequestTracker, catch_up
 from rollout_graft.vllm.plugin import expand_kernel_impl
-from rollout_graft.vllm.ngrams import NgramCounts, NgramStore
-from rollout_graft.vllm.text_index import TextIndex, catch_up
+from rollout_graft.vllm.ngrams import NgramStore
 from ngram_reference import PyNgramCounts
 
 P1 = [5, 6, 7, 8]  # prompt of group 1
@@ -185,7 +184,7 @@ def test_mixed_rollouts_in_one_batch_keep_their_groups():
 def chain_of(tracker: RequestTracker, req, depth: int) -> list[int]:
     """The chain the request's group counts continue its text with (its counts caught up first)."""
     catch_up(tracker.pending)
-    return req.group.index.counts.chain(req.text, depth)[0]
+    return req.group.store.chain(req.group.slot, req.text, depth)[0]
 
 
 def test_group_text_is_shared_and_recalled_across_rollouts():
@@ -207,22 +206,23 @@ def test_group_text_is_shared_and_recalled_across_rollouts():
 
 
 def test_chains_take_the_most_frequent_successor_of_the_longest_known_context():
-    """NgramCounts.chain: the longest context of the last `order` tokens that was seen decides (a
+    """NgramStore.chain: the longest context of the last `order` tokens that was seen decides (a
     shorter one only where no longer one is known), its most frequent successor is drafted (ties:
     the lower id), and each token's confidence is count / (total + 0.5) · n / (n + 1)."""
-    counts = NgramCounts(order=3)
-    counts.teach([1, 2, 3, 4, 1, 2, 3, 4, 9, 2, 3, 5, 8, 3, 6], 0)
-    tokens, scores = counts.chain([7, 1, 2, 3], 3)
+    counts = NgramStore(3)
+    text = [1, 2, 3, 4, 1, 2, 3, 4, 9, 2, 3, 5, 8, 3, 6]
+    counts.teach([(t := counts.slot(), -1, text, 0, len(text))])
+    tokens, scores = counts.chain(t, [7, 1, 2, 3], 3)
     # "1 2 3" → 4 twice; then "2 3 4" → 1 once, 9 once (tie: 1); then "3 4 1" → 2 once
     assert tokens == [4, 1, 2]
     conf = [2 / 2.5 * 3 / 4, 1 / 2.5 * 3 / 4, 1 / 1.5 * 3 / 4]
     assert np.allclose(scores, np.cumprod(conf))
-    tokens, scores = counts.chain([0, 3], 2)  # "0 3" unknown: "3" → 4 ×2, 5, 6 → 4; then "3 4" → 1 and 9: 1
+    tokens, scores = counts.chain(t, [0, 3], 2)  # "0 3" unknown: "3" → 4 ×2, 5, 6 → 4; then "3 4" → 1 and 9: 1
     assert tokens == [4, 1] and np.isclose(scores[0], 2 / 4.5 * 1 / 2)
-    assert counts.chain([0], 4) == ([], [])  # nothing follows 0: no chain
-    pairs = NgramCounts(order=3, min_order=2)  # contexts of 2-3 tokens only: "3" alone is not one
-    pairs.teach([1, 2, 3, 4, 1, 2, 3, 4, 9, 2, 3, 5, 8, 3, 6], 0)
-    assert pairs.chain([0, 3], 2) == ([], []) and pairs.chain([2, 3], 1)[0] == [4]
+    assert counts.chain(t, [0], 4) == ([], [])  # nothing follows 0: no chain
+    pairs = NgramStore(3, 2)  # contexts of 2-3 tokens only: "3" alone is not one
+    pairs.teach([(p := pairs.slot(), -1, text, 0, len(text))])
+    assert pairs.chain(p, [0, 3], 2) == ([], []) and pairs.chain(p, [2, 3], 1)[0] == [4]
 
 
 def test_compiled_tables_count_and_chain_as_the_python_rule():
@@ -236,7 +236,7 @@ def test_compiled_tables_count_and_chain_as_the_python_rule():
         order = int(rng.integers(1, 9))
         lo = int(rng.integers(1, order + 1))
         store = NgramStore(order, lo)
-        mine, prior = NgramCounts(order, lo, store=store), NgramCounts(order, lo, store=store)
+        mine, prior = store.slot(), store.slot()
         ref, ref_prior = PyNgramCounts(order, lo), PyNgramCounts(order, lo)
         vocab = int(rng.integers(2, 12))
         for _ in range(12):
@@ -244,49 +244,52 @@ def test_compiled_tables_count_and_chain_as_the_python_rule():
             if trial % 3 == 0:
                 text = [t + 2**31 - 20 for t in text]
             start = int(rng.integers(0, len(text) + 1))
-            mine.teach(text, start, also=prior)
+            store.teach([(mine, prior, text, start, len(text))])
             ref.teach(text, start, also=ref_prior)
-        assert mine.table() == ref.table() and prior.table() == ref_prior.table() and len(mine) == len(ref.best)
+        assert store.table(mine) == ref.table() and store.table(prior) == ref_prior.table()
+        assert store.sizes[mine] == len(ref.best)
         contexts = [rng.integers(0, vocab, int(rng.integers(0, 10))).tolist() for _ in range(30)]
         if trial % 3 == 0:
             contexts = [[t + 2**31 - 20 for t in c] for c in contexts]
         room = rng.integers(-1, 9, len(contexts))
         chains, scores = store.chains([mine] * len(contexts), prior, contexts, room, 8)
         for c, r, chain, row in zip(contexts, room.tolist(), chains, scores):
-            assert mine.chain(c, r) == ref.chain(c, r) if r > 0 else True
+            assert store.chain(mine, c, r) == ref.chain(c, r) if r > 0 else True
             own, other = ref.chain(c, r) if r > 0 else ([], []), ref_prior.chain(c, r) if r > 0 else ([], [])
             tokens, conf = other if sum(other[1]) > sum(own[1]) else own
             assert chain == tokens and row[: len(conf)].tolist() == conf and not row[len(conf) :].any()
 
 
-def test_a_collected_table_frees_its_slot():
+def test_a_collected_group_frees_its_slot():
     store = NgramStore(2)
-    table = NgramCounts(2, store=store)
-    table.teach([1, 2, 3], 0)
-    slot = table.slot
-    del table
+    group = Group([1, 2, 3], store)
+    group.add([1, 2, 3])
+    catch_up({0: group})
+    slot = group.slot
+    assert store.sizes[slot] > 0
+    del group
     import gc
 
     gc.collect()
-    again = NgramCounts(2, store=store)
-    assert again.slot == slot and len(again) == 0
+    again = store.slot()
+    assert again == slot and store.sizes[again] == 0
     with pytest.raises(ValueError, match="max_match"):
         NgramStore(9)
 
 
 def test_group_counts_are_made_lazily_and_as_on_arrival():
-    """`extend` only appends; `catch_up` counts every pending index's new text.
+    """`extend` only appends; `catch_up` counts every pending group's new text.
     The counts and chains are those of counting each token on arrival, in any order; a request's
     completion (not the prompt, not a recalled text) also teaches the shared prior."""
     rng = np.random.default_rng(0)
-    prior, pending = NgramCounts(3), {}
-    index = TextIndex(1, 3, shared=prior, pending=pending)
+    store, pending = NgramStore(3), {}
+    prior = store.slot()
+    index = Group([9, 9, 8], store, prior, pending)
     index.add([9, 9, 8])  # the prompt
     recalled = index.add([9, 9, 8, 4, 4], counted_from=3)
     tids = [index.add([9, 9, 8], counted_from=3, emitted=True) for _ in range(3)]
-    eager, eager_prior = NgramCounts(3), NgramCounts(3)
-    eager.teach([9, 9, 8], 0)
-    eager.teach([9, 9, 8, 4, 4], 3)
+    eager, eager_prior = store.slot(), store.slot()
+    store.teach([(eager, -1, [9, 9, 8], 0, 3), (eager, -1, [9, 9, 8, 4, 4], 3, 5)])
     texts = {t: [9, 9, 8] for t in tids}
     for _ in range(40):
         for tid in rng.permutation(tids).tolist():
@@ -294,41 +297,41 @@ def test_group_counts_are_made_lazily_and_as_on_arrival():
             index.extend(tid, tokens)
             start = len(texts[tid])
             texts[tid] += tokens
-            eager.teach(texts[tid], start)
-            eager_prior.teach(texts[tid], start)
-        assert pending and index.stale and len(prior) == 0  # nothing counted while nothing drafts
+            store.teach([(eager, eager_prior, texts[tid], start, len(texts[tid]))])
+        assert pending and index.stale and store.sizes[prior] == 0  # nothing counted while nothing drafts
     catch_up(pending)
     assert not pending and not index.stale
-    assert index.counts.table() == eager.table() and prior.table() == eager_prior.table()
-    assert index.counts.chain(texts[tids[0]], 4) == eager.chain(texts[tids[0]], 4)
+    assert store.table(index.slot) == store.table(eager) and store.table(prior) == store.table(eager_prior)
+    assert store.chain(index.slot, texts[tids[0]], 4) == store.chain(eager, texts[tids[0]], 4)
     index.extend(tids[1], [7, 6])
     index.extend(tids[2], [7])
     catch_up(pending)
-    assert index.counts.chain(index.texts[tids[2]], 1)[0] == [6]  # a sibling's new text
-    assert not pending and prior.chain([7], 1)[0] == [6] and recalled not in index.stale
+    assert store.chain(index.slot, index.texts[tids[2]], 1)[0] == [6]  # a sibling's new text
+    assert not pending and store.chain(prior, [7], 1)[0] == [6] and recalled not in index.stale
 
 
 def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
-    counts = NgramCounts(order=2, max_contexts=100)
-    counts.teach([1, 2, 3, 1, 2, 4, 1, 2, 3], 0)
-    counts.save(tmp_path / "prior.safetensors")
-    loaded = NgramCounts(order=2)
-    loaded.load(tmp_path / "prior.safetensors")
-    assert loaded.table() == counts.table()
-    loaded.save(tmp_path / "again.safetensors")  # the same table gives the same file
+    store = NgramStore(2)
+    counts = store.slot(max_contexts=100)
+    store.teach([(counts, -1, [1, 2, 3, 1, 2, 4, 1, 2, 3], 0, 9)])
+    store.save(counts, tmp_path / "prior.safetensors")
+    loaded = store.slot()
+    store.load(loaded, tmp_path / "prior.safetensors")
+    assert store.table(loaded) == store.table(counts)
+    store.save(loaded, tmp_path / "again.safetensors")  # the same table gives the same file
     from safetensors.numpy import load_file
 
     first, again = load_file(str(tmp_path / "prior.safetensors")), load_file(str(tmp_path / "again.safetensors"))
     assert all(np.array_equal(first[key], again[key]) for key in first)
     with pytest.raises(ValueError, match="max_match=2"):
-        NgramCounts(order=4).load(tmp_path / "prior.safetensors")
+        NgramStore(4).load(0, tmp_path / "prior.safetensors")
     from rollout_graft.adjacency import AdjacencyIndex
 
     AdjacencyIndex.empty(1, 10, 2).save(tmp_path / "engine.safetensors")
     with pytest.raises(ValueError, match="save_state"):
-        loaded.load(tmp_path / "engine.safetensors")
-    counts.teach(list(range(200)), 0)  # > 100 contexts: the table starts over
-    assert counts.resets == 1 and len(counts) == 0
+        store.load(loaded, tmp_path / "engine.safetensors")
+    store.teach([(counts, -1, list(range(200)), 0, 200)])  # > 100 contexts: the table starts over
+    assert store.resets[counts] == 1 and store.sizes[counts] == 0
 
 
 def test_step_cost_fit_recovers_a_linear_cost_and_the_speculative_paths():
@@ -427,14 +430,15 @@ def test_speculative_config_round_trip_and_errors():
         speculative_config(recall=-1)
 
 
-def test_tracker_and_index_take_their_sizes_from_the_config():
-    prior = NgramCounts(2, 2)
-    tracker = RequestTracker(2, 2, prior=prior)
+def test_tracker_groups_count_in_its_store_and_teach_its_prior():
+    store = NgramStore(2, 2)
+    prior = store.slot()
+    tracker = RequestTracker(store, prior)
     Batch([[1, 2, 3, 4, 5, 6]]).step(tracker, [[9]])
-    index = tracker.groups[next(iter(tracker.groups))].index
-    assert (index.min_match, index.max_match) == (2, 2) and index.shared is prior
+    group = tracker.groups[next(iter(tracker.groups))]
+    assert group.store is store and group.prior == prior
     catch_up(tracker.pending)
-    assert all(len(key) == 2 for key in index.counts.table()) and list(prior.table()) == [(5, 6)]
+    assert all(len(key) == 2 for key in store.table(group.slot)) and list(store.table(prior)) == [(5, 6)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32])

@@ -8,7 +8,7 @@ step here:
     rows → requests and groups (`groups.RequestTracker`, by the request ids our plugin hands over
                                 from vLLM's input batch; the new tokens extend the request's text)
          → learn   (what the last drafts earned: acceptance for D-cut's calibration and counters)
-         → draft   (the group's new text is counted — `text_index.catch_up` — then each request's
+         → draft   (the group's new text is counted — `groups.catch_up` — then each request's
                     chain continues its text from the n-gram counts of its group's texts —
                     siblings, prompt, a previous epoch's completions — or from the global prior's
                     counts over every completion, whichever expects more accepted tokens:
@@ -41,9 +41,8 @@ import numpy as np
 from ..dcut.chains import ChainDCut, Chains, ChainStep, FixedDepth
 from ..files import atomic_write_json, is_int, read_json, require_keys
 from .config import PROPOSER_CLASS, TABLES, ChainConfig
-from .groups import Request, RequestTracker
-from .ngrams import NgramCounts, read_prior
-from .text_index import catch_up
+from .groups import Request, RequestTracker, catch_up
+from .ngrams import NgramStore, read_prior
 
 
 @dataclass
@@ -86,12 +85,12 @@ class RLDraftProposer:
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         cfg = self.config
-        self.prior = NgramCounts(TABLES.max_match, TABLES.min_match, TABLES.max_prior_contexts) if cfg.use_prior else None
+        self.store = NgramStore(TABLES.max_match, TABLES.min_match)  # every table: the groups' and the prior
+        self.prior = self.store.slot(TABLES.max_prior_contexts) if cfg.use_prior else -1
         self.vocab = _vocab_size(vllm_config)
-        if self.prior is not None and cfg.prior_path:
-            self.prior.load(cfg.prior_path, self.vocab)
-        self.tracker = RequestTracker(TABLES.min_match, TABLES.max_match, cfg.recall, TABLES.recall_prompts, prior=self.prior,
-                                      shared=cfg.share_in_group)
+        if self.prior >= 0 and cfg.prior_path:
+            self.store.load(self.prior, cfg.prior_path, self.vocab)
+        self.tracker = RequestTracker(self.store, self.prior, cfg.recall, TABLES.recall_prompts, shared=cfg.share_in_group)
         self.policy = (ChainDCut(self.k) if cfg.budget_policy == "dcut"
                        else FixedDepth(self.k))
         self.stats = ProposerStats()
@@ -245,12 +244,12 @@ class RLDraftProposer:
 
     def _draft(self, reqs: list[Request]) -> Chains:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
-        the chain from the group's counts or the one from the prior's (`NgramCounts.chain`),
+        the chain from the group's counts or the one from the prior's (`NgramStore.chains`),
         whichever expects more accepted tokens (the larger sum of scores; suffix decoding chooses
         between its prompt's tree and its global tree so). First every group's new text is counted
-        (`text_index.catch_up`)."""
+        (`groups.catch_up`)."""
         catch_up(self.tracker.pending)
-        chains, scores = self.tracker.store.chains([req.group.index.counts for req in reqs], self.prior,
+        chains, scores = self.store.chains([req.group.slot for req in reqs], self.prior,
                                                    [req.text for req in reqs], self._room(self.tracker.num), self.k)
         return Chains(chains, scores)
 
@@ -265,13 +264,13 @@ class RLDraftProposer:
                 "policy": self.policy.explain()}
 
     def save_state(self, directory: str | Path) -> None:
-        """Write the prior (`prior.safetensors`: `NgramCounts.save`) and the remembered
+        """Write the prior (`prior.safetensors`: `NgramStore.save`) and the remembered
         completions per prompt (`recall.json`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.prior is not None:
+        if self.prior >= 0:
             catch_up(self.tracker.pending)
-            self.prior.save(directory / "prior.safetensors")
+            self.store.save(self.prior, directory / "prior.safetensors")
         groups = [{"prompt": g.prompt, "completions": g.completions()[-self.config.recall :]}
                   for g in self.tracker.groups.values()] if self.config.recall else []
         atomic_write_json(directory / "recall.json", groups)
@@ -281,11 +280,11 @@ class RLDraftProposer:
         the saved one. ValueError naming the file when one is corrupt (nothing is changed then)."""
         directory = Path(directory)
         recall = read_recall(directory / "recall.json", self.vocab) if (directory / "recall.json").exists() else None
-        if self.prior is not None and (directory / "prior.safetensors").exists():
+        if self.prior >= 0 and (directory / "prior.safetensors").exists():
             read_prior(directory / "prior.safetensors", self.vocab)  # checked before the old prior is cleared
             catch_up(self.tracker.pending)
-            self.prior.clear()
-            self.prior.load(directory / "prior.safetensors", self.vocab)
+            self.store.clear(self.prior)
+            self.store.load(self.prior, directory / "prior.safetensors", self.vocab)
         if recall is not None:
             self.tracker.restore(recall)
 
