@@ -40,7 +40,7 @@ import numpy as np
 
 from ..dcut.chains import ChainDCut, Chains, ChainStep, FixedDepth
 from ..files import atomic_write_json, is_int, read_json, require_keys
-from .config import PROPOSER_CLASS, TABLES, ChainConfig
+from .config import MAX_MATCH, MAX_PRIOR_CONTEXTS, MIN_MATCH, PROPOSER_CLASS, RECALL_PROMPTS, ChainConfig
 from .groups import Request, RequestTracker, catch_up
 from .ngrams import NgramStore, read_prior
 
@@ -85,12 +85,12 @@ class RLDraftProposer:
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         cfg = self.config
-        self.store = NgramStore(TABLES.max_match, TABLES.min_match)  # every table: the groups' and the prior
-        self.prior = self.store.slot(TABLES.max_prior_contexts) if cfg.use_prior else -1
+        self.store = NgramStore(MAX_MATCH, MIN_MATCH)  # every table: the groups' and the prior
+        self.prior = self.store.slot(MAX_PRIOR_CONTEXTS) if cfg.use_prior else -1
         self.vocab = _vocab_size(vllm_config)
         if self.prior >= 0 and cfg.prior_path:
             self.store.load(self.prior, cfg.prior_path, self.vocab)
-        self.tracker = RequestTracker(self.store, self.prior, cfg.recall, TABLES.recall_prompts, shared=cfg.share_in_group)
+        self.tracker = RequestTracker(self.store, self.prior, cfg.recall, RECALL_PROMPTS, shared=cfg.share_in_group)
         self.policy = (ChainDCut(self.k) if cfg.budget_policy == "dcut"
                        else FixedDepth(self.k))
         self.stats = ProposerStats()
