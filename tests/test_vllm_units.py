@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_graft.dcut.chains import ChainDCut, ChainDCutConfig, Chains, ChainStep, FixedDepth, StepCost
+from rollout_graft.dcut.chains import ChainDCut, ChainStep, FixedDepth, cut, step_cost_fit, step_ms
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import Group, RequestTracker, catch_up
@@ -334,31 +334,40 @@ def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
     assert store.resets[counts] == 1 and store.sizes[counts] == 0
 
 
+def observe_step(cost, rows: int, draft: int, ms: float) -> None:
+    """The step-cost fit observes a step of `rows` requests and `draft` draft tokens that took `ms`."""
+    cost.observe((1.0, rows, draft, float(draft > 0)), ms)
+
+
 def test_step_cost_fit_recovers_a_linear_cost_and_the_speculative_paths():
-    cost = StepCost(spec_prior=0.0, draft_prior=0.0)
+    cost = step_cost_fit(0.97, spec_prior=0.0, draft_prior=0.0)
     rng = np.random.default_rng(0)
     for _ in range(200):
         rows, draft = int(rng.integers(1, 64)), int(rng.integers(0, 256)) * int(rng.integers(0, 2))
-        cost.observe(rows, draft, 5.0 + 0.5 * rows + 0.1 * draft + 2.0 * (draft > 0))
-    a, b_rows, b_draft, b_spec = cost.fit.coef
+        observe_step(cost, rows, draft, 5.0 + 0.5 * rows + 0.1 * draft + 2.0 * (draft > 0))
+    a, b_rows, b_draft, b_spec = cost.coef
     assert a == pytest.approx(5.0, abs=0.2) and b_rows == pytest.approx(0.5, abs=0.02)
     assert b_draft == pytest.approx(0.1, abs=0.01) and b_spec == pytest.approx(2.0, abs=0.2)
-    assert cost.predict(10, [0, 1, 10]).tolist() == pytest.approx([10.0, 12.1, 13.0], abs=0.2)
+    assert step_ms(cost.coef, 10, [0, 1, 10]).tolist() == pytest.approx([10.0, 12.1, 13.0], abs=0.2)
 
 
 def test_step_cost_forgets_the_speculative_paths_cost_it_no_longer_measures():
     """The priors of drafting's costs (0, one step's and one token's weight) take over as the drafting
     steps are forgotten, so an over-estimate — vLLM's first speculative steps are slow — does not
     keep D-cut plain for good."""
-    cost = StepCost()
+    cost = step_cost_fit(0.97)
+
+    def predict(k: int) -> float:
+        return float(step_ms(cost.coef, 1, k))
+
     for i in range(40):
         k = (0, 1, 0, 8)[i % 4]  # plain steps and drafts of 1 and 8 tokens: the speculative path 4 ms
-        cost.observe(1, k, 6.0 + 4.0 * (k > 0) + 0.1 * k)
-    assert cost.predict(1, 1) - cost.predict(1, 0) > 3.0
+        observe_step(cost, 1, k, 6.0 + 4.0 * (k > 0) + 0.1 * k)
+    assert predict(1) - predict(0) > 3.0
     for _ in range(150):  # plain steps only
-        cost.observe(1, 0, 6.0)
-    assert cost.predict(1, 0) == pytest.approx(6.0, abs=0.1) and cost.predict(1, 1) - cost.predict(1, 0) < 1.0
-    assert cost.predict(1, 8) - cost.predict(1, 0) < 4.8  # a draft token's shrinks too (its weight: tokens²)
+        observe_step(cost, 1, 0, 6.0)
+    assert predict(0) == pytest.approx(6.0, abs=0.1) and predict(1) - predict(0) < 1.0
+    assert predict(8) - predict(0) < 4.8  # a draft token's shrinks too (its weight: tokens²)
 
 
 def test_dcut_drafts_nothing_that_does_not_pay_the_speculative_paths_cost():
@@ -370,20 +379,20 @@ def test_dcut_drafts_nothing_that_does_not_pay_the_speculative_paths_cost():
     for i in range(60):
         draft = (i % 3) * 16  # plain, half and full drafts
         timed(policy, 8, draft, 10.0 + 2.0 * (draft > 0) + 0.05 * draft, 8 + int(0.5 * draft))
-    assert policy.cost.predict(8, [0, 1, 32]).tolist() == pytest.approx([10.0, 12.05, 13.6], abs=0.7)  # b_spec's prior
+    assert step_ms(policy.cost.coef, 8, [0, 1, 32]).tolist() == pytest.approx([10.0, 12.05, 13.6], abs=0.7)  # b_spec's prior
     policy.calibration.observe(np.full((500, 4), 0.9), np.ones((500, 4), bool),
                                     np.random.default_rng(0).random((500, 4)) < 0.9 ** np.arange(1, 5))
     one = np.zeros((8, 4))
     one[0, 0] = 0.9
-    assert policy.cut(chains(one))[1].kept == 0
+    assert policy.cut(*chains(one))[1].kept == 0
     policy.plain = False
     one[0] = 0.9 ** np.arange(1, 5)
-    assert policy.cut(chains(one))[1].kept == 4
+    assert policy.cut(*chains(one))[1].kept == 4
 
 
-def chains(scores: np.ndarray) -> Chains:
+def chains(scores: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
     """Chains of made-up tokens with these raw scores."""
-    return Chains([list(range(int((row > 0).sum()))) for row in scores], scores)
+    return [list(range(int((row > 0).sum()))) for row in scores], scores
 
 
 def timed(policy, rows: int, drafted: int, ms: float, emitted: int, draft_ms: float = 0.0, verified=None) -> None:
@@ -402,10 +411,10 @@ def test_dcut_verifies_drafts_only_where_they_pay():
         timed(policy, 8, 0, None, 8, verified=(np.tile(scores[:1], (500, 1)), np.full(500, 4),
                                                np.random.default_rng(0).binomial(4, 0.9, 500)))
     assert cheap.plan(8) == 4
-    cut, decision = cheap.cut(chains(scores))
-    assert decision.kept == 32 and cut.depths.tolist() == [4] * 8 and not decision.probe
-    cut, decision = dear.cut(chains(scores))
-    assert decision.kept == 0 and not decision.probe and cut.tokens == [[]] * 8 and dear.plain
+    depths, decision = cheap.cut(*chains(scores))
+    assert decision.kept == 32 and depths.tolist() == [4] * 8 and not decision.probe
+    depths, decision = dear.cut(*chains(scores))
+    assert decision.kept == 0 and not decision.probe and cut(chains(scores)[0], depths) == [[]] * 8 and dear.plain
 
 
 def test_speculative_config_round_trip_and_errors():
@@ -482,8 +491,8 @@ def test_dcut_backs_off_while_plain_decoding_wins():
         if planned:
             probes += 1
             was_plain = dear.plain  # the first decision, and one after a draft, are not probes
-            cut, decision = dear.cut(chains(scores))
-            kept = int(cut.depths.sum())
+            depths, decision = dear.cut(*chains(scores))
+            kept = int(depths.sum())
             assert decision.kept == kept and decision.probe == (was_plain and kept == 0)
             drafted += kept > 0
             dear.observe(ChainStep(8, planned, kept, 2.0, decision, None, 20.0 + 5.0 * kept, 8))  # 2 ms beyond a 18 ms step
@@ -494,8 +503,8 @@ def test_dcut_backs_off_while_plain_decoding_wins():
     assert 1 <= drafted <= 4
     fixed = FixedDepth(4)  # a fixed depth: every chain whole
     assert all(fixed.plan(8) == 4 for _ in range(5))
-    cut, decision = fixed.cut(chains(scores))
-    assert int(cut.depths.sum()) == 32 and decision.ratio == 1.0
+    depths, decision = fixed.cut(*chains(scores))
+    assert int(depths.sum()) == 32 and decision.ratio == 1.0
 
 
 def test_a_probe_cut_to_nothing_costs_its_drafting_not_the_steps_noise():
@@ -518,18 +527,18 @@ def test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted(forget):
     drafting steps that emitted little) and decodes plainly; now the chains it cuts away would be
     accepted whole. Resolved shadows show it, and D-cut drafts again within a few probes —
     sooner with a calibration that forgets (here 4 probes) than with one that never does (10)."""
-    policy = ChainDCut(4, ChainDCutConfig(forget=forget))
+    policy = ChainDCut(4, forget=forget)
     scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
     rejected = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.zeros(8, dtype=np.int64))
     for i in range(200):  # a draft token costs 0.2 ms, a plain row-step 2.25 ms: p > 9 % pays
         drafted = 32 * (i % 2)
         timed(policy, 8, drafted, 18.0 + 0.2 * drafted, 8, verified=rejected if drafted else None)
-    assert policy.cut(chains(scores))[1].kept == 0 and policy.plain
+    assert policy.cut(*chains(scores))[1].kept == 0 and policy.plain
     accepted = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.full(8, 4))
     first = None
     for step in range(300):
         planned = policy.plan(8)
-        decision = policy.cut(chains(scores))[1] if planned else None
+        decision = policy.cut(*chains(scores))[1] if planned else None
         kept = decision.kept if decision else 0
         if kept and first is None:
             first = step
@@ -634,12 +643,12 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
                                  {"step_forget": "0.9"}])
 def test_chain_dcut_settings_refuse_values_outside_their_range(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
-        ChainDCutConfig(**bad)
+        ChainDCut(4, **bad)
 
 
 def test_dcut_follows_plain_steps_that_became_faster():
     """Plain steps measured long ago (a slower machine) must not keep D-cut drafting: every 16th
-    decision to draft decodes plainly (`ChainDCutConfig.explore_every`), so the step-cost fit measures plain steps
+    decision to draft decodes plainly (`ChainDCut`'s explore_every), so the step-cost fit measures plain steps
     while drafting, and once they are faster per token than drafting ones D-cut decodes plainly
     (bar a few probes). Without those steps the fit never sees a plain step again and drafts on."""
     policy = ChainDCut(4)
@@ -650,7 +659,7 @@ def test_dcut_follows_plain_steps_that_became_faster():
     drafted = []
     for _ in range(600):  # now plain steps take 10 ms (0.8 tokens/ms), drafting ones still 20
         planned = policy.plan(8)
-        decision = policy.cut(chains(scores))[1] if planned else None
+        decision = policy.cut(*chains(scores))[1] if planned else None
         kept = decision.kept if decision else 0
         ms, emitted = (20.0, 12) if kept else (10.0, 8)
         policy.observe(ChainStep(8, planned, kept, 0.0, decision, verified if kept else None, ms, emitted))

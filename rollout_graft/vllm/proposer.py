@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..dcut.chains import ChainDCut, Chains, ChainStep, FixedDepth
+from ..dcut.chains import ChainDCut, ChainStep, FixedDepth
 from ..files import atomic_write_json, is_int, read_json, require_keys
 from .config import MAX_MATCH, MAX_PRIOR_CONTEXTS, MIN_MATCH, PROPOSER_CLASS, RECALL_PROMPTS, ChainConfig
 from .groups import Request, RequestTracker, catch_up
@@ -126,16 +126,16 @@ class RLDraftProposer:
         planned, drafted, decision = self.policy.plan(len(active)), 0, None
         draft_start = time.perf_counter()
         if planned:
-            draft = self._draft(active)
-            chains, decision = self.policy.cut(draft)
-            for j, (i, req, tokens) in enumerate(zip(self.tracker.active.tolist(), active, chains.tokens)):
-                if tokens:
-                    req.draft, req.draft_scores = tokens, chains.scores[j, : len(tokens)]
-                    out[i] = tokens
-                    drafted += len(tokens)
-                elif draft.tokens[j] and not req.shadow:  # cut away: a shadow
-                    self._shadow(req, draft.tokens[j], draft.scores[j, : len(draft.tokens[j])])
-            proposed = int(draft.depths.sum())
+            chains, scores = self._draft(active)
+            depths, decision = self.policy.cut(chains, scores)
+            for j, (i, req, chain, depth) in enumerate(zip(self.tracker.active.tolist(), active, chains, depths.tolist())):
+                if chain[:depth]:
+                    req.draft, req.draft_scores = chain[:depth], scores[j, : len(chain[:depth])]
+                    out[i] = req.draft
+                    drafted += len(req.draft)
+                elif chain and not req.shadow:  # cut away: a shadow
+                    self._shadow(req, chain, scores[j, : len(chain)])
+            proposed = int((scores > 0).sum())
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
             self.stats.plain_steps += int(proposed > 0 and drafted == 0)
@@ -242,16 +242,15 @@ class RLDraftProposer:
         self.stats.shadow_accepted += int(accepted.sum())
         return scores, depths, accepted
 
-    def _draft(self, reqs: list[Request]) -> Chains:
+    def _draft(self, reqs: list[Request]) -> tuple[list[list[int]], np.ndarray]:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
         the chain from the group's counts or the one from the prior's (`NgramStore.chains`),
         whichever expects more accepted tokens (the larger sum of scores; suffix decoding chooses
         between its prompt's tree and its global tree so). First every group's new text is counted
         (`groups.catch_up`)."""
         catch_up(self.tracker.pending)
-        chains, scores = self.store.chains([req.group.slot for req in reqs], self.prior,
-                                                   [req.text for req in reqs], self._room(self.tracker.num), self.k)
-        return Chains(chains, scores)
+        return self.store.chains([req.group.slot for req in reqs], self.prior, [req.text for req in reqs],
+                                 self._room(self.tracker.num), self.k)
 
     def _room(self, length: np.ndarray) -> np.ndarray:
         """Draft tokens each request may take: the depth, and the context left (vLLM's max_model_len)."""
