@@ -1,37 +1,17 @@
 """Budget policies for chain drafts (vLLM's speculative decoding): a draft depth per request.
 
-vLLM verifies one chain per request and packs every scheduled token of the batch into one
-forward, so its step time follows the number of scheduled tokens — the setting of the D-cut
-paper itself. The vLLM proposer calls a `ChainPolicy` (plan → cut → observe) over `Chains`
-(`FixedDepth`: every chain whole). Each step `ChainDCut` takes every request's chain with the
-score of each draft token (the prefix product of confidences, calibrated against observed
-acceptance by the `core.ScoreCalibration` the engine's D-cut uses too), keeps the batch's global
-top-K tokens, and picks K to maximise expected emitted tokens per predicted step time:
+The vLLM proposer calls a `ChainPolicy` (plan → cut → observe) over chains: a token list per
+request and the raw score of each token ([rows, depth], prefix products, 0 past a chain's end).
+`FixedDepth` verifies every chain whole. `ChainDCut` calibrates the scores against observed
+acceptance (`core.ScoreCalibration`), keeps the batch's global top-K draft tokens (a prefix of
+each chain: `selection.global_top_k_depths`) and picks K to maximise
 
-    E[emitted | K] = rows + Σ_{top-K tokens} score        (one bonus/recovered token per row)
-    time(K)        = a + b_rows · rows + b_draft · K + b_spec · [K > 0]
-                                                          (fitted online to vLLM's measured steps:
-                                                           `StepCost`; b_spec: the speculative
-                                                           path's own cost)
+    (rows + Σ_{top-K} calibrated score) / (a + b_rows·rows + b_draft·K + b_spec·[K > 0])
 
-K = 0 (plain decoding) is always a candidate. Every chain the proposer computed and D-cut did not
-send still teaches the calibration: the proposer keeps it as a *shadow* and compares it with the
-tokens the request goes on to emit (`ChainStep.shadowed`). A draft token without draft
-probabilities is accepted by vLLM's rejection sampler with the target's probability of it, which
-is also the probability that plain (or any lossless) decoding emits it there, so a shadow's
-matched prefix is distributed as its accepted prefix would have been: evidence of the same kind as
-a verified draft's, at the cost of drafting alone. The calibration forgets (`forget` per step that
-brought evidence), so when a rollout's drafts start to be accepted — a later epoch whose prompts
-recall their completions — D-cut follows within tens of steps, whether it drafted or not.
-
-After a plain decision the proposer drafts nothing until the next draft (a probe) is affordable:
-`core.ProbeCredit`, charged with what the probe cost beyond a plain step (the proposer's
-drafting time). A probe is an ordinary decision on fresh chains; what it cuts away becomes shadows.
-Scores never increase along a chain, so the global top-K is a prefix of each chain: a depth per
-request (`selection.global_top_k_depths`). The step time is measured between consecutive `propose`
-calls (vLLM's whole step: schedule, forward, sample, propose) and fitted by exponentially weighted
-least squares (`core.CostFit`). Every mechanism here was raced against the policy without it; what
-stays and why: docs/DESIGN.md, "The vLLM backend", step 4.
+with the step time fitted online to vLLM's measured steps (`step_cost_fit`); K = 0 is always a
+candidate, and after it the next draft is a probe paid from `core.ProbeCredit`. Chains cut away
+teach the calibration as shadows (`ChainStep.shadowed`). Why each mechanism is there, and what
+was raced out: docs/DESIGN.md, "The vLLM backend", step 4.
 """
 
 from __future__ import annotations

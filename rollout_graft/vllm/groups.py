@@ -1,23 +1,11 @@
-"""Requests and GRPO groups of vLLM's persistent batch, by request id.
+"""Requests and GRPO groups of vLLM's persistent batch, by request id (docs/DESIGN.md, "The vLLM
+backend", step 1).
 
-vLLM's `custom_class` proposer sees, each step, one row per request of the persistent batch:
-`token_ids_cpu[i, :num_tokens_no_spec[i]]` (prompt + committed completion) and the tokens the
-step just sampled for it. Rows move (finished requests leave, vLLM condenses and reorders the
-batch, preempted requests come back recomputed), so our plugin hands the proposer, before each
-`propose`, the request id and prompt length of every row, read from the model runner's input batch
-(`plugin._plain_when_undrafted`; vLLM's own suffix proposer reads the same two). A request's
-life, as vLLM's suffix cache keeps one:
-
-- **start**: an id not known yet. Its prompt is the row's first `prompt length` tokens; its group
-  is the set of requests with the same prompt (length, hash and tokens) — the G samples of one
-  GRPO prompt (vLLM's n > 1 children or separate requests alike), whatever else shares the batch;
-- **extend**: each step appends the tokens the row sampled to the request's text (counting waits
-  for the next draft: `text_index`);
-- **away / back**: an id missing from a step's batch (finished or preempted) is kept aside and
-  taken back when it returns with the length it left with (a preempted request, recomputed);
-  kept aside `forget_after` steps at most.
-
-Per step, the Python work per row is one dict lookup and appending to the request's text.
+Before each `propose` our plugin hands the proposer every row's request id and prompt length.
+A new id starts a request, whose group is every request with the same prompt; a known id
+extends its text with the tokens it sampled (counted lazily, at the next draft: `catch_up`); an
+id missing from a step (finished or preempted) is kept aside `forget_after` steps at most and
+taken back when it returns with the length it left with.
 """
 
 from __future__ import annotations

@@ -1,37 +1,14 @@
-"""NgramCounts: how often each token followed each context of 1…order tokens, for draft chains.
+"""NgramStore: how often each token followed each context of `min_order`…`order` tokens, in
+count tables (slots of one store: a group's, the prior), and greedy draft chains over them.
 
-The draft sources of our vLLM proposer are count tables over text: one per GRPO group (its
-prompt, every sibling's completion so far, a previous epoch's completions: `TextIndex`) and one
-global table over every completion this proposer has seen, kept across rollouts (the prior). A
-chain continues a request's text greedily: each next token is the most frequent successor (ties:
-the lower token id — tokenizers number frequent tokens first) of the longest context (the last
-`order` tokens or fewer, of the text and the chain so far) that the table has seen. Its
-confidence is
-
-    count / (total + 0.5) · n / (n + 1)
-
-for a successor seen `count` times among the `total` successors of a context of n tokens: the
-successor's share, shrunk for contexts seen rarely (seen once: 2/3, not 1) and for short
-contexts (a match of one token says less than a match of four). A chain's scores are the prefix
-products: the raw scores the budget policy calibrates against acceptance and ranks by. This is
-suffix decoding's estimate (Arctic Inference: count(child) / count(node) along a path of its
-suffix tree, whose drafts its `max_spec_factor` bounds by the match length), with contexts of at
-most `order` tokens that back off to shorter ones within a chain. By replay
-(`lab/replay.py vllm`; measured when introduced, see git history) the two shrink factors raised
-MAT at equal draft tokens on every recording; without them the ranking was below suffix decoding's.
-
-Counts do not depend on the order they are made in, and neither does a chain (the tie rule reads
-counts and token ids only).
-
-The tables are compiled (numba: `_kernels`), and a step's work is two compiled calls over the whole
-batch (`NgramStore.teach`: every new token of every group; `NgramStore.chains`: every request's
-chains), because Python dict updates per token and context length cost 45–60 µs per
-request-step at batch 64–256 (measured before they were compiled; see git history). All tables of one
-proposer live in one `NgramStore`: an open-addressing hash table in numpy arrays whose keys are
-(table, context), a context of at most `MAX_ORDER` tokens packed exactly (two token ids + 1 per
-int64 word). A table's slot is reused, and its rows dropped at the next rebuild, when its
-`NgramCounts` is garbage-collected. `tests/ngram_reference.py` is the same rule in plain Python,
-which the tests compare every table and chain with.
+A chain token is the most frequent successor (ties: the lower token id) of the longest context
+the table has seen; its confidence is count / (total + 0.5) · n / (n + 1) for a context of n
+tokens, a chain's scores the prefix products. Counts, and so chains, do not depend on the order
+they are made in. The tables are compiled hash tables in numpy arrays (`_kernels`): keys are
+(slot, generation, context packed two tokens per int64 word); a cleared or released slot takes
+a new generation, whose old rows go at the next rebuild. Rationale and measurements:
+docs/DESIGN.md, "The vLLM backend" (step 3 and the proposer's own time); `tests/ngram_reference.py`
+is the same rule in plain Python, which the tests compare every table and chain with.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """`RLDraftProposer`: our RL draft sources and budget policy behind vLLM's `custom_class` hook.
 
-Each step vLLM calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)` with one row
-per request of its persistent batch and takes back one draft chain per row, which its rejection
-sampler verifies losslessly (drafts without draft probabilities: exact at any temperature). A
-step here:
-
-    rows → requests and groups (`groups.RequestTracker`, by the request ids our plugin hands over
-                                from vLLM's input batch; the new tokens extend the request's text)
-         → learn   (what the last drafts earned: acceptance for D-cut's calibration and counters)
-         → draft   (the group's new text is counted — `groups.catch_up` — then each request's
-                    chain continues its text from the n-gram counts of its group's texts —
-                    siblings, prompt, a previous epoch's completions — or from the global prior's
-                    counts over every completion, whichever expects more accepted tokens:
-                    `ngrams.NgramStore.chains`, one compiled call for the batch)
-         → cut     (D-cut: one batch-wide budget of draft tokens, a depth per request; a chain cut
-                    away is kept as a shadow and matched against the tokens its request emits next —
-                    what vLLM would have accepted of it, in distribution — for D-cut's calibration)
-
-The step time vLLM spends around us (schedule, forward, sample) is measured between calls and
-fitted by the budget policy over chains (`dcut.chains.ChainPolicy`): each
-step `plan` (how deep to draft; 0: not at all), `cut` (the depths verified) and, at the next call,
-`observe` (what the step verified, accepted and took: `_observe`).
-
-Cost per step: numpy over the batch for finding requests and acceptance; while the policy drafts
-nothing, a list append per request-step (counting waits for the next draft); when drafting, two
-compiled calls (numba) over the batch — counting the new tokens (dict updates per token and
-context length) and two chains per request (dict reads per token) — and a Python pass over the
-rows to gather their new tokens and last tokens; never a pass over a row's history.
-`lab/profile_vllm_proposer.py` measures it.
+Each `propose` call: rows → requests and groups (`groups.RequestTracker`) → learn (what the last
+drafts and shadows earned) → draft (each request's chain from its group's counts or the prior's:
+`ngrams.NgramStore.chains`) → cut (`dcut.chains.ChainPolicy`; a chain cut away is kept as a
+shadow). The step time is measured from call to call. Why each part is as it is, and what it
+costs: docs/DESIGN.md, "The vLLM backend".
 """
 
 from __future__ import annotations
