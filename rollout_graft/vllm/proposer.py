@@ -139,43 +139,29 @@ class RLDraftProposer:
         self.policy.observe(step)
 
     def _learn(self, reqs: list[Request]) -> tuple[tuple | None, int]:
-        """Acceptance of the drafts returned last step (numpy over the batch; a Python pass only
-        over the rows that drafted). Returns it for the policy (raw scores [n, depth], depths [n],
-        accepted [n]; None when nothing was drafted) and the draft tokens the step accepted. (The
-        new tokens were appended to the texts by the tracker; they are counted when drafting.)"""
-        tr = self.tracker
+        """What the drafts returned last step earned: (raw scores [n, depth], depths [n], accepted [n])
+        of the rows whose draft vLLM verified (None: none) and the draft tokens the step accepted. The
+        plugin tells us how many draft tokens vLLM verified per row (`scheduled_drafts`): vLLM drops
+        the draft of a request it preempts and cuts one its token budget cannot hold, and two siblings
+        with the same text may share one `Request`. Without its word (no vLLM runner) every draft
+        returned counts whole. (The new tokens were appended to the texts by the tracker.)"""
         self.stats.rows += len(reqs)
-        drafted, verified = self._verified_drafts(reqs)
-        if not drafted:
-            return None, 0
-        depths = np.array(verified)
-        accepted = tr.lens[drafted] - 1
-        scores = np.zeros((len(drafted), int(depths.max())))
-        for row, (j, depth) in enumerate(zip(drafted, verified)):
-            known = reqs[j].draft_scores[:depth] if reqs[j].draft_scores is not None else ()
-            scores[row, : len(known)] = known  # past our own chain (a sibling's, longer): 0, unknown
-        for j, req in enumerate(reqs):
-            req.draft = []
-        accepted_total = int(accepted.sum())
-        self.stats.drafts += len(drafted)
-        self.stats.draft_tokens += int(depths.sum())
-        self.stats.accepted_tokens += accepted_total
-        return (scores, depths, accepted), accepted_total
-
-    def _verified_drafts(self, reqs: list[Request]) -> tuple[list[int], list[int]]:
-        """Indices into `reqs` of the requests whose draft vLLM verified this step, and how many
-        draft tokens it verified of each. vLLM drops the draft of a request it preempts (the request
-        comes back recomputed, its draft never verified) and cuts one its token budget cannot hold;
-        the plugin tells us what it scheduled per row (`scheduled_drafts`), which is the truth (two
-        siblings with the same text may share one `Request` here, `groups`, and so one draft). Without
-        the plugin's word (no vLLM runner) every draft returned counts whole."""
         scheduled, self.scheduled_drafts = self.scheduled_drafts, None
         if scheduled is None:
-            drafted = [j for j, req in enumerate(reqs) if req.draft]
-            return drafted, [len(reqs[j].draft) for j in drafted]
-        rows = self.tracker.active.tolist()
-        drafted = [j for j, row in enumerate(rows) if row < len(scheduled) and scheduled[row]]
-        return drafted, [int(scheduled[rows[j]]) for j in drafted]
+            depths = [len(req.draft) for req in reqs]
+        else:
+            depths = [int(scheduled[row]) if row < len(scheduled) else 0 for row in self.tracker.active.tolist()]
+        lens = self.tracker.lens.tolist()
+        verified = [(reqs[j].draft_scores, depth, lens[j] - 1) for j, depth in enumerate(depths) if depth]
+        if not verified:
+            return None, 0
+        for req in reqs:
+            req.draft = []
+        scores, depths, accepted = evidence = _evidence(verified, max(d for _, d, _ in verified))
+        self.stats.drafts += len(verified)
+        self.stats.draft_tokens += int(depths.sum())
+        self.stats.accepted_tokens += int(accepted.sum())
+        return evidence, int(accepted.sum())
 
     def _shadow(self, req: Request, chain: list[int], scores: np.ndarray) -> None:
         """Keep `chain` (drafted from the request's text as it is now) to match against the tokens
@@ -188,8 +174,7 @@ class RLDraftProposer:
         chain (the rest of it counts as verified and rejected, as vLLM counts a draft), or the
         whole chain matched. A request that sampled nothing this step (finished, preempted or
         prefilling) resolves with what it emitted so far. Returns raw scores [n, depth], depths
-        [n] and accepted [n] as `_learn` does (None: nothing resolved). A Python pass over the
-        requests holding shadows, a few tokens each."""
+        [n] and accepted [n] as `_learn` does (None: nothing resolved)."""
         if not self._shadows:
             return None
         step, done, left = self.tracker.step, [], []
@@ -204,20 +189,16 @@ class RLDraftProposer:
             else:
                 left.append(req)
         self._shadows = left
-        resolved = [(req, depth, n) for req, depth, n in done if depth]
+        resolved = [(req.shadow_scores, depth, n) for req, depth, n in done if depth]
         for req, _, _ in done:
             req.shadow = []
         if not resolved:
             return None
-        depths = np.array([d for _, d, _ in resolved])
-        accepted = np.array([n for _, _, n in resolved])
-        scores = np.zeros((len(resolved), self.k))
-        for row, (req, depth, _) in enumerate(resolved):
-            scores[row, :depth] = req.shadow_scores[:depth]
+        scores, depths, accepted = evidence = _evidence(resolved, self.k)
         self.stats.shadows += len(resolved)
         self.stats.shadow_tokens += int(depths.sum())
         self.stats.shadow_accepted += int(accepted.sum())
-        return scores, depths, accepted
+        return evidence
 
     def _draft(self, reqs: list[Request]) -> tuple[list[list[int]], np.ndarray]:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
@@ -284,6 +265,16 @@ def read_recall(path: str | Path, vocab: int | None = None) -> list[tuple[list[i
                              f"[0, {vocab if vocab is not None else 'vocab'}) (prompt, completions); save it again")
         out.append((g["prompt"], g["completions"]))
     return out
+
+
+def _evidence(chains: list[tuple[np.ndarray | None, int, int]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(raw scores [n, width], depths [n], accepted [n]) of chains given as (their raw scores, tokens
+    verified, tokens accepted); a score past a chain's own (None: none known) is 0, unknown."""
+    scores = np.zeros((len(chains), width))
+    for row, (known, depth, _) in enumerate(chains):
+        if known is not None:
+            scores[row, : len(known[:depth])] = known[:depth]
+    return scores, np.array([d for _, d, _ in chains]), np.array([n for _, _, n in chains])
 
 
 def _vocab_size(vllm_config) -> int | None:
