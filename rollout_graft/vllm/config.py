@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..config import check_types
+from .methods import check_num_speculative_tokens
 
 PROPOSER_CLASS = "rollout_graft.vllm.proposer.RLDraftProposer"
 """Path of the proposer class; settings follow its name after a double underscore."""
@@ -110,8 +111,7 @@ def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPoli
     `share_in_group`, `use_prior`, `prior_path`). num_speculative_tokens: the deepest draft per request and
     step (D-cut chooses depths up to it).
     """
-    if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an int >= 1, got {num_speculative_tokens!r}")
+    check_num_speculative_tokens(num_speculative_tokens)
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ChainConfig)})
     if unknown:
         raise TypeError(f"unknown option(s) {unknown}: ChainConfig has "
