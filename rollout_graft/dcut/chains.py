@@ -52,7 +52,7 @@ class ChainPolicy(Protocol):
         depth = policy.plan(rows)                      # how deep to draft (0: not at all)
         depths, decision = policy.cut(tokens, scores)  # the depth verified per chain, and why
         ... vLLM verifies; at the next call:
-        policy.observe(ChainStep(...))         # what the step verified, accepted and took
+        policy.observe(ChainStep(...))                 # what the step verified, accepted and took
 
     and `explain()` for its summary. An implementation may subclass it for the defaults of
     `observe` and `explain`."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 
@@ -117,8 +116,8 @@ class RequestTracker:
     of the previous rollout as read-only texts.
 
     After `rows`, the step's arrays are kept for the proposer: `active` (rows that sampled),
-    `num` (committed tokens per active row), `lens` (tokens sampled per active row), `flat`
-    (those tokens, concatenated) and `created` (a request started this step: its prefill ran).
+    `num` (committed tokens per active row), `lens` (tokens sampled per active row) and `created`
+    (a request started this step: its prefill ran).
 
     Args:
         store: where the groups' tables live (default: a store of contexts of 1…4 tokens).
@@ -141,7 +140,7 @@ class RequestTracker:
         self.away: dict[str, Request] = {}  # requests that left the batch (finished or preempted), by id
         self.step = 0
         self.active = np.zeros(0, dtype=np.int64)
-        self.num = self.lens = self.flat = np.zeros(0, dtype=np.int64)
+        self.num = self.lens = np.zeros(0, dtype=np.int64)
         self.created = False
 
     def rows(self, ids: list, prompt_lens, sampled: list[list[int]], num_tokens: np.ndarray,
@@ -171,8 +170,6 @@ class RequestTracker:
         self.away.update(self.live)  # requests that did not sample this step: finished, preempted or prefilling
         self.live = live
         self.active, self.num, self.lens = active, num[active], lens[active]
-        self.flat = np.fromiter(chain.from_iterable(sampled[i] for i in active.tolist()), dtype=np.int64,
-                                count=int(self.lens.sum()))
         if self.step % 256 == 0:
             self.away = {rid: r for rid, r in self.away.items() if self.step - r.seen <= self.forget_after}
         return out

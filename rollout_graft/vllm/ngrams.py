@@ -22,14 +22,6 @@ MAX_ORDER = 8
 """Longest context: four int64 words of two tokens each."""
 
 
-
-def _k():
-    """The compiled kernels (`_kernels`), imported on first use: see there why not before."""
-    from . import _kernels
-
-    return _kernels
-
-
 def _pack(contexts: np.ndarray) -> np.ndarray:
     """Contexts [n, width ≤ MAX_ORDER] (right-aligned, -1 before a shorter one) → words [n, 4]."""
     full = np.full((len(contexts), MAX_ORDER), -1, dtype=np.int64)
@@ -61,8 +53,10 @@ class NgramStore:
         if not 1 <= min_order <= order <= MAX_ORDER:
             raise ValueError(f"contexts of min_match={min_order} … max_match={order} tokens: need "
                              f"1 <= min_match <= max_match <= {MAX_ORDER} (a context is packed in four int64 words)")
+        from . import _kernels  # imported on first use: see there why not before
+
         self.order, self.min_order = order, min_order
-        self.kern = _k()
+        self.kern = _kernels
         self.ctx = np.zeros((1024, 8), np.int64)  # contexts: owner, words, best successor, its count, total
         self.pairs = np.zeros((1024, 7), np.int64)  # owner, words, successor, count
         self.used = np.zeros(2, np.int64)  # rows taken in ctx and pairs, dead generations included

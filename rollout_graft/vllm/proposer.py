@@ -207,12 +207,8 @@ class RLDraftProposer:
         between its prompt's tree and its global tree so). First every group's new text is counted
         (`groups.catch_up`)."""
         catch_up(self.tracker.pending)
-        return self.store.chains([req.group.slot for req in reqs], self.prior, [req.text for req in reqs],
-                                 self._room(self.tracker.num), self.k)
-
-    def _room(self, length: np.ndarray) -> np.ndarray:
-        """Draft tokens each request may take: the depth, and the context left (vLLM's max_model_len)."""
-        return np.minimum(self.k, self.max_model_len - length - 1)
+        room = np.minimum(self.k, self.max_model_len - self.tracker.num - 1)  # the context left (max_model_len)
+        return self.store.chains([req.group.slot for req in reqs], self.prior, [req.text for req in reqs], room, self.k)
 
     # ------------------------------------------------------------------ state
     def summary(self) -> dict:
