@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..dcut.chains import ChainDCut, ChainStep, FixedDepth
+from ..dcut.chains import ChainDCut, ChainStep, FixedDepth, cut
 from ..files import atomic_write_json, is_int, read_json, require_keys
 from .config import MAX_MATCH, MAX_PRIOR_CONTEXTS, MIN_MATCH, PROPOSER_CLASS, RECALL_PROMPTS, ChainConfig
 from .groups import Request, RequestTracker, catch_up
@@ -105,11 +105,11 @@ class RLDraftProposer:
         if planned:
             chains, scores = self._draft(active)
             depths, decision = self.policy.cut(chains, scores)
-            for j, (i, req, chain, depth) in enumerate(zip(self.tracker.active.tolist(), active, chains, depths.tolist())):
-                if chain[:depth]:
-                    req.draft, req.draft_scores = chain[:depth], scores[j, : len(chain[:depth])]
-                    out[i] = req.draft
-                    drafted += len(req.draft)
+            for j, (i, req, chain, kept) in enumerate(zip(self.tracker.active.tolist(), active, chains, cut(chains, depths))):
+                if kept:
+                    req.draft, req.draft_scores = kept, scores[j, : len(kept)]
+                    out[i] = kept
+                    drafted += len(kept)
                 elif chain and not req.shadow:  # cut away: a shadow
                     self._shadow(req, chain, scores[j, : len(chain)])
             proposed = int((scores > 0).sum())
