@@ -137,18 +137,19 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
 def prior_memory(tokens: int, seed: int = 0) -> dict:
     """Host bytes per context of a prior that counted `tokens` completion tokens (phrases of 3-10
     tokens from a bank of 2000, so contexts repeat): the store's two hash tables over the contexts
-    held (`ChainConfig.max_prior_contexts`' bound)."""
-    from rollout_graft.vllm.ngrams import NgramCounts
+    held (`config.MAX_PRIOR_CONTEXTS`' bound)."""
+    from rollout_graft.vllm.ngrams import NgramStore
 
     rng = np.random.default_rng(seed)
     bank = [rng.integers(1, VOCAB, int(rng.integers(3, 11))) for _ in range(2000)]
     text = np.concatenate([bank[i] for i in rng.integers(0, len(bank), tokens // 3)])[:tokens].tolist()
-    prior = NgramCounts(4)
+    store = NgramStore(4)
+    prior = store.slot()
     for start in range(0, len(text), 1000):  # a step's worth of text at a time, as a proposer counts it
-        prior.teach(text, start, start + 1000)
-    store = prior.store
-    return {"tokens": len(text), "contexts": len(prior), "bytes": int(store.ctx.nbytes + store.pairs.nbytes),
-            "bytes_per_context": (store.ctx.nbytes + store.pairs.nbytes) / max(len(prior), 1)}
+        store.teach([(prior, -1, text, start, min(start + 1000, len(text)))])
+    contexts = int(store.sizes[prior])
+    return {"tokens": len(text), "contexts": contexts, "bytes": int(store.ctx.nbytes + store.pairs.nbytes),
+            "bytes_per_context": (store.ctx.nbytes + store.pairs.nbytes) / max(contexts, 1)}
 
 
 def main() -> None:

@@ -29,8 +29,8 @@ from rollout_graft.vllm import proposer_summary, speculative_config  # noqa: E40
 def policy_state(worker) -> dict:
     p = worker.model_runner.drafter.policy
     seen = float(p.calibration.seen.sum())
-    return {"plain": p.plain, "credit_ms": round(p.credit.ms, 2), "fit": p.cost.fit.coef.round(3).tolist(),
-            "steps_fitted": p.cost.fit.samples,
+    return {"plain": p.plain, "credit_ms": round(p.credit.ms, 2), "fit": p.cost.coef.round(3).tolist(),
+            "steps_fitted": p.cost.samples,
             "plain_share": round(p.plain_weight / p.step_weight, 3) if p.step_weight else None,
             "draft_ms1": round(float(p.draft_cost.predict(1)), 3),
             "accept_rate": round(float(p.calibration.accepted.sum()) / seen, 3) if seen else None}

@@ -8,7 +8,7 @@ Our proposer drafts as usual, but a random policy cuts each step's chains: a dep
 step's time (between `propose` calls, as D-cut measures it) is kept with its rows, draft tokens and
 rows that drafted. It then fits, on the steps with a (nearly) full batch, the step-cost models a
 budget policy could use — `linear` (a + b_rows·rows + b_draft·tokens), `spec` (+ b_spec when any
-row drafted: what `dcut.chains.StepCost` fits), and two richer ones (+ rows that drafted; + the
+row drafted: what `dcut.chains.step_cost_fit` fits), and two richer ones (+ rows that drafted; + the
 deepest chain) — and reports each model's cross-validated mean absolute error and its bias on the
 steps that drafted at most a token per row (the drafts D-cut weighs at break-even), and how much
 slower a token count's first step is than its later ones (`first_counts`: why the proposer does

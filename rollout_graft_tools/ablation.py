@@ -10,8 +10,7 @@ mechanism stays only where taking it out loses beyond the A/A twin's spread.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from rollout_graft.dcut.chains import step_cost_fit
 from rollout_graft.vllm.proposer import RLDraftProposer
 
 
@@ -32,18 +31,17 @@ class Same(_Variant):
 
 
 class NoExplore(_Variant):
-    """No forced plain step every `explore_every` drafting decisions."""
+    """No forced plain steps (kept at 1 in `explore_every` of the fit's memory)."""
 
     def ablate(self, policy):
-        policy.config = replace(policy.config, explore_every=0)
+        policy.explore_every = 0
 
 
 class NoSpecTerm(_Variant):
     """No speculative-path term: b_spec is held at 0 by a prior of overwhelming weight."""
 
     def ablate(self, policy):
-        policy.cost.spec_prior = 1e12
-        policy.cost.__post_init__()
+        policy.cost = step_cost_fit(policy.cost.forget, spec_prior=1e12)
 
 
 class NoShadows(_Variant):
@@ -60,7 +58,7 @@ class NoAging(_Variant):
     """The calibration never forgets."""
 
     def ablate(self, policy):
-        policy.config = replace(policy.config, forget=1.0)
+        policy.forget = 1.0
 
 
 VARIANTS = {"same": Same, "no-explore": NoExplore, "no-spec-term": NoSpecTerm, "no-shadows": NoShadows,

@@ -206,8 +206,8 @@ class ScoreThreshold(ChainPolicy):
     def plan(self, rows: int) -> int:
         return self.depth
 
-    def cut(self, draft):
-        return draft.cut((draft.scores >= self.tau).sum(1)), BudgetDecision(1.0)
+    def cut(self, tokens, scores):
+        return (scores >= self.tau).sum(1), BudgetDecision(1.0)
 
     def observe(self, step) -> None:
         pass

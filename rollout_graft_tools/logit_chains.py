@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 from rollout_graft.adjacency import EMPTY, AdjacencyIndex
-from rollout_graft.dcut.chains import ChainPolicy, Chains
+from rollout_graft.dcut import chains as dchains
+from rollout_graft.dcut.chains import ChainPolicy
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft_tools.chain_replay import SuffixReplay, replay_rows, vllm_config
 from rollout_graft_tools.replay import Recording
@@ -102,6 +103,9 @@ def record_set(spec: RecordSpec, out_dir: str | Path, name: str, rollouts=ROLLOU
 
 
 # ---------------------------------------------------------------------- chain cuts
+Chains = tuple[list[list[int]], np.ndarray]  # draft tokens per row and their raw scores [rows, depth]
+
+
 class ScoreThreshold(ChainPolicy):
     """Chains of at most `depth` tokens cut where their raw score (a prefix product) falls below
     `tau` (no cost model: replay has no clock). `last` keeps the uncut chains of the last call."""
@@ -113,10 +117,9 @@ class ScoreThreshold(ChainPolicy):
     def plan(self, rows: int) -> int:
         return self.depth
 
-    def cut(self, draft: Chains):
-        self.last = draft
-        keep = np.minimum((draft.scores[:, : self.depth] >= self.tau).sum(1), draft.depths)
-        return draft.cut(keep), BudgetDecision(1.0)
+    def cut(self, tokens: list[list[int]], scores: np.ndarray):
+        self.last = (tokens, scores)
+        return np.minimum((scores[:, : self.depth] >= self.tau).sum(1), (scores > 0).sum(1)), BudgetDecision(1.0)
 
     def observe(self, step) -> None:
         pass
@@ -228,7 +231,7 @@ class LogitChainProposer:
             score[:, d] = torch.where(alive, run, 0.0)
             prev, cur = cur, ids.clamp(min=0)
         depths = (score > 0).sum(1).numpy()
-        return Chains([t[:m] for t, m in zip(tokens.tolist(), depths.tolist())], score.numpy().astype(np.float64))
+        return [t[:m] for t, m in zip(tokens.tolist(), depths.tolist())], score.numpy().astype(np.float64)
 
     def draft(self, num: np.ndarray, token_ids: np.ndarray) -> Chains:
         """Learn what the last step verified, then one uncut chain per active row (row order)."""
@@ -245,8 +248,8 @@ class LogitChainProposer:
         return [self._completions[r][int(num[i]) - len(self._rows_prompt[r]):] for i, r in enumerate(self.requests)]
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
-        chains, _ = self.policy.cut(self.draft(num_tokens_no_spec, token_ids_cpu))
-        return list(chains.tokens) + [[] for _ in range(len(sampled_token_ids) - len(self.requests))]
+        tokens, scores = self.draft(num_tokens_no_spec, token_ids_cpu)
+        return dchains.cut(tokens, self.policy.cut(tokens, scores)[0]) + [[] for _ in range(len(sampled_token_ids) - len(self.requests))]
 
 
 class OffPathLogitChains(LogitChainProposer):
@@ -322,7 +325,7 @@ class Calibration:
 
     def update(self, chains: Chains, truths: list[list[int]]) -> None:
         """Each chain token whose outcome the text shows: accepted through it or not."""
-        for tokens, scores, truth in zip(chains.tokens, chains.scores, truths):
+        for tokens, scores, truth in zip(*chains, truths):
             n = next((j for j, (a, b) in enumerate(zip(tokens, truth)) if a != b), min(len(tokens), len(truth)))
             resolved = min(len(tokens), len(truth) - 1)  # the last token of a completion is never a draft's
             for j in range(resolved):
@@ -358,27 +361,27 @@ class BestOfChains:
         tokens, scores = [[] for _ in range(rows)], np.zeros((rows, self.k))
         if got is not None:
             for j, i in enumerate(order):
-                tokens[i] = got.tokens[j]
-                scores[i, : got.scores.shape[1]] = got.scores[j]
-        return Chains(tokens, scores)
+                tokens[i] = got[0][j]
+                scores[i, : got[1].shape[1]] = got[1][j]
+        return tokens, scores
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         self.text.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         ours = self.logits.draft(num_tokens_no_spec, token_ids_cpu)  # rows 0..n-1
-        text = self._text_chains(len(ours.tokens))
+        text = self._text_chains(len(ours[0]))
         cal = self.calibration
-        t_scores = text.scores if cal is None else cal["text"](text.scores)
-        l_scores = ours.scores if cal is None else cal["logits"](ours.scores)
+        t_scores = text[1] if cal is None else cal["text"](text[1])
+        l_scores = ours[1] if cal is None else cal["logits"](ours[1])
         use_text = expected_accepted(t_scores) > expected_accepted(l_scores)  # [rows]
-        tokens = [t if u else o for t, o, u in zip(text.tokens, ours.tokens, use_text.tolist())]
-        chains, _ = self.policy.cut(Chains(tokens, np.where(use_text[:, None], t_scores, l_scores)))
+        tokens = [t if u else o for t, o, u in zip(text[0], ours[0], use_text.tolist())]
+        kept = dchains.cut(tokens, self.policy.cut(tokens, np.where(use_text[:, None], t_scores, l_scores))[0])
         self.picked["text"] += int(use_text.sum())
         self.picked["logits"] += int((~use_text).sum())
         if cal is not None:  # outcomes resolve from the text emitted next (after this step's choice)
             truths = self.logits.truth(num_tokens_no_spec)
             cal["text"].update(text, truths)
             cal["logits"].update(ours, truths)
-        return list(chains.tokens) + [[] for _ in range(len(sampled_token_ids) - len(tokens))]
+        return kept + [[] for _ in range(len(sampled_token_ids) - len(tokens))]
 
 
 # ---------------------------------------------------------------------- the study

@@ -25,10 +25,10 @@ class RandomCut:
         self.share = self.rng.choice([0.25, 0.5, 1.0])
         return min(self.cut_to, self.depth)
 
-    def cut(self, draft):
-        depths = np.minimum(draft.depths, self.cut_to)
+    def cut(self, tokens, scores):
+        depths = np.minimum((scores > 0).sum(1), self.cut_to)
         depths[max(1, round(self.share * len(depths))):] = 0
-        return draft.cut(depths), BudgetDecision(1.0)
+        return depths, BudgetDecision(1.0)
 
     def observe(self, step) -> None:
         if step.ms is not None:

@@ -16,7 +16,6 @@ from rollout_graft.selection import keep_best
 from rollout_graft.stats import StepTiming
 from rollout_graft.tree import Draft
 
-
 # row 0: a confident chain; row 1: a poor bushy tree
 TREES = [
     [(-1, 0.9), (0, 0.8), (1, 0.7), (2, 0.5)],

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import require_extra  # noqa: E402
 
 require_extra("deepspeed", "deepspeed")

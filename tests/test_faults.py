@@ -284,13 +284,13 @@ def test_vllm_proposer_state_files_survive_corruption_and_interrupted_saves(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prior.safetensors", "recall.json"]
     fresh = _proposer(budget_policy="fixed", recall=2)
     fresh.load_state(tmp_path)
-    table = fresh.prior.table()
+    table = fresh.store.table(fresh.prior)
     for content in (b"\x00\x01garbage", b'[{"prompt": [1, 2]', b'[{"prompt": [1, 2]}]', b'{"prompt": []}',
                     b'[{"prompt": [1, -4], "completions": []}]', b'[{"prompt": [1, 99], "completions": [[2]]}]',
                     b'[{"prompt": [1, 2], "completions": [3]}]'):
         recall.write_bytes(content)
         named_error(recall, fresh.load_state, tmp_path)
-        assert fresh.prior.table() == table  # nothing changed by a refused load
+        assert fresh.store.table(fresh.prior) == table  # nothing changed by a refused load
 
 
 def test_vllm_counters_skip_a_draft_that_vllm_dropped():

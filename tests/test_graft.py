@@ -13,9 +13,9 @@ from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.dcut.trees import TreePolicy
 from rollout_graft.merge import merge_trees, sibling_duplicates, token_paths
-from rollout_graft.selection import keep_best
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.pruning import draft_quota, fit_thresholds, pruning_stage, separating_thresholds
+from rollout_graft.selection import keep_best
 from rollout_graft.tree import DRAFT, RETRIEVAL, Draft
 from rollout_graft.verify import accepted_along
 

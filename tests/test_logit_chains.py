@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from rollout_graft import SamplingParams
-from rollout_graft.dcut.chains import Chains
+from rollout_graft.dcut.chains import cut
 from rollout_graft_tools.chain_replay import replay_rows
 from rollout_graft_tools.logit_chains import Calibration, LogitChainProposer, OffPathLogitChains, ScoreThreshold, at_drafted
 from rollout_graft_tools.replay import Recording
@@ -69,10 +69,10 @@ def test_logit_chain_drafts_the_best_successors_its_group_learned():
     token_ids = np.zeros((2, 32), dtype=np.int32)
     token_ids[0, :6] = [1, 2, 3, 4, 5, 6]  # row 0 emitted all of 3 4 5 6: positions 0..3 are learned
     token_ids[1, :3] = [1, 2, 3]  # row 1 emitted 3: its next chain reads what row 0 taught the group
-    chains = prop.draft(np.array([6, 3]), token_ids)
-    assert chains.tokens[1] == [4, 5, 6]  # 3 → 4 → 5 → 6
-    np.testing.assert_allclose(chains.scores[1], [0.9, 0.81, 0.729], rtol=1e-3)  # prefix products
-    assert chains.tokens[0] == []  # nothing learned after 6 (its distribution is not verified yet)
+    tokens, scores = prop.draft(np.array([6, 3]), token_ids)
+    assert tokens[1] == [4, 5, 6]  # 3 → 4 → 5 → 6
+    np.testing.assert_allclose(scores[1], [0.9, 0.81, 0.729], rtol=1e-3)  # prefix products
+    assert tokens[0] == []  # nothing learned after 6 (its distribution is not verified yet)
     assert prop.learned == [4, 1]  # positions learned per request: those its verified steps computed
 
 
@@ -85,10 +85,10 @@ def test_logit_chain_backs_off_to_the_prior_and_cuts_by_score():
     token_ids = np.zeros((2, 32), dtype=np.int32)
     token_ids[0, :5] = [1, 2, 3, 4, 5]
     token_ids[1, :3] = [7, 2, 3]
-    chains = prop.draft(np.array([5, 3]), token_ids)
-    assert chains.tokens[1] == [4, 5]  # from the prior: 3 → 4 (0.6) → 5 (0.36); nothing after 5 yet
-    sent = prop.policy.cut(chains)[0]
-    assert sent.tokens[1] == [4]  # τ = 0.5 keeps the first token only (0.6 ≥ 0.5 > 0.36)
+    tokens, scores = prop.draft(np.array([5, 3]), token_ids)
+    assert tokens[1] == [4, 5]  # from the prior: 3 → 4 (0.6) → 5 (0.36); nothing after 5 yet
+    sent = cut(tokens, prop.policy.cut(tokens, scores)[0])
+    assert sent[1] == [4]  # τ = 0.5 keeps the first token only (0.6 ≥ 0.5 > 0.36)
 
 
 def test_offpath_learns_the_positions_past_a_rejected_token():
@@ -108,7 +108,7 @@ def test_offpath_learns_the_positions_past_a_rejected_token():
 
 def test_calibration_learns_acceptance_per_score_bin():
     cal = Calibration(bins=2, pseudo=1.0)
-    chains = Chains([[4, 5]] * 4, np.array([[0.9, 0.8]] * 4))
+    chains = ([[4, 5]] * 4, np.array([[0.9, 0.8]] * 4))
     cal.update(chains, [[4, 0, 0]] * 4)  # the first token is always accepted, the second never
     assert cal.seen[1] == 8 and cal.hits[1] == 4  # both tokens fall in the upper bin: 4 hits in 8
     # (hits + pseudo · raw) / (seen + pseudo): shrunk to the raw score; 0 past the chain's end

@@ -9,9 +9,8 @@ chi-square tests in test_lossless.py check the sampler itself). Larger run: lab/
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from conftest import load_script
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft import DCutConfig, EngineConfig, RolloutEngine, SamplingParams
 from rollout_graft.assets import TINY_DRAFT, TINY_TARGET, load_tiny_prompts

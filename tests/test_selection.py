@@ -3,7 +3,6 @@ padded tree forward) and the batch's global top K (vLLM's ragged chains)."""
 
 import numpy as np
 import torch
-
 from conftest import draft_with_scores
 
 from rollout_graft.selection import global_top_k_depths, keep_best

@@ -17,7 +17,6 @@ from rollout_graft.engine import RolloutEngine
 from trainers import GraftConfig, GraftGRPOTrainer
 from trainers.config import PRIOR_FILE
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

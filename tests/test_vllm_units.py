@@ -8,15 +8,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+from ngram_reference import PyNgramCounts
 
-from rollout_graft.dcut.chains import ChainDCut, ChainDCutConfig, Chains, ChainStep, FixedDepth, StepCost
+from rollout_graft.dcut.chains import ChainDCut, ChainStep, FixedDepth, cut, step_cost_fit, step_ms
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
-from rollout_graft.vllm.groups import RequestTracker
+from rollout_graft.vllm.groups import Group, RequestTracker, catch_up
+from rollout_graft.vllm.ngrams import NgramStore
 from rollout_graft.vllm.plugin import expand_kernel_impl
-from rollout_graft.vllm.ngrams import NgramCounts, NgramStore
-from rollout_graft.vllm.text_index import TextIndex, catch_up
-from ngram_reference import PyNgramCounts
 
 P1 = [5, 6, 7, 8]  # prompt of group 1
 P2 = [5, 6, 9]  # prompt of group 2 (shares a prefix with P1)
@@ -135,6 +134,7 @@ def test_an_unknown_request_with_a_completion_starts_with_it():
 
 def test_propose_without_the_rows_request_ids_says_what_is_missing():
     from conftest import load_script
+
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     prop = RLDraftProposer(load_script("lab/profile_vllm_proposer.py").vllm_config(3, 64))
@@ -149,6 +149,7 @@ def test_a_vllm_runner_without_request_ids_is_refused_when_the_proposer_is_built
     from types import SimpleNamespace
 
     from conftest import load_script
+
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     class InputBatch:  # no req_ids, num_reqs or num_prompt_tokens
@@ -185,7 +186,7 @@ def test_mixed_rollouts_in_one_batch_keep_their_groups():
 def chain_of(tracker: RequestTracker, req, depth: int) -> list[int]:
     """The chain the request's group counts continue its text with (its counts caught up first)."""
     catch_up(tracker.pending)
-    return req.group.index.counts.chain(req.text, depth)[0]
+    return req.group.store.chain(req.group.slot, req.text, depth)[0]
 
 
 def test_group_text_is_shared_and_recalled_across_rollouts():
@@ -207,22 +208,23 @@ def test_group_text_is_shared_and_recalled_across_rollouts():
 
 
 def test_chains_take_the_most_frequent_successor_of_the_longest_known_context():
-    """NgramCounts.chain: the longest context of the last `order` tokens that was seen decides (a
+    """NgramStore.chain: the longest context of the last `order` tokens that was seen decides (a
     shorter one only where no longer one is known), its most frequent successor is drafted (ties:
     the lower id), and each token's confidence is count / (total + 0.5) · n / (n + 1)."""
-    counts = NgramCounts(order=3)
-    counts.teach([1, 2, 3, 4, 1, 2, 3, 4, 9, 2, 3, 5, 8, 3, 6], 0)
-    tokens, scores = counts.chain([7, 1, 2, 3], 3)
+    counts = NgramStore(3)
+    text = [1, 2, 3, 4, 1, 2, 3, 4, 9, 2, 3, 5, 8, 3, 6]
+    counts.teach([(t := counts.slot(), -1, text, 0, len(text))])
+    tokens, scores = counts.chain(t, [7, 1, 2, 3], 3)
     # "1 2 3" → 4 twice; then "2 3 4" → 1 once, 9 once (tie: 1); then "3 4 1" → 2 once
     assert tokens == [4, 1, 2]
     conf = [2 / 2.5 * 3 / 4, 1 / 2.5 * 3 / 4, 1 / 1.5 * 3 / 4]
     assert np.allclose(scores, np.cumprod(conf))
-    tokens, scores = counts.chain([0, 3], 2)  # "0 3" unknown: "3" → 4 ×2, 5, 6 → 4; then "3 4" → 1 and 9: 1
+    tokens, scores = counts.chain(t, [0, 3], 2)  # "0 3" unknown: "3" → 4 ×2, 5, 6 → 4; then "3 4" → 1 and 9: 1
     assert tokens == [4, 1] and np.isclose(scores[0], 2 / 4.5 * 1 / 2)
-    assert counts.chain([0], 4) == ([], [])  # nothing follows 0: no chain
-    pairs = NgramCounts(order=3, min_order=2)  # contexts of 2-3 tokens only: "3" alone is not one
-    pairs.teach([1, 2, 3, 4, 1, 2, 3, 4, 9, 2, 3, 5, 8, 3, 6], 0)
-    assert pairs.chain([0, 3], 2) == ([], []) and pairs.chain([2, 3], 1)[0] == [4]
+    assert counts.chain(t, [0], 4) == ([], [])  # nothing follows 0: no chain
+    pairs = NgramStore(3, 2)  # contexts of 2-3 tokens only: "3" alone is not one
+    pairs.teach([(p := pairs.slot(), -1, text, 0, len(text))])
+    assert pairs.chain(p, [0, 3], 2) == ([], []) and pairs.chain(p, [2, 3], 1)[0] == [4]
 
 
 def test_compiled_tables_count_and_chain_as_the_python_rule():
@@ -236,7 +238,7 @@ def test_compiled_tables_count_and_chain_as_the_python_rule():
         order = int(rng.integers(1, 9))
         lo = int(rng.integers(1, order + 1))
         store = NgramStore(order, lo)
-        mine, prior = NgramCounts(order, lo, store=store), NgramCounts(order, lo, store=store)
+        mine, prior = store.slot(), store.slot()
         ref, ref_prior = PyNgramCounts(order, lo), PyNgramCounts(order, lo)
         vocab = int(rng.integers(2, 12))
         for _ in range(12):
@@ -244,49 +246,52 @@ def test_compiled_tables_count_and_chain_as_the_python_rule():
             if trial % 3 == 0:
                 text = [t + 2**31 - 20 for t in text]
             start = int(rng.integers(0, len(text) + 1))
-            mine.teach(text, start, also=prior)
+            store.teach([(mine, prior, text, start, len(text))])
             ref.teach(text, start, also=ref_prior)
-        assert mine.table() == ref.table() and prior.table() == ref_prior.table() and len(mine) == len(ref.best)
+        assert store.table(mine) == ref.table() and store.table(prior) == ref_prior.table()
+        assert store.sizes[mine] == len(ref.best)
         contexts = [rng.integers(0, vocab, int(rng.integers(0, 10))).tolist() for _ in range(30)]
         if trial % 3 == 0:
             contexts = [[t + 2**31 - 20 for t in c] for c in contexts]
         room = rng.integers(-1, 9, len(contexts))
         chains, scores = store.chains([mine] * len(contexts), prior, contexts, room, 8)
         for c, r, chain, row in zip(contexts, room.tolist(), chains, scores):
-            assert mine.chain(c, r) == ref.chain(c, r) if r > 0 else True
+            assert store.chain(mine, c, r) == ref.chain(c, r) if r > 0 else True
             own, other = ref.chain(c, r) if r > 0 else ([], []), ref_prior.chain(c, r) if r > 0 else ([], [])
             tokens, conf = other if sum(other[1]) > sum(own[1]) else own
             assert chain == tokens and row[: len(conf)].tolist() == conf and not row[len(conf) :].any()
 
 
-def test_a_collected_table_frees_its_slot():
+def test_a_collected_group_frees_its_slot():
     store = NgramStore(2)
-    table = NgramCounts(2, store=store)
-    table.teach([1, 2, 3], 0)
-    slot = table.slot
-    del table
+    group = Group([1, 2, 3], store)
+    group.add([1, 2, 3])
+    catch_up({0: group})
+    slot = group.slot
+    assert store.sizes[slot] > 0
+    del group
     import gc
 
     gc.collect()
-    again = NgramCounts(2, store=store)
-    assert again.slot == slot and len(again) == 0
+    again = store.slot()
+    assert again == slot and store.sizes[again] == 0
     with pytest.raises(ValueError, match="max_match"):
         NgramStore(9)
 
 
 def test_group_counts_are_made_lazily_and_as_on_arrival():
-    """`extend` only appends; `catch_up` counts every pending index's new text.
+    """`extend` only appends; `catch_up` counts every pending group's new text.
     The counts and chains are those of counting each token on arrival, in any order; a request's
     completion (not the prompt, not a recalled text) also teaches the shared prior."""
     rng = np.random.default_rng(0)
-    prior, pending = NgramCounts(3), {}
-    index = TextIndex(1, 3, shared=prior, pending=pending)
+    store, pending = NgramStore(3), {}
+    prior = store.slot()
+    index = Group([9, 9, 8], store, prior, pending)
     index.add([9, 9, 8])  # the prompt
     recalled = index.add([9, 9, 8, 4, 4], counted_from=3)
     tids = [index.add([9, 9, 8], counted_from=3, emitted=True) for _ in range(3)]
-    eager, eager_prior = NgramCounts(3), NgramCounts(3)
-    eager.teach([9, 9, 8], 0)
-    eager.teach([9, 9, 8, 4, 4], 3)
+    eager, eager_prior = store.slot(), store.slot()
+    store.teach([(eager, -1, [9, 9, 8], 0, 3), (eager, -1, [9, 9, 8, 4, 4], 3, 5)])
     texts = {t: [9, 9, 8] for t in tids}
     for _ in range(40):
         for tid in rng.permutation(tids).tolist():
@@ -294,68 +299,77 @@ def test_group_counts_are_made_lazily_and_as_on_arrival():
             index.extend(tid, tokens)
             start = len(texts[tid])
             texts[tid] += tokens
-            eager.teach(texts[tid], start)
-            eager_prior.teach(texts[tid], start)
-        assert pending and index.stale and len(prior) == 0  # nothing counted while nothing drafts
+            store.teach([(eager, eager_prior, texts[tid], start, len(texts[tid]))])
+        assert pending and index.stale and store.sizes[prior] == 0  # nothing counted while nothing drafts
     catch_up(pending)
     assert not pending and not index.stale
-    assert index.counts.table() == eager.table() and prior.table() == eager_prior.table()
-    assert index.counts.chain(texts[tids[0]], 4) == eager.chain(texts[tids[0]], 4)
+    assert store.table(index.slot) == store.table(eager) and store.table(prior) == store.table(eager_prior)
+    assert store.chain(index.slot, texts[tids[0]], 4) == store.chain(eager, texts[tids[0]], 4)
     index.extend(tids[1], [7, 6])
     index.extend(tids[2], [7])
     catch_up(pending)
-    assert index.counts.chain(index.texts[tids[2]], 1)[0] == [6]  # a sibling's new text
-    assert not pending and prior.chain([7], 1)[0] == [6] and recalled not in index.stale
+    assert store.chain(index.slot, index.texts[tids[2]], 1)[0] == [6]  # a sibling's new text
+    assert not pending and store.chain(prior, [7], 1)[0] == [6] and recalled not in index.stale
 
 
 def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
-    counts = NgramCounts(order=2, max_contexts=100)
-    counts.teach([1, 2, 3, 1, 2, 4, 1, 2, 3], 0)
-    counts.save(tmp_path / "prior.safetensors")
-    loaded = NgramCounts(order=2)
-    loaded.load(tmp_path / "prior.safetensors")
-    assert loaded.table() == counts.table()
-    loaded.save(tmp_path / "again.safetensors")  # the same table gives the same file
+    store = NgramStore(2)
+    counts = store.slot(max_contexts=100)
+    store.teach([(counts, -1, [1, 2, 3, 1, 2, 4, 1, 2, 3], 0, 9)])
+    store.save(counts, tmp_path / "prior.safetensors")
+    loaded = store.slot()
+    store.load(loaded, tmp_path / "prior.safetensors")
+    assert store.table(loaded) == store.table(counts)
+    store.save(loaded, tmp_path / "again.safetensors")  # the same table gives the same file
     from safetensors.numpy import load_file
 
     first, again = load_file(str(tmp_path / "prior.safetensors")), load_file(str(tmp_path / "again.safetensors"))
     assert all(np.array_equal(first[key], again[key]) for key in first)
     with pytest.raises(ValueError, match="max_match=2"):
-        NgramCounts(order=4).load(tmp_path / "prior.safetensors")
+        NgramStore(4).load(0, tmp_path / "prior.safetensors")
     from rollout_graft.adjacency import AdjacencyIndex
 
     AdjacencyIndex.empty(1, 10, 2).save(tmp_path / "engine.safetensors")
     with pytest.raises(ValueError, match="save_state"):
-        loaded.load(tmp_path / "engine.safetensors")
-    counts.teach(list(range(200)), 0)  # > 100 contexts: the table starts over
-    assert counts.resets == 1 and len(counts) == 0
+        store.load(loaded, tmp_path / "engine.safetensors")
+    store.teach([(counts, -1, list(range(200)), 0, 200)])  # > 100 contexts: the table starts over
+    assert store.resets[counts] == 1 and store.sizes[counts] == 0
+
+
+def observe_step(cost, rows: int, draft: int, ms: float) -> None:
+    """The step-cost fit observes a step of `rows` requests and `draft` draft tokens that took `ms`."""
+    cost.observe((1.0, rows, draft, float(draft > 0)), ms)
 
 
 def test_step_cost_fit_recovers_a_linear_cost_and_the_speculative_paths():
-    cost = StepCost(spec_prior=0.0, draft_prior=0.0)
+    cost = step_cost_fit(0.97, spec_prior=0.0, draft_prior=0.0)
     rng = np.random.default_rng(0)
     for _ in range(200):
         rows, draft = int(rng.integers(1, 64)), int(rng.integers(0, 256)) * int(rng.integers(0, 2))
-        cost.observe(rows, draft, 5.0 + 0.5 * rows + 0.1 * draft + 2.0 * (draft > 0))
-    a, b_rows, b_draft, b_spec = cost.fit.coef
+        observe_step(cost, rows, draft, 5.0 + 0.5 * rows + 0.1 * draft + 2.0 * (draft > 0))
+    a, b_rows, b_draft, b_spec = cost.coef
     assert a == pytest.approx(5.0, abs=0.2) and b_rows == pytest.approx(0.5, abs=0.02)
     assert b_draft == pytest.approx(0.1, abs=0.01) and b_spec == pytest.approx(2.0, abs=0.2)
-    assert cost.predict(10, [0, 1, 10]).tolist() == pytest.approx([10.0, 12.1, 13.0], abs=0.2)
+    assert step_ms(cost.coef, 10, [0, 1, 10]).tolist() == pytest.approx([10.0, 12.1, 13.0], abs=0.2)
 
 
 def test_step_cost_forgets_the_speculative_paths_cost_it_no_longer_measures():
     """The priors of drafting's costs (0, one step's and one token's weight) take over as the drafting
     steps are forgotten, so an over-estimate — vLLM's first speculative steps are slow — does not
     keep D-cut plain for good."""
-    cost = StepCost()
+    cost = step_cost_fit(0.97)
+
+    def predict(k: int) -> float:
+        return float(step_ms(cost.coef, 1, k))
+
     for i in range(40):
         k = (0, 1, 0, 8)[i % 4]  # plain steps and drafts of 1 and 8 tokens: the speculative path 4 ms
-        cost.observe(1, k, 6.0 + 4.0 * (k > 0) + 0.1 * k)
-    assert cost.predict(1, 1) - cost.predict(1, 0) > 3.0
+        observe_step(cost, 1, k, 6.0 + 4.0 * (k > 0) + 0.1 * k)
+    assert predict(1) - predict(0) > 3.0
     for _ in range(150):  # plain steps only
-        cost.observe(1, 0, 6.0)
-    assert cost.predict(1, 0) == pytest.approx(6.0, abs=0.1) and cost.predict(1, 1) - cost.predict(1, 0) < 1.0
-    assert cost.predict(1, 8) - cost.predict(1, 0) < 4.8  # a draft token's shrinks too (its weight: tokens²)
+        observe_step(cost, 1, 0, 6.0)
+    assert predict(0) == pytest.approx(6.0, abs=0.1) and predict(1) - predict(0) < 1.0
+    assert predict(8) - predict(0) < 4.8  # a draft token's shrinks too (its weight: tokens²)
 
 
 def test_dcut_drafts_nothing_that_does_not_pay_the_speculative_paths_cost():
@@ -367,20 +381,20 @@ def test_dcut_drafts_nothing_that_does_not_pay_the_speculative_paths_cost():
     for i in range(60):
         draft = (i % 3) * 16  # plain, half and full drafts
         timed(policy, 8, draft, 10.0 + 2.0 * (draft > 0) + 0.05 * draft, 8 + int(0.5 * draft))
-    assert policy.cost.predict(8, [0, 1, 32]).tolist() == pytest.approx([10.0, 12.05, 13.6], abs=0.7)  # b_spec's prior
+    assert step_ms(policy.cost.coef, 8, [0, 1, 32]).tolist() == pytest.approx([10.0, 12.05, 13.6], abs=0.7)  # b_spec's prior
     policy.calibration.observe(np.full((500, 4), 0.9), np.ones((500, 4), bool),
                                     np.random.default_rng(0).random((500, 4)) < 0.9 ** np.arange(1, 5))
     one = np.zeros((8, 4))
     one[0, 0] = 0.9
-    assert policy.cut(chains(one))[1].kept == 0
+    assert policy.cut(*chains(one))[1].kept == 0
     policy.plain = False
     one[0] = 0.9 ** np.arange(1, 5)
-    assert policy.cut(chains(one))[1].kept == 4
+    assert policy.cut(*chains(one))[1].kept == 4
 
 
-def chains(scores: np.ndarray) -> Chains:
+def chains(scores: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
     """Chains of made-up tokens with these raw scores."""
-    return Chains([list(range(int((row > 0).sum()))) for row in scores], scores)
+    return [list(range(int((row > 0).sum()))) for row in scores], scores
 
 
 def timed(policy, rows: int, drafted: int, ms: float, emitted: int, draft_ms: float = 0.0, verified=None) -> None:
@@ -400,10 +414,10 @@ def test_dcut_verifies_drafts_only_where_they_pay():
         timed(policy, 8, 0, None, 8, verified=(np.tile(scores[:1], (500, 1)), np.full(500, 4),
                                                np.random.default_rng(0).binomial(4, 0.9, 500)))
     assert cheap.plan(8) == 4
-    cut, decision = cheap.cut(chains(scores))
-    assert decision.kept == 32 and cut.depths.tolist() == [4] * 8 and not decision.probe
-    cut, decision = dear.cut(chains(scores))
-    assert decision.kept == 0 and not decision.probe and cut.tokens == [[]] * 8 and dear.plain
+    depths, decision = cheap.cut(*chains(scores))
+    assert decision.kept == 32 and depths.tolist() == [4] * 8 and not decision.probe
+    depths, decision = dear.cut(*chains(scores))
+    assert decision.kept == 0 and not decision.probe and cut(chains(scores)[0], depths) == [[]] * 8 and dear.plain
 
 
 def test_speculative_config_round_trip_and_errors():
@@ -428,14 +442,15 @@ def test_speculative_config_round_trip_and_errors():
         speculative_config(recall=-1)
 
 
-def test_tracker_and_index_take_their_sizes_from_the_config():
-    prior = NgramCounts(2, 2)
-    tracker = RequestTracker(2, 2, prior=prior)
+def test_tracker_groups_count_in_its_store_and_teach_its_prior():
+    store = NgramStore(2, 2)
+    prior = store.slot()
+    tracker = RequestTracker(store, prior)
     Batch([[1, 2, 3, 4, 5, 6]]).step(tracker, [[9]])
-    index = tracker.groups[next(iter(tracker.groups))].index
-    assert (index.min_match, index.max_match) == (2, 2) and index.shared is prior
+    group = tracker.groups[next(iter(tracker.groups))]
+    assert group.store is store and group.prior == prior
     catch_up(tracker.pending)
-    assert all(len(key) == 2 for key in index.counts.table()) and list(prior.table()) == [(5, 6)]
+    assert all(len(key) == 2 for key in store.table(group.slot)) and list(store.table(prior)) == [(5, 6)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32])
@@ -479,8 +494,8 @@ def test_dcut_backs_off_while_plain_decoding_wins():
         if planned:
             probes += 1
             was_plain = dear.plain  # the first decision, and one after a draft, are not probes
-            cut, decision = dear.cut(chains(scores))
-            kept = int(cut.depths.sum())
+            depths, decision = dear.cut(*chains(scores))
+            kept = int(depths.sum())
             assert decision.kept == kept and decision.probe == (was_plain and kept == 0)
             drafted += kept > 0
             dear.observe(ChainStep(8, planned, kept, 2.0, decision, None, 20.0 + 5.0 * kept, 8))  # 2 ms beyond a 18 ms step
@@ -491,8 +506,8 @@ def test_dcut_backs_off_while_plain_decoding_wins():
     assert 1 <= drafted <= 4
     fixed = FixedDepth(4)  # a fixed depth: every chain whole
     assert all(fixed.plan(8) == 4 for _ in range(5))
-    cut, decision = fixed.cut(chains(scores))
-    assert int(cut.depths.sum()) == 32 and decision.ratio == 1.0
+    depths, decision = fixed.cut(*chains(scores))
+    assert int(depths.sum()) == 32 and decision.ratio == 1.0
 
 
 def test_a_probe_cut_to_nothing_costs_its_drafting_not_the_steps_noise():
@@ -515,18 +530,18 @@ def test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted(forget):
     drafting steps that emitted little) and decodes plainly; now the chains it cuts away would be
     accepted whole. Resolved shadows show it, and D-cut drafts again within a few probes —
     sooner with a calibration that forgets (here 4 probes) than with one that never does (10)."""
-    policy = ChainDCut(4, ChainDCutConfig(forget=forget))
+    policy = ChainDCut(4, forget=forget)
     scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
     rejected = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.zeros(8, dtype=np.int64))
     for i in range(200):  # a draft token costs 0.2 ms, a plain row-step 2.25 ms: p > 9 % pays
         drafted = 32 * (i % 2)
         timed(policy, 8, drafted, 18.0 + 0.2 * drafted, 8, verified=rejected if drafted else None)
-    assert policy.cut(chains(scores))[1].kept == 0 and policy.plain
+    assert policy.cut(*chains(scores))[1].kept == 0 and policy.plain
     accepted = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.full(8, 4))
     first = None
     for step in range(300):
         planned = policy.plan(8)
-        decision = policy.cut(chains(scores))[1] if planned else None
+        decision = policy.cut(*chains(scores))[1] if planned else None
         kept = decision.kept if decision else 0
         if kept and first is None:
             first = step
@@ -556,6 +571,7 @@ def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
     ends one (the rest counts as verified and rejected, as vLLM counts a draft), a chain emitted whole
     resolves accepted whole."""
     from conftest import load_script
+
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     bench = load_script("lab/profile_vllm_proposer.py")
@@ -583,6 +599,7 @@ def test_a_step_that_prefilled_a_new_request_is_not_timed():
     """The policy gets no time for a step that also prefilled a request (a prefill is not a decode
     step's cost), nor for the first; every other step is timed."""
     from conftest import load_script
+
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     class Recorder:  # a policy that never drafts and records the step times it is given
@@ -612,6 +629,7 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
     """A request that samples nothing in a step (finished, preempted) resolves its shadow with the
     tokens it emitted: those compared, all matched."""
     from conftest import load_script
+
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     bench = load_script("lab/profile_vllm_proposer.py")
@@ -631,13 +649,13 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
                                  {"step_forget": "0.9"}])
 def test_chain_dcut_settings_refuse_values_outside_their_range(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
-        ChainDCutConfig(**bad)
+        ChainDCut(4, **bad)
 
 
 def test_dcut_follows_plain_steps_that_became_faster():
     """Plain steps measured long ago (a slower machine) must not keep D-cut drafting: decisions to
     draft decode plainly while plain steps make up less than 1 in 16 of the fit's memory
-    (`ChainDCutConfig.explore_every`), so the step-cost fit measures plain steps while drafting,
+    (`ChainDCut`'s explore_every), so the step-cost fit measures plain steps while drafting,
     and once they are faster per token than drafting ones D-cut decodes plainly
     (bar a few probes). Without those steps the fit never sees a plain step again and drafts on."""
     policy = ChainDCut(4)
@@ -648,7 +666,7 @@ def test_dcut_follows_plain_steps_that_became_faster():
     drafted = []
     for _ in range(600):  # now plain steps take 10 ms (0.8 tokens/ms), drafting ones still 20
         planned = policy.plan(8)
-        decision = policy.cut(chains(scores))[1] if planned else None
+        decision = policy.cut(*chains(scores))[1] if planned else None
         kept = decision.kept if decision else 0
         ms, emitted = (20.0, 12) if kept else (10.0, 8)
         policy.observe(ChainStep(8, planned, kept, 0.0, decision, verified if kept else None, ms, emitted))
@@ -669,11 +687,10 @@ def simulate(policy, steps: int, accept: float, spec_ms: float, seed: int = 0) -
         accepted = np.minimum(rng.geometric(1 - accept, 8) - 1, 8)
         if planned:
             raw = np.cumprod(np.sort(rng.uniform(0.05, 0.6, (8, 8)), axis=1)[:, ::-1], axis=1) ** 0.3
-            cut, decision = policy.cut(chains(raw))
-            depths = cut.depths
+            depths, decision = policy.cut(*chains(raw))
             kept = int(depths.sum())
             if kept:
-                verified = (cut.scores[depths > 0], depths[depths > 0], np.minimum(accepted, depths)[depths > 0])
+                verified = (raw[depths > 0], depths[depths > 0], np.minimum(accepted, depths)[depths > 0])
             if (depths == 0).any():
                 shadowed = (raw[depths == 0], np.full(int((depths == 0).sum()), 8), accepted[depths == 0])
         emitted = 8 + (int(np.minimum(accepted, depths).sum()) if kept else 0)
@@ -766,6 +783,7 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
     the drafts of `Reference`, which rebuilds every table from each request's whole text every call:
     tracking requests by id, counting lazily and recalling lose nothing."""
     from conftest import load_script
+
     from rollout_graft.vllm import proposer
 
     bench = load_script("lab/profile_vllm_proposer.py")

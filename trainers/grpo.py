@@ -31,7 +31,6 @@ from rollout_graft.engine import RolloutEngine
 from rollout_graft.files import atomic_write_json, is_int, local_dir, read_json, require_keys
 from rollout_graft.proposers.drafter import check_same_vocabulary
 from rollout_graft.stats import RolloutStats
-
 from rollout_graft.vllm import load_proposer_state, save_proposer_state
 
 from .config import PRIOR_FILE, ROLLOUT_STATE_FILE, VLLM_STATE_DIR, GraftConfig

@@ -6,7 +6,7 @@
     trees.py   the engine's policies over draft trees (TreePolicy: FixedBudget, DCut) and their step
                cost (TreeStepCost: the profiled `cost.CostModel` as a prior, corrected by measured steps)
     chains.py  the vLLM proposer's policies over draft chains (ChainPolicy: FixedDepth, ChainDCut) and
-               their step cost (StepCost: vLLM's steps fitted online)
+               their step cost (step_cost_fit: vLLM's steps fitted online)
 
 The package imports none of its modules: the vLLM worker imports `core` and `chains` only, never
 the engine's side (`trees` → `cost` → the model runner → transformers).

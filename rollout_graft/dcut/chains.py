@@ -1,42 +1,22 @@
 """Budget policies for chain drafts (vLLM's speculative decoding): a draft depth per request.
 
-vLLM verifies one chain per request and packs every scheduled token of the batch into one
-forward, so its step time follows the number of scheduled tokens — the setting of the D-cut
-paper itself. The vLLM proposer calls a `ChainPolicy` (plan → cut → observe) over `Chains`
-(`FixedDepth`: every chain whole). Each step `ChainDCut` takes every request's chain with the
-score of each draft token (the prefix product of confidences, calibrated against observed
-acceptance by the `core.ScoreCalibration` the engine's D-cut uses too), keeps the batch's global
-top-K tokens, and picks K to maximise expected emitted tokens per predicted step time:
+The vLLM proposer calls a `ChainPolicy` (plan → cut → observe) over chains: a token list per
+request and the raw score of each token ([rows, depth], prefix products, 0 past a chain's end).
+`FixedDepth` verifies every chain whole. `ChainDCut` calibrates the scores against observed
+acceptance (`core.ScoreCalibration`), keeps the batch's global top-K draft tokens (a prefix of
+each chain: `selection.global_top_k_depths`) and picks K to maximise
 
-    E[emitted | K] = rows + Σ_{top-K tokens} score        (one bonus/recovered token per row)
-    time(K)        = a + b_rows · rows + b_draft · K + b_spec · [K > 0]
-                                                          (fitted online to vLLM's measured steps:
-                                                           `StepCost`; b_spec: the speculative
-                                                           path's own cost)
+    (rows + Σ_{top-K} calibrated score) / (a + b_rows·rows + b_draft·K + b_spec·[K > 0])
 
-K = 0 (plain decoding) is always a candidate. Every chain the proposer computed and D-cut did not
-send still teaches the calibration: the proposer keeps it as a *shadow* and compares it with the
-tokens the request goes on to emit (`ChainStep.shadowed`). A draft token without draft
-probabilities is accepted by vLLM's rejection sampler with the target's probability of it, which
-is also the probability that plain (or any lossless) decoding emits it there, so a shadow's
-matched prefix is distributed as its accepted prefix would have been: evidence of the same kind as
-a verified draft's, at the cost of drafting alone. The calibration forgets (`forget` per step that
-brought evidence), so when a rollout's drafts start to be accepted — a later epoch whose prompts
-recall their completions — D-cut follows within tens of steps, whether it drafted or not.
-
-After a plain decision the proposer drafts nothing until the next draft (a probe) is affordable:
-`core.ProbeCredit`, charged with what the probe cost beyond a plain step (the proposer's
-drafting time). A probe is an ordinary decision on fresh chains; what it cuts away becomes shadows.
-Scores never increase along a chain, so the global top-K is a prefix of each chain: a depth per
-request (`selection.global_top_k_depths`). The step time is measured between consecutive `propose`
-calls (vLLM's whole step: schedule, forward, sample, propose) and fitted by exponentially weighted
-least squares (`core.CostFit`). Every mechanism here was raced against the policy without it; what
-stays and why: docs/DESIGN.md, "The vLLM backend", step 4.
+with the step time fitted online to vLLM's measured steps (`step_cost_fit`); K = 0 is always a
+candidate, and after it the next draft is a probe paid from `core.ProbeCredit`. Chains cut away
+teach the calibration as shadows (`ChainStep.shadowed`). Why each mechanism is there, and what
+was raced out: docs/DESIGN.md, "The vLLM backend", step 4.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -45,22 +25,9 @@ from ..selection import global_top_k_depths
 from .core import RIDGE, BudgetDecision, CostFit, ProbeCredit, RowCost, ScoreCalibration
 
 
-@dataclass(slots=True)
-class Chains:
-    """One draft chain per request and the raw score of each of its tokens ([rows, depth], 0 past
-    the chain's end; non-increasing along a chain)."""
-
-    tokens: list[list[int]]
-    scores: np.ndarray
-
-    @property
-    def depths(self) -> np.ndarray:
-        return (self.scores > 0).sum(1)
-
-    def cut(self, depths: np.ndarray) -> Chains:
-        """Each chain's first `depths[i]` tokens."""
-        keep = np.arange(self.scores.shape[1]).reshape(1, -1) < depths.reshape(-1, 1)
-        return Chains([t[:d] for t, d in zip(self.tokens, depths.tolist())], np.where(keep, self.scores, 0.0))
+def cut(tokens: list[list[int]], depths: np.ndarray) -> list[list[int]]:
+    """Each chain's first `depths[i]` tokens."""
+    return [t[:d] for t, d in zip(tokens, depths.tolist())]
 
 
 @dataclass(slots=True)
@@ -82,10 +49,10 @@ class ChainStep:
 class ChainPolicy(Protocol):
     """How deep each request drafts. The vLLM proposer calls, every step:
 
-        depth = policy.plan(rows)              # how deep to draft (0: not at all)
-        chains, decision = policy.cut(chains)  # the depths verified, and why
+        depth = policy.plan(rows)                      # how deep to draft (0: not at all)
+        depths, decision = policy.cut(tokens, scores)  # the depth verified per chain, and why
         ... vLLM verifies; at the next call:
-        policy.observe(ChainStep(...))         # what the step verified, accepted and took
+        policy.observe(ChainStep(...))                 # what the step verified, accepted and took
 
     and `explain()` for its summary. An implementation may subclass it for the defaults of
     `observe` and `explain`."""
@@ -94,8 +61,9 @@ class ChainPolicy(Protocol):
         """Draft depth this step, for `rows` requests (0: decode plainly)."""
         ...
 
-    def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
-        """The part of each chain vLLM verifies this step."""
+    def cut(self, tokens: list[list[int]], scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
+        """How many tokens of each chain (`tokens`, with the raw score of each token: [rows, depth],
+        0 past a chain's end, non-increasing along it) vLLM verifies this step: depths [rows]."""
         ...
 
     def observe(self, step: ChainStep) -> None:
@@ -115,8 +83,8 @@ class FixedDepth(ChainPolicy):
     def plan(self, rows: int) -> int:
         return self.depth
 
-    def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
-        return draft, BudgetDecision(1.0)
+    def cut(self, tokens: list[list[int]], scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
+        return np.array([len(t) for t in tokens], dtype=np.int64), BudgetDecision(1.0)
 
 
 def step_ms(coef: np.ndarray, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
@@ -126,50 +94,10 @@ def step_ms(coef: np.ndarray, rows: int, draft_tokens: np.ndarray | int) -> np.n
     return a + b_rows * rows + b_draft * k + b_spec * (k > 0)
 
 
-@dataclass(frozen=True)
-class ChainDCutConfig:
-    """The chain D-cut's settings (not user options: `ChainConfig` holds those). Each stayed through
-    the ablation on evidence of its own (docs/DESIGN.md, the vLLM backend, step 4).
-
-    Args:
-        explore_every: a decision to draft decodes plainly instead while plain steps make up less
-            than 1 in `explore_every` of the step-cost fit's measured steps (weighted as the fit
-            weighs them: `step_forget`; 0: never). A fit that only ever sees drafting steps cannot
-            tell the plain step's cost from drafting's (its priors then price drafting at 0): D-cut
-            drafted on through 600 steps of a machine whose plain steps had become twice as fast per
-            token, where plain steps kept at 1 in 16 bring it to plain decoding within 200
-            (`test_dcut_follows_plain_steps_that_became_faster`). Kept as a share of the fit's memory
-            rather than every n-th decision, the first plain step is measured at the start, not
-            after 15 steps drafted blind (`test_dcut_measures_a_plain_step_before_drafting_on`).
-        probe_share: `core.ProbeCredit.share`: after a plain decision, probes that find nothing cost
-            at most this share of the time (the engine's `DCutConfig.probe_share`).
-        forget: the calibration's memory per step that brought evidence (verified drafts or resolved
-            shadows; 1: never forgets). A test shows a forgetting calibration following drafts that
-            start to be accepted within 6 steps, one that never forgets not before 9
-            (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`).
-        step_forget: the step-cost fit's memory per step measured (`StepCost`).
-        draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
-    """
-
-    explore_every: int = 16
-    probe_share: float = 0.01
-    forget: float = 0.98
-    step_forget: float = 0.97
-    draft_forget: float = 0.9
-
-    def __post_init__(self) -> None:
-        if isinstance(self.explore_every, bool) or not isinstance(self.explore_every, int) or self.explore_every < 0:
-            raise ValueError(f"explore_every must be an int >= 0 (0: never), got {self.explore_every!r}")
-        for name in ("probe_share", "forget", "step_forget", "draft_forget"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-                raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
-
-
-@dataclass
-class StepCost:
-    """ms of one vLLM step ≈ a + b_rows·rows + b_draft·draft_tokens + b_spec·[draft_tokens > 0]
-    (`step_ms`): one non-negative `CostFit`.
+def step_cost_fit(forget: float, spec_prior: float = 1.0, draft_prior: float = 1.0) -> CostFit:
+    """The fit of a vLLM step's ms ≈ a + b_rows·rows + b_draft·draft_tokens + b_spec·[draft_tokens > 0]
+    (`step_ms`; features (1, rows, draft tokens, [draft tokens > 0])): one non-negative `CostFit`
+    forgetting by `forget` per step measured.
 
     b_spec is what a step pays for taking vLLM's speculative path at all (its speculative metadata
     and rejection sampler; a step where no request drafted takes the plain path: `plugin`): on the
@@ -185,33 +113,49 @@ class StepCost:
     cost over-estimated once cannot hold D-cut plain for good. Before any step is measured a row
     costs 1 ms and drafting nothing. A constant batch size leaves a and b_rows confounded;
     predictions at the measured batch sizes are right either way."""
-
-    spec_prior: float = 1.0
-    draft_prior: float = 1.0
-    forget: float = ChainDCutConfig.step_forget
-    fit: CostFit = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.fit = CostFit((RIDGE, RIDGE, self.draft_prior + RIDGE, self.spec_prior + RIDGE), self.forget, nonnegative=True,
-                           unmeasured=(0.0, 1.0, 0.0, 0.0))
-
-    def observe(self, rows: int, draft_tokens: int, ms: float) -> None:
-        self.fit.observe((1.0, rows, draft_tokens, float(draft_tokens > 0)), ms)
-
-    def predict(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
-        return step_ms(self.fit.coef, rows, draft_tokens)
+    return CostFit((RIDGE, RIDGE, draft_prior + RIDGE, spec_prior + RIDGE), forget, nonnegative=True,
+                   unmeasured=(0.0, 1.0, 0.0, 0.0))
 
 
 class ChainDCut(ChainPolicy):
-    """D-cut for chains (see the module docstring). depth: the deepest chain (vLLM's
-    `num_speculative_tokens`); config: `ChainDCutConfig`."""
+    """D-cut for chains (see the module docstring). Its settings are not user options (`ChainConfig`
+    holds those); each stayed through the ablation on evidence of its own (docs/DESIGN.md, the vLLM
+    backend, step 4).
 
-    def __init__(self, depth: int, config: ChainDCutConfig = ChainDCutConfig()):
-        self.depth, self.config = depth, config
+    Args:
+        depth: the deepest chain (vLLM's `num_speculative_tokens`).
+        explore_every: a decision to draft decodes plainly instead while plain steps make up less
+            than 1 in `explore_every` of the step-cost fit's measured steps (weighted as the fit
+            weighs them: `step_forget`; 0: never). A fit that only ever sees drafting steps cannot
+            tell the plain step's cost from drafting's (its priors then price drafting at 0): D-cut
+            drafted on through 600 steps of a machine whose plain steps had become twice as fast per
+            token, where plain steps kept at 1 in 16 bring it to plain decoding within 200
+            (`test_dcut_follows_plain_steps_that_became_faster`). Kept as a share of the fit's memory
+            rather than every n-th decision, the first plain step is measured at the start, not
+            after 15 steps drafted blind (`test_dcut_measures_a_plain_step_before_drafting_on`).
+        probe_share: `core.ProbeCredit.share`: after a plain decision, probes that find nothing cost
+            at most this share of the time (the engine's `DCutConfig.probe_share`).
+        forget: the calibration's memory per step that brought evidence (verified drafts or resolved
+            shadows; 1: never forgets). A test shows a forgetting calibration following drafts that
+            start to be accepted within 6 steps, one that never forgets not before 9
+            (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`).
+        step_forget: the step-cost fit's memory per step measured (`step_cost_fit`).
+        draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
+    """
+
+    def __init__(self, depth: int, *, explore_every: int = 16, probe_share: float = 0.01, forget: float = 0.98,
+                 step_forget: float = 0.97, draft_forget: float = 0.9):
+        if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
+            raise ValueError(f"explore_every must be an int >= 0 (0: never), got {explore_every!r}")
+        for name, value in (("probe_share", probe_share), ("forget", forget), ("step_forget", step_forget),
+                            ("draft_forget", draft_forget)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+        self.depth, self.explore_every, self.forget = depth, explore_every, forget
         self.calibration = ScoreCalibration()
-        self.cost = StepCost(forget=config.step_forget)
-        self.draft_cost = RowCost(config.draft_forget)  # the proposer's drafting time per step (what a probe costs)
-        self.credit = ProbeCredit(config.probe_share)
+        self.cost = step_cost_fit(step_forget)  # vLLM's step time
+        self.draft_cost = RowCost(draft_forget)  # the proposer's drafting time per step (what a probe costs)
+        self.credit = ProbeCredit(probe_share)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.plain_weight = 0.0  # the fit's measured plain steps, weighted as the fit weighs them (`explore_every`)
         self.step_weight = 0.0  # the fit's measured steps, alike
@@ -225,29 +169,27 @@ class ChainDCut(ChainPolicy):
         cal = self.calibration(scores)
         return np.where(scores > 0, np.minimum.accumulate(cal, axis=1), 0.0)  # stays non-increasing
 
-    def cut(self, draft: Chains) -> tuple[Chains, BudgetDecision]:
-        scores = draft.scores
+    def cut(self, tokens: list[list[int]], scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
         rows = self.rows = scores.shape[0]
         probe = self.plain  # proposed after a plain decision
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        rates = (rows + gains) / np.maximum(self.cost.predict(rows, np.arange(proposed + 1)), 1e-6)
+        rates = (rows + gains) / np.maximum(step_ms(self.cost.coef, rows, np.arange(proposed + 1)), 1e-6)
         k = int(np.argmax(rates))
         self.plain = k == 0
-        every = self.config.explore_every
-        if not self.plain and every and self.plain_weight * every <= self.step_weight:
+        if not self.plain and self.explore_every and self.plain_weight * self.explore_every <= self.step_weight:
             k = 0  # a plain step (not a plain decision): the fit keeps measuring plain steps
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
-        return draft.cut(global_top_k_depths(cal, k)), decision
+        return global_top_k_depths(cal, k), decision
 
     def observe(self, step: ChainStep) -> None:
         """Calibrate on what vLLM accepted and what the shadows matched, fit the step time, price the
         drafting, keep the probe credit."""
         evidence = [e for e in (step.verified, step.shadowed) if e is not None]
         if evidence:
-            self.calibration.age(self.config.forget)  # per step with evidence, not per source
+            self.calibration.age(self.forget)  # per step with evidence, not per source
         for scores, depths, accepted in evidence:
             pos = np.arange(scores.shape[1]).reshape(1, -1)
             self.calibration.observe(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
@@ -257,12 +199,11 @@ class ChainDCut(ChainPolicy):
         if step.ms is None:  # not timed
             self.credit.spend(step.draft_ms if probe else 0.0)
         else:  # the probe's cost is our drafting, not the step's noise beside plain steps
-            plain_ms = float(self.cost.predict(step.rows, 0))
+            plain_ms = float(step_ms(self.cost.coef, step.rows, 0))
             self.credit.settle(step.ms, plain_ms, step.rows, step.emitted, probe, cost=step.draft_ms)
-            self.cost.observe(step.rows, step.drafted, step.ms)
-            forget = self.config.step_forget
-            self.plain_weight = forget * self.plain_weight + (step.drafted == 0)
-            self.step_weight = forget * self.step_weight + 1.0
+            self.cost.observe((1.0, step.rows, step.drafted, float(step.drafted > 0)), step.ms)
+            self.plain_weight = self.cost.forget * self.plain_weight + (step.drafted == 0)
+            self.step_weight = self.cost.forget * self.step_weight + 1.0
         self.credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def explain(self) -> str:
@@ -271,7 +212,7 @@ class ChainDCut(ChainPolicy):
         per row for (a + b_rows·rows) / rows ms; so K draft tokens pay iff their Σ p exceeds
         (b_spec + b_draft·K) · rows / (a + b_rows·rows)."""
         rows = max(self.rows, 1)
-        a, b_rows, b_draft, b_spec = self.cost.fit.coef
+        a, b_rows, b_draft, b_spec = self.cost.coef
         per_token = (a + b_rows * rows) / rows
         seen = float(self.calibration.seen.sum())
         rate = float(self.calibration.accepted.sum()) / seen if seen else float("nan")
@@ -279,4 +220,4 @@ class ChainDCut(ChainPolicy):
                 f"{b_spec:.2f} ms more and each verified draft token {b_draft:.2f} ms, so a draft token pays when "
                 f"accepted with probability > {b_draft / per_token:.0%} (and the step's drafts together pay "
                 f"its {b_spec / per_token:.2f} tokens' worth of speculative path); draft tokens were accepted at "
-                f"{rate:.0%} ({int(seen)} verified, fit over {self.cost.fit.samples} steps)")
+                f"{rate:.0%} ({int(seen)} verified, fit over {self.cost.samples} steps)")

@@ -5,7 +5,7 @@ at its boundary: `trees.DCut.calibrated`).
 - `ScoreCalibration`: a draft's raw score → the acceptance rate observed for such scores;
 - `ProbeCredit`: when a policy that decided plain decoding proposes again;
 - `CostFit`: a step's time fitted to measured steps by exponentially weighted least squares, the
-  one fit of both backends (vLLM's whole step over rows and draft tokens: `chains.StepCost`; the
+  one fit of both backends (vLLM's whole step over rows and draft tokens: `chains.step_cost_fit`; the
   engine's time outside the forward and the proposer's drafting time over rows: `RowCost`).
 """
 

@@ -28,9 +28,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..config import DraftConfig, SamplingParams
 from ..files import local_dir
-from ..selection import keep_best
 from ..runner import ModelRunner
 from ..sampling import warp_logits
+from ..selection import keep_best
 from ..tree import DRAFT, Draft
 from .base import Proposer, StepContext
 

@@ -27,10 +27,9 @@ import torch
 from ..adjacency import AdjacencyIndex
 from ..config import DraftConfig, EngineConfig, SamplingParams
 from ..merge import merge_trees
-from ..selection import keep_best
-from ..pruning import (CalibrationObjective, calibrated_thresholds, calibration_summary, draft_quota, load_thresholds,
-                       save_thresholds)
+from ..pruning import CalibrationObjective, calibrated_thresholds, calibration_summary, draft_quota, load_thresholds, save_thresholds
 from ..runner import ModelRunner
+from ..selection import keep_best
 from ..tree import Draft, TreeBatch
 from ..verify import Acceptance, accepted_along
 from .base import Proposer, StepContext

@@ -15,8 +15,8 @@ from ..adjacency import AdjacencyIndex
 from ..config import RetrievalConfig, SamplingParams
 from ..history import TokenHistory
 from ..merge import merge_trees
-from ..selection import keep_best
 from ..sampling import top_k_probs
+from ..selection import keep_best
 from ..templates import make_template
 from ..tree import SUFFIX, Draft, TreeBatch
 from ..verify import Acceptance

@@ -18,41 +18,30 @@ from .config import ChainConfig, speculative_config
 from .methods import vllm_speculative_config
 
 
-def _drafter(worker):
+def _call(worker, method: str, *args):
+    """`method` of the proposer of a vLLM worker (run there by `LLM.collective_rpc`)."""
     from .proposer import RLDraftProposer
 
     drafter = getattr(worker.model_runner, "drafter", None)
     if not isinstance(drafter, RLDraftProposer):
         raise ValueError("this vLLM engine does not run rollout_graft's proposer: build it with "
                          "speculative_config=rollout_graft.vllm.speculative_config(...)")
-    return drafter
-
-
-def _summary(worker) -> dict:
-    return _drafter(worker).summary()
-
-
-def _save(worker, directory: str) -> None:
-    _drafter(worker).save_state(directory)
-
-
-def _load(worker, directory: str) -> None:
-    _drafter(worker).load_state(directory)
+    return getattr(drafter, method)(*args)
 
 
 def proposer_summary(llm) -> dict:
     """The proposer's counters and its budget policy's explanation (first worker)."""
-    return llm.collective_rpc(_summary)[0]
+    return llm.collective_rpc(_call, args=("summary",))[0]
 
 
 def save_proposer_state(llm, directory: str) -> None:
     """Write the proposer's prior and recalled completions to `directory` (first worker's)."""
-    llm.collective_rpc(_save, args=(str(directory),))
+    llm.collective_rpc(_call, args=("save_state", str(directory)))
 
 
 def load_proposer_state(llm, directory: str) -> None:
     """Restore what `save_proposer_state` wrote, on every worker."""
-    llm.collective_rpc(_load, args=(str(directory),))
+    llm.collective_rpc(_call, args=("load_state", str(directory)))
 
 
 __all__ = ["ChainConfig", "load_proposer_state", "proposer_summary", "save_proposer_state", "speculative_config",

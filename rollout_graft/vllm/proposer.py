@@ -1,33 +1,10 @@
 """`RLDraftProposer`: our RL draft sources and budget policy behind vLLM's `custom_class` hook.
 
-Each step vLLM calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)` with one row
-per request of its persistent batch and takes back one draft chain per row, which its rejection
-sampler verifies losslessly (drafts without draft probabilities: exact at any temperature). A
-step here:
-
-    rows → requests and groups (`groups.RequestTracker`, by the request ids our plugin hands over
-                                from vLLM's input batch; the new tokens extend the request's text)
-         → learn   (what the last drafts earned: acceptance for D-cut's calibration and counters)
-         → draft   (the group's new text is counted — `text_index.catch_up` — then each request's
-                    chain continues its text from the n-gram counts of its group's texts —
-                    siblings, prompt, a previous epoch's completions — or from the global prior's
-                    counts over every completion, whichever expects more accepted tokens:
-                    `ngrams.NgramStore.chains`, one compiled call for the batch)
-         → cut     (D-cut: one batch-wide budget of draft tokens, a depth per request; a chain cut
-                    away is kept as a shadow and matched against the tokens its request emits next —
-                    what vLLM would have accepted of it, in distribution — for D-cut's calibration)
-
-The step time vLLM spends around us (schedule, forward, sample) is measured between calls and
-fitted by the budget policy over chains (`dcut.chains.ChainPolicy`): each
-step `plan` (how deep to draft; 0: not at all), `cut` (the depths verified) and, at the next call,
-`observe` (what the step verified, accepted and took: `_observe`).
-
-Cost per step: numpy over the batch for finding requests and acceptance; while the policy drafts
-nothing, a list append per request-step (counting waits for the next draft); when drafting, two
-compiled calls (numba) over the batch — counting the new tokens (dict updates per token and
-context length) and two chains per request (dict reads per token) — and a Python pass over the
-rows to gather their new tokens and last tokens; never a pass over a row's history.
-`lab/profile_vllm_proposer.py` measures it.
+Each `propose` call: rows → requests and groups (`groups.RequestTracker`) → learn (what the last
+drafts and shadows earned) → draft (each request's chain from its group's counts or the prior's:
+`ngrams.NgramStore.chains`) → cut (`dcut.chains.ChainPolicy`; a chain cut away is kept as a
+shadow). The step time is measured from call to call. Why each part is as it is, and what it
+costs: docs/DESIGN.md, "The vLLM backend".
 """
 
 from __future__ import annotations
@@ -38,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..dcut.chains import ChainDCut, Chains, ChainStep, FixedDepth
+from ..dcut.chains import ChainDCut, ChainStep, FixedDepth, cut
 from ..files import atomic_write_json, is_int, read_json, require_keys
-from .config import PROPOSER_CLASS, TABLES, ChainConfig
-from .groups import Request, RequestTracker
-from .ngrams import NgramCounts, read_prior
-from .text_index import catch_up
+from .config import MAX_MATCH, MAX_PRIOR_CONTEXTS, MIN_MATCH, PROPOSER_CLASS, RECALL_PROMPTS, ChainConfig
+from .groups import Request, RequestTracker, catch_up
+from .ngrams import NgramStore, read_prior
 
 
 @dataclass
@@ -86,12 +62,12 @@ class RLDraftProposer:
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         cfg = self.config
-        self.prior = NgramCounts(TABLES.max_match, TABLES.min_match, TABLES.max_prior_contexts) if cfg.use_prior else None
+        self.store = NgramStore(MAX_MATCH, MIN_MATCH)  # every table: the groups' and the prior
+        self.prior = self.store.slot(MAX_PRIOR_CONTEXTS) if cfg.use_prior else -1
         self.vocab = _vocab_size(vllm_config)
-        if self.prior is not None and cfg.prior_path:
-            self.prior.load(cfg.prior_path, self.vocab)
-        self.tracker = RequestTracker(TABLES.min_match, TABLES.max_match, cfg.recall, TABLES.recall_prompts, prior=self.prior,
-                                      shared=cfg.share_in_group)
+        if self.prior >= 0 and cfg.prior_path:
+            self.store.load(self.prior, cfg.prior_path, self.vocab)
+        self.tracker = RequestTracker(self.store, self.prior, cfg.recall, RECALL_PROMPTS, shared=cfg.share_in_group)
         self.policy = (ChainDCut(self.k) if cfg.budget_policy == "dcut"
                        else FixedDepth(self.k))
         self.stats = ProposerStats()
@@ -127,16 +103,16 @@ class RLDraftProposer:
         planned, drafted, decision = self.policy.plan(len(active)), 0, None
         draft_start = time.perf_counter()
         if planned:
-            draft = self._draft(active)
-            chains, decision = self.policy.cut(draft)
-            for j, (i, req, tokens) in enumerate(zip(self.tracker.active.tolist(), active, chains.tokens)):
-                if tokens:
-                    req.draft, req.draft_scores = tokens, chains.scores[j, : len(tokens)]
-                    out[i] = tokens
-                    drafted += len(tokens)
-                elif draft.tokens[j] and not req.shadow:  # cut away: a shadow
-                    self._shadow(req, draft.tokens[j], draft.scores[j, : len(draft.tokens[j])])
-            proposed = int(draft.depths.sum())
+            chains, scores = self._draft(active)
+            depths, decision = self.policy.cut(chains, scores)
+            for j, (i, req, chain, kept) in enumerate(zip(self.tracker.active.tolist(), active, chains, cut(chains, depths))):
+                if kept:
+                    req.draft, req.draft_scores = kept, scores[j, : len(kept)]
+                    out[i] = kept
+                    drafted += len(kept)
+                elif chain and not req.shadow:  # cut away: a shadow
+                    self._shadow(req, chain, scores[j, : len(chain)])
+            proposed = int((scores > 0).sum())
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
             self.stats.plain_steps += int(proposed > 0 and drafted == 0)
@@ -163,43 +139,29 @@ class RLDraftProposer:
         self.policy.observe(step)
 
     def _learn(self, reqs: list[Request]) -> tuple[tuple | None, int]:
-        """Acceptance of the drafts returned last step (numpy over the batch; a Python pass only
-        over the rows that drafted). Returns it for the policy (raw scores [n, depth], depths [n],
-        accepted [n]; None when nothing was drafted) and the draft tokens the step accepted. (The
-        new tokens were appended to the texts by the tracker; they are counted when drafting.)"""
-        tr = self.tracker
+        """What the drafts returned last step earned: (raw scores [n, depth], depths [n], accepted [n])
+        of the rows whose draft vLLM verified (None: none) and the draft tokens the step accepted. The
+        plugin tells us how many draft tokens vLLM verified per row (`scheduled_drafts`): vLLM drops
+        the draft of a request it preempts and cuts one its token budget cannot hold, and two siblings
+        with the same text may share one `Request`. Without its word (no vLLM runner) every draft
+        returned counts whole. (The new tokens were appended to the texts by the tracker.)"""
         self.stats.rows += len(reqs)
-        drafted, verified = self._verified_drafts(reqs)
-        if not drafted:
-            return None, 0
-        depths = np.array(verified)
-        accepted = tr.lens[drafted] - 1
-        scores = np.zeros((len(drafted), int(depths.max())))
-        for row, (j, depth) in enumerate(zip(drafted, verified)):
-            known = reqs[j].draft_scores[:depth] if reqs[j].draft_scores is not None else ()
-            scores[row, : len(known)] = known  # past our own chain (a sibling's, longer): 0, unknown
-        for j, req in enumerate(reqs):
-            req.draft = []
-        accepted_total = int(accepted.sum())
-        self.stats.drafts += len(drafted)
-        self.stats.draft_tokens += int(depths.sum())
-        self.stats.accepted_tokens += accepted_total
-        return (scores, depths, accepted), accepted_total
-
-    def _verified_drafts(self, reqs: list[Request]) -> tuple[list[int], list[int]]:
-        """Indices into `reqs` of the requests whose draft vLLM verified this step, and how many
-        draft tokens it verified of each. vLLM drops the draft of a request it preempts (the request
-        comes back recomputed, its draft never verified) and cuts one its token budget cannot hold;
-        the plugin tells us what it scheduled per row (`scheduled_drafts`), which is the truth (two
-        siblings with the same text may share one `Request` here, `groups`, and so one draft). Without
-        the plugin's word (no vLLM runner) every draft returned counts whole."""
         scheduled, self.scheduled_drafts = self.scheduled_drafts, None
         if scheduled is None:
-            drafted = [j for j, req in enumerate(reqs) if req.draft]
-            return drafted, [len(reqs[j].draft) for j in drafted]
-        rows = self.tracker.active.tolist()
-        drafted = [j for j, row in enumerate(rows) if row < len(scheduled) and scheduled[row]]
-        return drafted, [int(scheduled[rows[j]]) for j in drafted]
+            depths = [len(req.draft) for req in reqs]
+        else:
+            depths = [int(scheduled[row]) if row < len(scheduled) else 0 for row in self.tracker.active.tolist()]
+        lens = self.tracker.lens.tolist()
+        verified = [(reqs[j].draft_scores, depth, lens[j] - 1) for j, depth in enumerate(depths) if depth]
+        if not verified:
+            return None, 0
+        for req in reqs:
+            req.draft = []
+        scores, depths, accepted = evidence = _evidence(verified, max(d for _, d, _ in verified))
+        self.stats.drafts += len(verified)
+        self.stats.draft_tokens += int(depths.sum())
+        self.stats.accepted_tokens += int(accepted.sum())
+        return evidence, int(accepted.sum())
 
     def _shadow(self, req: Request, chain: list[int], scores: np.ndarray) -> None:
         """Keep `chain` (drafted from the request's text as it is now) to match against the tokens
@@ -212,8 +174,7 @@ class RLDraftProposer:
         chain (the rest of it counts as verified and rejected, as vLLM counts a draft), or the
         whole chain matched. A request that sampled nothing this step (finished, preempted or
         prefilling) resolves with what it emitted so far. Returns raw scores [n, depth], depths
-        [n] and accepted [n] as `_learn` does (None: nothing resolved). A Python pass over the
-        requests holding shadows, a few tokens each."""
+        [n] and accepted [n] as `_learn` does (None: nothing resolved)."""
         if not self._shadows:
             return None
         step, done, left = self.tracker.step, [], []
@@ -228,35 +189,26 @@ class RLDraftProposer:
             else:
                 left.append(req)
         self._shadows = left
-        resolved = [(req, depth, n) for req, depth, n in done if depth]
+        resolved = [(req.shadow_scores, depth, n) for req, depth, n in done if depth]
         for req, _, _ in done:
             req.shadow = []
         if not resolved:
             return None
-        depths = np.array([d for _, d, _ in resolved])
-        accepted = np.array([n for _, _, n in resolved])
-        scores = np.zeros((len(resolved), self.k))
-        for row, (req, depth, _) in enumerate(resolved):
-            scores[row, :depth] = req.shadow_scores[:depth]
+        scores, depths, accepted = evidence = _evidence(resolved, self.k)
         self.stats.shadows += len(resolved)
         self.stats.shadow_tokens += int(depths.sum())
         self.stats.shadow_accepted += int(accepted.sum())
-        return scores, depths, accepted
+        return evidence
 
-    def _draft(self, reqs: list[Request]) -> Chains:
+    def _draft(self, reqs: list[Request]) -> tuple[list[list[int]], np.ndarray]:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
-        the chain from the group's counts or the one from the prior's (`NgramCounts.chain`),
+        the chain from the group's counts or the one from the prior's (`NgramStore.chains`),
         whichever expects more accepted tokens (the larger sum of scores; suffix decoding chooses
         between its prompt's tree and its global tree so). First every group's new text is counted
-        (`text_index.catch_up`)."""
+        (`groups.catch_up`)."""
         catch_up(self.tracker.pending)
-        chains, scores = self.tracker.store.chains([req.group.index.counts for req in reqs], self.prior,
-                                                   [req.text for req in reqs], self._room(self.tracker.num), self.k)
-        return Chains(chains, scores)
-
-    def _room(self, length: np.ndarray) -> np.ndarray:
-        """Draft tokens each request may take: the depth, and the context left (vLLM's max_model_len)."""
-        return np.minimum(self.k, self.max_model_len - length - 1)
+        room = np.minimum(self.k, self.max_model_len - self.tracker.num - 1)  # the context left (max_model_len)
+        return self.store.chains([req.group.slot for req in reqs], self.prior, [req.text for req in reqs], room, self.k)
 
     # ------------------------------------------------------------------ state
     def summary(self) -> dict:
@@ -265,13 +217,13 @@ class RLDraftProposer:
                 "policy": self.policy.explain()}
 
     def save_state(self, directory: str | Path) -> None:
-        """Write the prior (`prior.safetensors`: `NgramCounts.save`) and the remembered
+        """Write the prior (`prior.safetensors`: `NgramStore.save`) and the remembered
         completions per prompt (`recall.json`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.prior is not None:
+        if self.prior >= 0:
             catch_up(self.tracker.pending)
-            self.prior.save(directory / "prior.safetensors")
+            self.store.save(self.prior, directory / "prior.safetensors")
         groups = [{"prompt": g.prompt, "completions": g.completions()[-self.config.recall :]}
                   for g in self.tracker.groups.values()] if self.config.recall else []
         atomic_write_json(directory / "recall.json", groups)
@@ -281,11 +233,11 @@ class RLDraftProposer:
         the saved one. ValueError naming the file when one is corrupt (nothing is changed then)."""
         directory = Path(directory)
         recall = read_recall(directory / "recall.json", self.vocab) if (directory / "recall.json").exists() else None
-        if self.prior is not None and (directory / "prior.safetensors").exists():
+        if self.prior >= 0 and (directory / "prior.safetensors").exists():
             read_prior(directory / "prior.safetensors", self.vocab)  # checked before the old prior is cleared
             catch_up(self.tracker.pending)
-            self.prior.clear()
-            self.prior.load(directory / "prior.safetensors", self.vocab)
+            self.store.clear(self.prior)
+            self.store.load(self.prior, directory / "prior.safetensors", self.vocab)
         if recall is not None:
             self.tracker.restore(recall)
 
@@ -309,6 +261,16 @@ def read_recall(path: str | Path, vocab: int | None = None) -> list[tuple[list[i
                              f"[0, {vocab if vocab is not None else 'vocab'}) (prompt, completions); save it again")
         out.append((g["prompt"], g["completions"]))
     return out
+
+
+def _evidence(chains: list[tuple[np.ndarray | None, int, int]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(raw scores [n, width], depths [n], accepted [n]) of chains given as (their raw scores, tokens
+    verified, tokens accepted); a score past a chain's own (None: none known) is 0, unknown."""
+    scores = np.zeros((len(chains), width))
+    for row, (known, depth, _) in enumerate(chains):
+        if known is not None:
+            scores[row, : len(known[:depth])] = known[:depth]
+    return scores, np.array([d for _, d, _ in chains]), np.array([n for _, _, n in chains])
 
 
 def _vocab_size(vllm_config) -> int | None:
