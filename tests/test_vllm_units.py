@@ -566,6 +566,43 @@ def test_shadows_resolve_as_vllm_verifies():
     assert (s.shadow_tokens, s.shadow_accepted, s.shadows) == (s.draft_tokens, s.accepted_tokens, s.drafts)
 
 
+class FirstToken(FixedDepth):
+    """Verifies each chain's first token only, and keeps what it is told."""
+
+    def __init__(self, depth: int):
+        super().__init__(depth)
+        self.steps: list[ChainStep] = []
+
+    def cut(self, tokens, scores):
+        return np.array([min(len(t), 1) for t in tokens], dtype=np.int64), BudgetDecision(1.0 / self.depth)
+
+    def observe(self, step: ChainStep) -> None:
+        self.steps.append(step)
+
+
+def test_a_chain_verified_in_part_teaches_its_tail_too():
+    """D-cut verifies the first tokens of a chain where its calibration says the rest would be
+    rejected; if only verified tokens taught it, a revisit's deep tokens — which would be accepted
+    whole — could never show it so. Every chain the proposer sends is also a shadow (one per
+    request at a time): the text its request emits next shows how much of the whole chain vLLM
+    would have accepted (of its verified part, exactly what vLLM accepted), and a draft whose chain
+    is a shadow teaches only through it."""
+    from conftest import load_script
+
+    from rollout_graft.vllm.proposer import RLDraftProposer
+
+    bench = load_script("lab/profile_vllm_proposer.py")
+    prop = RLDraftProposer(bench.vllm_config(6, 256))
+    prop.policy = policy = FirstToken(6)
+    bench.replay(prop, 16, length=48, seed=0)
+    shadowed = [s.shadowed for s in policy.steps if s.shadowed is not None]
+    depths = np.concatenate([d for _, d, _ in shadowed])
+    accepted = np.concatenate([a for _, _, a in shadowed])
+    assert depths.max() > 1 and (accepted > 1).sum() > 10  # tails matched past the verified token
+    verified = sum(len(v[1]) for s in policy.steps if (v := s.verified) is not None)
+    assert 0 < verified < prop.stats.drafts  # drafts whose chain was a shadow taught only through it
+
+
 def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
     """Chains D-cut cut away are matched against the tokens their requests emit next: a wrong token
     ends one (the rest counts as verified and rejected, as vLLM counts a draft), a chain emitted whole

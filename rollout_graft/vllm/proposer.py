@@ -106,12 +106,13 @@ class RLDraftProposer:
             chains, scores = self._draft(active)
             depths, decision = self.policy.cut(chains, scores)
             for j, (i, req, chain, kept) in enumerate(zip(self.tracker.active.tolist(), active, chains, cut(chains, depths))):
-                if kept:
-                    req.draft, req.draft_scores = kept, scores[j, : len(kept)]
+                shadowed = bool(chain) and not req.shadow  # one shadow per request at a time
+                if shadowed:
+                    self._shadow(req, chain, scores[j, : len(chain)])
+                if kept:  # its evidence: the shadow's (the whole chain), else what vLLM verifies of it
+                    req.draft, req.draft_scores, req.draft_shadowed = kept, scores[j, : len(kept)], shadowed
                     out[i] = kept
                     drafted += len(kept)
-                elif chain and not req.shadow:  # cut away: a shadow
-                    self._shadow(req, chain, scores[j, : len(chain)])
             proposed = int((scores > 0).sum())
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
@@ -140,7 +141,9 @@ class RLDraftProposer:
 
     def _learn(self, reqs: list[Request]) -> tuple[tuple | None, int]:
         """What the drafts returned last step earned: (raw scores [n, depth], depths [n], accepted [n])
-        of the rows whose draft vLLM verified (None: none) and the draft tokens the step accepted. The
+        of the rows whose draft vLLM verified (None: none) — but not of a draft whose whole chain is
+        a shadow (`propose`), whose evidence comes whole when the shadow resolves — and the draft
+        tokens the step accepted (every draft's). The
         plugin tells us how many draft tokens vLLM verified per row (`scheduled_drafts`): vLLM drops
         the draft of a request it preempts and cuts one its token budget cannot hold, and two siblings
         with the same text may share one `Request`. Without its word (no vLLM runner) every draft
@@ -152,16 +155,17 @@ class RLDraftProposer:
         else:
             depths = [int(scheduled[row]) if row < len(scheduled) else 0 for row in self.tracker.active.tolist()]
         lens = self.tracker.lens.tolist()
-        verified = [(reqs[j].draft_scores, depth, lens[j] - 1) for j, depth in enumerate(depths) if depth]
-        if not verified:
+        rows = [j for j, depth in enumerate(depths) if depth]
+        if not rows:
             return None, 0
+        accepted = sum(lens[j] - 1 for j in rows)
+        self.stats.drafts += len(rows)
+        self.stats.draft_tokens += sum(depths[j] for j in rows)
+        self.stats.accepted_tokens += accepted
+        verified = [(reqs[j].draft_scores, depths[j], lens[j] - 1) for j in rows if not reqs[j].draft_shadowed]
         for req in reqs:
-            req.draft = []
-        scores, depths, accepted = evidence = _evidence(verified, max(d for _, d, _ in verified))
-        self.stats.drafts += len(verified)
-        self.stats.draft_tokens += int(depths.sum())
-        self.stats.accepted_tokens += int(accepted.sum())
-        return evidence, int(accepted.sum())
+            req.draft, req.draft_shadowed = [], False
+        return (_evidence(verified, max(d for _, d, _ in verified)) if verified else None), accepted
 
     def _shadow(self, req: Request, chain: list[int], scores: np.ndarray) -> None:
         """Keep `chain` (drafted from the request's text as it is now) to match against the tokens
