@@ -11,8 +11,9 @@ budget policy could use — `linear` (a + b_rows·rows + b_draft·tokens), `spec
 row drafted: what `dcut.chains.step_cost_fit` fits), and two richer ones (+ rows that drafted; + the
 deepest chain) — and reports each model's cross-validated mean absolute error and its bias on the
 steps that drafted at most a token per row (the drafts D-cut weighs at break-even), and how much
-slower a token count's first step is than its later ones (`first_counts`: why the proposer does
-not time it). Every step is timed here, a count's first too. Its timings follow this machine's
+slower a token count's first step is than its later ones (`first_counts`; the proposer times it
+like any other: leaving it untimed, the ablation variant `untimed-first-counts`, gained nothing).
+Every step is timed here, a count's first too. Its timings follow this machine's
 load, so runs differ. `--from-json` refits the raw steps of an earlier run instead of running vLLM:
 
     python lab/vllm_step_cost.py --from-json docs/bench/vllm_step_cost_b8.json
