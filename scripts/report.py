@@ -149,13 +149,15 @@ def render_epochs(runs: list[dict]) -> str:
 def render_ablation(runs: list[dict]) -> str:
     """`lab/ablate_vllm_dcut.py --json`: each variant's tokens/s over the unchanged D-cut's in the same
     repeat (median [range]); `same` (nothing taken out) is the A/A twin."""
-    lines = ["| taken out | T | batch | × ours+dcut (median [range]) | ours+dcut × plain | MAT ours / variant |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | variant | T | batch | × ours+dcut (median [range]) | ours+dcut × plain | MAT ours / variant |",
+             "|---|---|---|---|---|---|---|"]
     for run in runs:
+        path = run.get("environment", {}).get("model") or "tiny-math"
+        model = "tiny" if "tiny-math" in path else Path(path).name  # the embedded tiny target: assets/tiny-math/target
         for variant, cells in run["variants"].items():
             for c in cells:
                 r = c["vs_base_runs"]
-                lines.append(f"| {'nothing (A/A twin)' if variant == 'same' else variant} | {c['temperature']:g} | "
+                lines.append(f"| {model} | {'nothing (A/A twin)' if variant == 'same' else variant} | {c['temperature']:g} | "
                              f"{c['batch']} | {c['vs_base']:.2f} [{min(r):.2f}–{max(r):.2f}] | {c['base_vs_plain']:.2f} | "
                              f"{c['base_mat']:.2f} / {c['variant_mat']:.2f} |")
     return "\n".join(lines)
@@ -264,12 +266,15 @@ SECTIONS: list[Section] = [
             ("logit_chains.json",), render_logit_chains,
             inputs=tuple(f"logit_chains/{m}-t{t}-{r}.safetensors" for m in ("tiny", "smollm2") for t in (0, 1)
                          for r in ("cold", "fresh", "revisit")) + ("logit_chains/README.md",)),
-    Section("vLLM chain D-cut ablation (tiny target)",
-            "Each remaining mechanism of the chain D-cut taken out, in one process with the unchanged policy and "
-            "vLLM plain, interleaved in a fresh order each repeat (`lab/ablate_vllm_dcut.py`); `nothing` is the "
-            "unchanged policy's A/A twin, whose spread is the run's noise. A mechanism stays only where taking it "
-            "out loses beyond that spread, or on other evidence (docs/DESIGN.md, the vLLM backend, step 4).",
-            ("vllm_dcut_ablation.json",), render_ablation),
+    Section("vLLM chain D-cut ablation",
+            "Each remaining mechanism of the chain D-cut taken out (`no-…`), or one added (`untimed-first-counts`: "
+            "a token count's first step left untimed), in one process with the unchanged policy and vLLM plain, "
+            "interleaved in a fresh order each repeat (`lab/ablate_vllm_dcut.py`); `nothing` is the unchanged "
+            "policy's A/A twin of the same run, whose spread is the run's noise. The tiny target at T = 1 on fresh "
+            "prompts; SmolLM2 at T = 0 on revisits (8 prompts). A mechanism stays only where taking it out loses "
+            "beyond that spread, or on other evidence (docs/DESIGN.md, the vLLM backend, step 4).",
+            ("vllm_dcut_ablation.json", "vllm_dcut_ablation_smollm2_revisit.json",
+             "vllm_dcut_untimed_first_counts_smollm2.json"), render_ablation),
     Section("vLLM proposer's own CPU time (micro-benchmark)",
             "No vLLM, no model: the proposer driven by a replayed persistent batch on a modelled step clock "
             "(`lab/profile_vllm_proposer.py`).",
