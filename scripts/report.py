@@ -285,7 +285,8 @@ SECTIONS: list[Section] = [
             ("vllm_step_cost_b8.json", "vllm_step_cost_b64.json"), render_step_cost),
     Section("GRPO training: the recipe on each backend (CPU)",
             "`accelerate launch recipes/grpo_qwen3.py --backend graft|vllm|hf`, 60 steps on the embedded demo; "
-            "the plot is `scripts/plot_training.py` over the three `log_history` files.",
+            "the plot is `scripts/plot_training.py` over the three `log_history` files, each in a folder named by its "
+            "backend (the folder labels it).",
             ("recipe/summary-graft.json", "recipe/summary-vllm.json", "recipe/summary-hf.json"), render_recipe,
             images=("plots/grpo_qwen3_backends.png",),
             inputs=("recipe/log_history-graft.json", "recipe/log_history-vllm.json", "recipe/log_history-hf.json")),
