@@ -157,9 +157,12 @@ class ChainDCut(ChainPolicy):
         self.draft_cost = RowCost(draft_forget)  # the proposer's drafting time per step (what a probe costs)
         self.credit = ProbeCredit(probe_share)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
-        self.plain_weight = 0.0  # the fit's measured plain steps, weighted as the fit weighs them (`explore_every`)
-        self.step_weight = 0.0  # the fit's measured steps, alike
         self.rows = 0  # rows of the last decision (for `explain`)
+
+    def plain_weight(self) -> float:
+        """The step-cost fit's measured plain steps, weighted as it weighs them: its Σw (feature 1)
+        less its Σw·[drafted] (`explore_every`)."""
+        return float(self.cost.sums[0, 0] - self.cost.sums[0, 3])
 
     def plan(self, rows: int) -> int:
         """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
@@ -178,7 +181,7 @@ class ChainDCut(ChainPolicy):
         rates = (rows + gains) / np.maximum(step_ms(self.cost.coef, rows, np.arange(proposed + 1)), 1e-6)
         k = int(np.argmax(rates))
         self.plain = k == 0
-        if not self.plain and self.explore_every and self.plain_weight * self.explore_every <= self.step_weight:
+        if not self.plain and self.explore_every and self.plain_weight() * self.explore_every <= self.cost.sums[0, 0]:
             k = 0  # a plain step (not a plain decision): the fit keeps measuring plain steps
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
@@ -202,8 +205,6 @@ class ChainDCut(ChainPolicy):
             plain_ms = float(step_ms(self.cost.coef, step.rows, 0))
             self.credit.settle(step.ms, plain_ms, step.rows, step.emitted, probe, cost=step.draft_ms)
             self.cost.observe((1.0, step.rows, step.drafted, float(step.drafted > 0)), step.ms)
-            self.plain_weight = self.cost.forget * self.plain_weight + (step.drafted == 0)
-            self.step_weight = self.cost.forget * self.step_weight + 1.0
         self.credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def explain(self) -> str:
