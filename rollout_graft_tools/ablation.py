@@ -70,9 +70,9 @@ class NoSentShadows(_Variant):
 
     def propose(self, *args, **kwargs):
         out = super().propose(*args, **kwargs)
-        sent = [req for req in self._shadows if req.draft_shadowed]
-        for req in sent:
-            req.shadow, req.draft_shadowed = [], False
+        for req in self._shadows:
+            if req.draft and req.draft_scores is None:  # sent this step, its whole chain a shadow
+                req.draft_scores, req.shadow = req.shadow_scores[: len(req.draft)], []
         self._shadows = [req for req in self._shadows if req.shadow]
         return out
 

@@ -17,6 +17,8 @@ STEPS: list[tuple[int, int, float, int, int]] = []  # rows, draft tokens, ms, ro
 class RandomCut:
     """Cuts each step's chains to a random depth for a random share of the rows; records the steps."""
 
+    learns = False  # `ChainPolicy.learns`
+
     def __init__(self, depth: int):
         self.depth, self.rng, self.cut_to, self.share = depth, random.Random(0), 0, 1.0
 

@@ -567,7 +567,9 @@ def test_shadows_resolve_as_vllm_verifies():
 
 
 class FirstToken(FixedDepth):
-    """Verifies each chain's first token only, and keeps what it is told."""
+    """Verifies each chain's first token only, and keeps what it is told (it learns: `ChainPolicy.learns`)."""
+
+    learns = True
 
     def __init__(self, depth: int):
         super().__init__(depth)

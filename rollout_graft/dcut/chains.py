@@ -55,7 +55,11 @@ class ChainPolicy(Protocol):
         policy.observe(ChainStep(...))                 # what the step verified, accepted and took
 
     and `explain()` for its summary. An implementation may subclass it for the defaults of
-    `observe` and `explain`."""
+    `observe`, `explain` and `learns`."""
+
+    learns: bool = False
+    """`observe` learns from what drafts earned (`ChainStep.verified`, `.shadowed`): the proposer
+    builds that evidence, and keeps chains as shadows, only for a policy that does."""
 
     def plan(self, rows: int) -> int:
         """Draft depth this step, for `rows` requests (0: decode plainly)."""
@@ -142,6 +146,8 @@ class ChainDCut(ChainPolicy):
         step_forget: the step-cost fit's memory per step measured (`step_cost_fit`).
         draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
     """
+
+    learns = True
 
     def __init__(self, depth: int, *, explore_every: int = 16, probe_share: float = 0.01, forget: float = 0.98,
                  step_forget: float = 0.97, draft_forget: float = 0.9):

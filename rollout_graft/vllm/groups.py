@@ -93,8 +93,9 @@ class Request:
     text_id: int  # its text in group.texts
     length: int  # tokens committed (prompt + completion)
     draft: list[int] = field(default_factory=list)  # the chain proposed at its last step
-    draft_scores: np.ndarray | None = None  # raw confidence of each draft token (prefix products)
-    draft_shadowed: bool = False  # its whole chain is the shadow: the shadow is its evidence
+    # raw confidence of each draft token (prefix products); None: the draft teaches nothing by itself
+    # (its whole chain is a shadow, or the policy learns from no evidence)
+    draft_scores: np.ndarray | None = None
     shadow: list[int] = field(default_factory=list)  # a chain computed and not sent, matched against what it emits next
     shadow_scores: np.ndarray | None = None
     shadow_at: int = 0  # its text's length when the shadow was drafted

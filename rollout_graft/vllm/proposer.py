@@ -105,12 +105,13 @@ class RLDraftProposer:
         if planned:
             chains, scores = self._draft(active)
             depths, decision = self.policy.cut(chains, scores)
+            learns = self.policy.learns
             for j, (i, req, chain, kept) in enumerate(zip(self.tracker.active.tolist(), active, chains, cut(chains, depths))):
-                shadowed = bool(chain) and not req.shadow  # one shadow per request at a time
+                shadowed = learns and bool(chain) and not req.shadow  # one shadow per request at a time
                 if shadowed:
                     self._shadow(req, chain, scores[j, : len(chain)])
                 if kept:  # its evidence: the shadow's (the whole chain), else what vLLM verifies of it
-                    req.draft, req.draft_scores, req.draft_shadowed = kept, scores[j, : len(kept)], shadowed
+                    req.draft, req.draft_scores = kept, scores[j, : len(kept)] if learns and not shadowed else None
                     out[i] = kept
                     drafted += len(kept)
             proposed = int((scores > 0).sum())
@@ -141,13 +142,12 @@ class RLDraftProposer:
 
     def _learn(self, reqs: list[Request]) -> tuple[tuple | None, int]:
         """What the drafts returned last step earned: (raw scores [n, depth], depths [n], accepted [n])
-        of the rows whose draft vLLM verified (None: none) — but not of a draft whose whole chain is
-        a shadow (`propose`), whose evidence comes whole when the shadow resolves — and the draft
-        tokens the step accepted (every draft's). The
-        plugin tells us how many draft tokens vLLM verified per row (`scheduled_drafts`): vLLM drops
-        the draft of a request it preempts and cuts one its token budget cannot hold, and two siblings
-        with the same text may share one `Request`. Without its word (no vLLM runner) every draft
-        returned counts whole. (The new tokens were appended to the texts by the tracker.)"""
+        of the rows whose draft vLLM verified and that teach by themselves (`Request.draft_scores`;
+        None: none) — a draft whose whole chain is a shadow teaches when the shadow resolves — and
+        the draft tokens the step accepted (every draft's). The plugin tells us how many draft
+        tokens vLLM verified per row (`scheduled_drafts`): vLLM drops the draft of a request it
+        preempts and cuts one its token budget cannot hold. Without its word (no vLLM runner) every
+        draft returned counts whole. (The new tokens were appended to the texts by the tracker.)"""
         self.stats.rows += len(reqs)
         scheduled, self.scheduled_drafts = self.scheduled_drafts, None
         if scheduled is None:
@@ -162,9 +162,9 @@ class RLDraftProposer:
         self.stats.drafts += len(rows)
         self.stats.draft_tokens += sum(depths[j] for j in rows)
         self.stats.accepted_tokens += accepted
-        verified = [(reqs[j].draft_scores, depths[j], lens[j] - 1) for j in rows if not reqs[j].draft_shadowed]
+        verified = [(reqs[j].draft_scores, depths[j], lens[j] - 1) for j in rows if reqs[j].draft_scores is not None]
         for req in reqs:
-            req.draft, req.draft_shadowed = [], False
+            req.draft, req.draft_scores = [], None
         return (_evidence(verified, max(d for _, d, _ in verified)) if verified else None), accepted
 
     def _shadow(self, req: Request, chain: list[int], scores: np.ndarray) -> None:
@@ -267,13 +267,12 @@ def read_recall(path: str | Path, vocab: int | None = None) -> list[tuple[list[i
     return out
 
 
-def _evidence(chains: list[tuple[np.ndarray | None, int, int]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _evidence(chains: list[tuple[np.ndarray, int, int]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(raw scores [n, width], depths [n], accepted [n]) of chains given as (their raw scores, tokens
-    verified, tokens accepted); a score past a chain's own (None: none known) is 0, unknown."""
+    verified, tokens accepted); 0 past a chain's verified tokens."""
     scores = np.zeros((len(chains), width))
     for row, (known, depth, _) in enumerate(chains):
-        if known is not None:
-            scores[row, : len(known[:depth])] = known[:depth]
+        scores[row, : min(len(known), depth)] = known[:depth]
     return scores, np.array([d for _, d, _ in chains]), np.array([n for _, _, n in chains])
 
 
