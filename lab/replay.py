@@ -164,15 +164,24 @@ def vllm_record(args) -> None:
 
 def vllm_run(args) -> dict:
     rec = json.loads(args.recording.read_text())
-    rollouts = rec["rollouts"]
+    rollouts, timed = rec["rollouts"], None
+    if args.revisit:  # each rollout twice in a row, the first untimed: greedy decoding repeats itself
+        if rec["args"]["temperature"] != 0:
+            raise SystemExit("--revisit replays a rollout as its own next epoch: only a greedy (temperature 0) recording is one")
+        rollouts, timed = [r for r in rollouts for _ in range(2)], [False, True] * len(rollouts)
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * args.k + 2
+    step_ms = tuple(args.step_ms) if args.step_ms else None
     results: dict[str, dict] = {}
     names = [("ours", {})] + [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]
     for name, options in names:
         for tau in args.taus:
-            results[f"{name}@{args.k}/{tau:g}"] = replay_rollouts(ours_proposer(args.k, tau, rec["vocab"], max_len, options), rollouts)
+            prop = ours_proposer(args.k, tau, rec["vocab"], max_len, options)
+            results[f"{name}@{args.k}/{tau:g}"] = replay_rollouts(prop, rollouts, step_ms, timed)
+        if step_ms is not None:
+            prop = ours_proposer(args.k, None, rec["vocab"], max_len, options)
+            results[f"{name}+dcut@{args.k}"] = replay_rollouts(prop, rollouts, step_ms, timed)
     for p in args.min_token_probs:
-        results[f"suffix@{args.k}/{p:g}"] = replay_rollouts(SuffixReplay(args.k, p, max_len), rollouts)
+        results[f"suffix@{args.k}/{p:g}"] = replay_rollouts(SuffixReplay(args.k, p, max_len), rollouts, step_ms, timed)
     curves = {name: [v for k, v in results.items() if k.startswith(f"{name}@")] for name, _ in names}
     compare = {k: {"drafted_per_step": v["drafted_per_step"], "suffix_mat": v["mat"],
                    **{f"{name}_mat_at_equal_drafted": at_drafted(curve, v["drafted_per_step"])
@@ -180,9 +189,10 @@ def vllm_run(args) -> dict:
                for k, v in results.items() if k.startswith("suffix")}
     out = {"recording": str(args.recording), "recorded_with": rec["args"], "k": args.k, "variants": results,
            "suffix_vs_ours": compare}
-    print(f"{'variant':<18} {'MAT':>6} {'drafted/step':>13} {'accepted/step':>14}")
+    print(f"{'variant':<18} {'MAT':>6} {'drafted/step':>13} {'accepted/step':>14} {'modelled ×plain':>16}")
     for k, v in results.items():
-        print(f"{k:<18} {v['mat']:6.3f} {v['drafted_per_step']:13.2f} {v['accepted_per_step']:14.2f}")
+        print(f"{k:<18} {v['mat']:6.3f} {v['drafted_per_step']:13.2f} {v['accepted_per_step']:14.2f} "
+              f"{v.get('modelled_speedup', float('nan')):16.3f}")
     for k, v in compare.items():
         for name in curves:
             o = v[f"{name}_mat_at_equal_drafted"]
@@ -249,6 +259,11 @@ def main(argv=None):
                    help="suffix decoding's thresholds (none: ours only; suffix needs arctic-inference)")
     u.add_argument("--ours", nargs="*", default=[], metavar="NAME=JSON",
                    help="more variants of ours: a name and ChainConfig options, e.g. noprior='{\"use_prior\": false}'")
+    u.add_argument("--revisit", action="store_true", help="each rollout replayed twice, timed the second time "
+                   "(a later GRPO epoch; greedy recordings only)")
+    u.add_argument("--step-ms", type=float, nargs=3, metavar=("A", "B_ROWS", "B_DRAFT"),
+                   help="model a vLLM step as A + B_ROWS·rows + B_DRAFT·draft tokens ms (a fake clock): adds ours "
+                        "with D-cut (`NAME+dcut@K`) and each variant's modelled speed-up over plain decoding")
     u.add_argument("--json", type=Path)
     u.set_defaults(func=vllm_run)
     args = ap.parse_args(argv)

@@ -213,13 +213,16 @@ class ScoreThreshold(ChainPolicy):
         pass
 
 
-def ours_proposer(k: int, tau: float, vocab: int, max_len: int, options: dict | None = None):
+def ours_proposer(k: int, tau: float | None, vocab: int, max_len: int, options: dict | None = None):
+    """Our proposer with chains cut at raw score `tau` (None: the product's D-cut)."""
     from rollout_graft.vllm.config import ChainConfig
     from rollout_graft.vllm.proposer import RLDraftProposer
 
-    cls = type("Replayed", (RLDraftProposer,), {"config": ChainConfig(budget_policy="fixed", **(options or {}))})
+    policy = "dcut" if tau is None else "fixed"
+    cls = type("Replayed", (RLDraftProposer,), {"config": ChainConfig(budget_policy=policy, **(options or {}))})
     prop = cls(vllm_config(k, max_len, vocab))
-    prop.policy = ScoreThreshold(k, tau)
+    if tau is not None:
+        prop.policy = ScoreThreshold(k, tau)
     return prop
 
 
@@ -253,16 +256,53 @@ class SuffixReplay:
         return [list(d) for d in out] + [[] for _ in range(len(sampled_token_ids) - rows)]
 
 
-def replay_rollouts(prop, rollouts: list[dict]) -> dict:
+def replay_rollouts(prop, rollouts: list[dict], step_ms=None, timed=None) -> dict:
     """Recorded rollouts (`{"prompts", "completions"}` each), in order, through one proposer: MAT and
-    drafted / accepted tokens per request-step."""
-    counts = {"steps": 0, "emitted": 0, "drafted": 0, "accepted": 0}
-    for n, r in enumerate(rollouts):
-        prop.rollout = n
-        replay_rows(prop, r["prompts"], r["completions"], record=False, counts=counts)
+    drafted / accepted tokens per request-step. step_ms = (a, b_rows, b_draft): the proposer's
+    module reads a `FakeClock` advanced by that modelled vLLM step (a budget policy that times
+    steps, D-cut, decides on it), and `modelled_speedup` is plain steps' modelled time over this
+    run's for the same tokens. timed (optional [bool] per rollout): only those rollouts count (the
+    others are replayed to teach, untimed: a revisit's first visit)."""
+    from rollout_graft.vllm import proposer as module  # where our proposer reads its clock
+
+    clock = FakeClock() if step_ms is not None else None
+    saved = module.time
+    if clock is not None:
+        module.time = clock
+    counts = {"steps": 0, "emitted": 0, "drafted": 0, "accepted": 0, "ms": 0.0, "plain_ms": 0.0}
+    try:
+        for n, r in enumerate(rollouts):
+            prop.rollout = n
+            scratch = {"steps": 0, "emitted": 0, "drafted": 0, "accepted": 0}
+            start = clock.now if clock is not None else 0.0
+            replay_rows(prop, r["prompts"], r["completions"], clock=clock, step_ms=step_ms or (5.0, 0.01, 0.02),
+                        record=False, counts=scratch)
+            if timed is not None and not timed[n]:
+                continue
+            for key in scratch:
+                counts[key] += scratch[key]
+            if clock is not None:  # plain decoding emits one token per row a step: sum its modelled steps
+                counts["ms"] += 1000.0 * (clock.now - start)
+                counts["plain_ms"] += _plain_ms(r["completions"], step_ms)
+    finally:
+        module.time = saved
     steps = max(counts["steps"], 1)
-    return {**counts, "mat": counts["emitted"] / steps, "drafted_per_step": counts["drafted"] / steps,
-            "accepted_per_step": counts["accepted"] / steps}
+    out = {**counts, "mat": counts["emitted"] / steps, "drafted_per_step": counts["drafted"] / steps,
+           "accepted_per_step": counts["accepted"] / steps}
+    if clock is not None:
+        out["modelled_speedup"] = counts["plain_ms"] / max(counts["ms"], 1e-9)
+    return out
+
+
+def _plain_ms(outs: list, step_ms) -> float:
+    """Modelled time of plain decoding of these completions (one token per row a step; the prefill
+    step not counted, as `replay_rows` does not time it)."""
+    lens = [len(o) for o in outs]
+    total = 0.0
+    for step in range(1, max(lens)):
+        rows = sum(1 for n in lens if n > step)
+        total += step_ms[0] + step_ms[1] * rows
+    return total
 
 
 def at_drafted(curve: list[dict], drafted: float) -> float | None:
