@@ -12,7 +12,7 @@ from ngram_reference import PyNgramCounts
 
 from rollout_graft.dcut.chains import ChainDCut, ChainStep, FixedDepth, cut, step_cost_fit, step_ms
 from rollout_graft.dcut.core import BudgetDecision
-from rollout_graft.vllm.config import PROPOSER_CLASS, ChainConfig, speculative_config
+from rollout_graft.vllm.config import MAX_MATCH, PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import Group, RequestTracker, catch_up
 from rollout_graft.vllm.ngrams import NgramStore
 from rollout_graft.vllm.plugin import expand_kernel_impl
@@ -325,8 +325,16 @@ def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
 
     first, again = load_file(str(tmp_path / "prior.safetensors")), load_file(str(tmp_path / "again.safetensors"))
     assert all(np.array_equal(first[key], again[key]) for key in first)
-    with pytest.raises(ValueError, match="max_match=2"):
-        NgramStore(4).load(0, tmp_path / "prior.safetensors")
+    wider = NgramStore(4)  # a prior of shorter contexts loads as it is, and drafts as it did
+    wide = wider.slot()
+    wider.load(wide, tmp_path / "prior.safetensors")
+    assert wider.table(wide) == store.table(counts)
+    assert wider.chain(wide, [1, 2], 4) == store.chain(counts, [1, 2], 4)
+    wider.save(wide, tmp_path / "wide.safetensors")
+    with pytest.raises(ValueError, match="at most 2 tokens"):
+        store.load(loaded, tmp_path / "wide.safetensors")
+    with pytest.raises(ValueError, match="from 2 to at most 4 tokens"):
+        NgramStore(4, 2).load(0, tmp_path / "prior.safetensors")
     from rollout_graft.adjacency import AdjacencyIndex
 
     AdjacencyIndex.empty(1, 10, 2).save(tmp_path / "engine.safetensors")
@@ -795,13 +803,13 @@ class Reference:
             self.texts[req] = text
         for req in self.ids:
             self.group_of[req]["seen"] = self.call
-        prior = PyNgramCounts(4)
+        prior = PyNgramCounts(MAX_MATCH)
         for req, text in self.texts.items():
             prior.teach(text, len(self.prompt_of[req]))
         out = []
         for i, req in enumerate(self.ids):
             prompt, group = self.prompt_of[req], self.group_of[req]
-            counts = PyNgramCounts(4)
+            counts = PyNgramCounts(MAX_MATCH)
             counts.teach(list(prompt), 0)
             for completion in group["recalled"]:
                 counts.teach(list(prompt) + completion, len(prompt))

@@ -182,13 +182,15 @@ class NgramStore:
                                  "order": np.array([self.order, self.min_order], dtype=np.int64)}, path, numpy=True)
 
     def load(self, slot: int, path: str | Path, vocab: int | None = None) -> None:
-        """Add the counts `save` wrote to the table of `slot` (same context lengths); ValueError
-        naming the file when it is unreadable or malformed (`read_prior`), token ids ≥ `vocab` included."""
+        """Add the counts `save` wrote to the table of `slot` (the same shortest context, the longest
+        no longer than this store's: a table that knows a context knows its shorter ones, so one of
+        shorter contexts loads as it is); ValueError naming the file when it is unreadable or
+        malformed (`read_prior`), token ids ≥ `vocab` included."""
         data = read_prior(path, vocab)
         order, min_order = data["order"].tolist()
-        if (order, min_order) != (self.order, self.min_order):
+        if min_order != self.min_order or order > self.order:
             raise ValueError(f"{path} counts contexts of {min_order}…{order} tokens but this table counts "
-                             f"{self.min_order}…{self.order}: set min_match={min_order}, max_match={order}")
+                             f"{self.min_order}…{self.order}: pass a prior of contexts from {self.min_order} to at most {self.order} tokens")
         succ = data["successors"].astype(np.int64)
         self.reserve(len(succ), 2 * len(succ))
         self.kern._import(self.ctx, self.pairs, self.used, self.sizes, slot, self.owner(slot),
