@@ -49,6 +49,8 @@ from rollout_graft import EngineConfig, RetrievalConfig, SamplingParams  # noqa:
 from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_texts  # noqa: E402
 from rollout_graft.proposers import RetrievalProposer  # noqa: E402
 from rollout_graft.templates import TemplateConfig  # noqa: E402
+from rollout_graft.vllm import proposer as proposer_module  # noqa: E402
+from rollout_graft.vllm.config import MAX_MATCH  # noqa: E402
 from rollout_graft_tools.bounds import suffix_chain_bound  # noqa: E402
 from rollout_graft_tools.chain_replay import SuffixReplay, at_drafted, ours_proposer, replay_rollouts  # noqa: E402
 from rollout_graft_tools.prompts import load_prompts  # noqa: E402
@@ -173,13 +175,18 @@ def vllm_run(args) -> dict:
     step_ms = tuple(args.step_ms) if args.step_ms else None
     results: dict[str, dict] = {}
     names = [("ours", {})] + [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]
+    if args.max_match:  # the longest context, a module constant of the proposer: set for each variant
+        names = [(f"{name}/m{m}", {**options, "_max_match": m}) for name, options in names for m in args.max_match]
     for name, options in names:
+        options = dict(options)
+        proposer_module.MAX_MATCH = options.pop("_max_match", MAX_MATCH)
         for tau in args.taus:
             prop = ours_proposer(args.k, tau, rec["vocab"], max_len, options)
             results[f"{name}@{args.k}/{tau:g}"] = replay_rollouts(prop, rollouts, step_ms, timed)
         if step_ms is not None:
             prop = ours_proposer(args.k, None, rec["vocab"], max_len, options)
             results[f"{name}+dcut@{args.k}"] = replay_rollouts(prop, rollouts, step_ms, timed)
+    proposer_module.MAX_MATCH = MAX_MATCH
     for p in args.min_token_probs:
         results[f"suffix@{args.k}/{p:g}"] = replay_rollouts(SuffixReplay(args.k, p, max_len), rollouts, step_ms, timed)
     curves = {name: [v for k, v in results.items() if k.startswith(f"{name}@")] for name, _ in names}
@@ -264,6 +271,8 @@ def main(argv=None):
     u.add_argument("--step-ms", type=float, nargs=3, metavar=("A", "B_ROWS", "B_DRAFT"),
                    help="model a vLLM step as A + B_ROWS·rows + B_DRAFT·draft tokens ms (a fake clock): adds ours "
                         "with D-cut (`NAME+dcut@K`) and each variant's modelled speed-up over plain decoding")
+    u.add_argument("--max-match", type=int, nargs="*", default=[],
+                   help=f"replay ours with each of these longest contexts (the proposer's MAX_MATCH, {MAX_MATCH})")
     u.add_argument("--json", type=Path)
     u.set_defaults(func=vllm_run)
     args = ap.parse_args(argv)
