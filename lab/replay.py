@@ -194,7 +194,8 @@ def vllm_run(args) -> dict:
                    **{f"{name}_mat_at_equal_drafted": at_drafted(curve, v["drafted_per_step"])
                       for name, curve in curves.items()}}
                for k, v in results.items() if k.startswith("suffix")}
-    out = {"recording": str(args.recording), "recorded_with": rec["args"], "k": args.k, "variants": results,
+    out = {"command": "python lab/replay.py " + " ".join(sys.argv[1:]), "recording": str(args.recording),
+           "recorded_with": rec["args"], "k": args.k, "variants": results,
            "suffix_vs_ours": compare}
     print(f"{'variant':<18} {'MAT':>6} {'drafted/step':>13} {'accepted/step':>14} {'modelled ×plain':>16}")
     for k, v in results.items():

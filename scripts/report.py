@@ -90,6 +90,17 @@ def render_chain_replay(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_chain_replay_modelled(runs: list[dict]) -> str:
+    """`lab/replay.py vllm run --step-ms … --json`: each variant's MAT, drafts and modelled speed-up."""
+    lines = ["| recording | variant | MAT | drafted / step | accepted / step | modelled × plain |", "|---|---|---|---|---|---|"]
+    for run in runs:
+        name = Path(run["recording"]).name
+        for variant, v in run["variants"].items():
+            lines.append(f"| {name} | {variant} | {v['mat']:.2f} | {v['drafted_per_step']:.2f} | "
+                         f"{v['accepted_per_step']:.2f} | {v['modelled_speedup']:.2f} |")
+    return "\n".join(lines)
+
+
 def render_tree_replay(runs: list[dict]) -> str:
     """`lab/replay.py engine run --json`: MAT of retrieval variants replayed on one recording."""
     lines = ["| batch | variant | MAT | verified tokens / step | row-steps accepting ≥ 1 / ≥ 2 / ≥ 4 tokens, % |",
@@ -259,6 +270,16 @@ SECTIONS: list[Section] = [
             "(`lab/replay.py vllm`); no timing.",
             ("replay/ngrams_tiny_t1.json", "replay/ngrams_smollm2_t1.json"), render_chain_replay,
             inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1.json")),
+    Section("vLLM chains by replay: greedy revisits, modelled step time",
+            "SmolLM2 at T = 0, 8 prompts × 1 sample, 8 recorded rollouts, each replayed twice in a row through one "
+            "proposer and timed the second time (`--revisit`: greedy decoding retraces itself, as a later GRPO "
+            "epoch of a near-deterministic policy does); a vLLM step modelled as 24 + 2·rows + 1.9·draft tokens ms "
+            "(a plain SmolLM2 step at 8 rows takes about 40 ms on this CPU; a draft token 1.5–1.9 ms by `suffix`'s "
+            "steps in the bench above), on a clock D-cut reads. `ours/mK` counts contexts of up to K tokens (the proposer's `MAX_MATCH`), `@8/τ` "
+            "cuts chains where the raw score falls below τ, `+dcut` is the product. Modelled × plain: plain "
+            "decoding's modelled time for the same tokens over this run's.",
+            ("replay/chains_smollm2_t0_revisit.json",), render_chain_replay_modelled,
+            inputs=("replay/rec_smollm2_t0_b8.json",)),
     Section("The target's logits as a chain source in vLLM, by replay",
             "Plain rollouts recorded with the target's top-8 per position (tiny and SmolLM2, T = 0 and 1, 8 prompts × 8; "
             "a cold rollout, fresh prompts with warm priors, then a revisit) and replayed as vLLM verifies chains "

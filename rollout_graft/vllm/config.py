@@ -127,5 +127,6 @@ def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPoli
         order = read_prior(config.prior_path)["order"].tolist()
         if order[1] != MIN_MATCH or order[0] > MAX_MATCH:
             raise ValueError(f"the prior {config.prior_path} counts contexts of {order[1]}…{order[0]} tokens but the "
-                             f"proposer counts {MIN_MATCH}…{MAX_MATCH}: pass a prior this proposer saved")
+                             f"proposer counts {MIN_MATCH}…{MAX_MATCH}: pass a prior of contexts from {MIN_MATCH} to at "
+                             f"most {MAX_MATCH} tokens (one this proposer saved)")
     return {"method": "custom_class", "model": config.class_path(), "num_speculative_tokens": num_speculative_tokens}

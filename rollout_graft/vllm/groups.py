@@ -122,7 +122,7 @@ class RequestTracker:
     (a request started this step: its prefill ran).
 
     Args:
-        store: where the groups' tables live (default: a store of contexts of 1…4 tokens).
+        store: where the groups' tables live (default: `NgramStore()`).
         prior: the slot of `store` every group's completions also teach (-1: none).
         recall: completions of a prompt's previous rollout kept for its next one (0: none).
         max_groups: prompts remembered at most, least recently used dropped first.

@@ -20,8 +20,8 @@ from typing import Literal
 VLLMOwnMethod = Literal["ngram", "suffix"]
 VLLM_OWN_METHODS: tuple[str, ...] = ("ngram", "suffix")
 
-PROMPT_LOOKUP_MAX = 4  # "ngram": the longest context matched, as our proposer's `max_match`
-PROMPT_LOOKUP_MIN = 1  # "ngram": the shortest, as our proposer's `min_match`
+PROMPT_LOOKUP_MAX = 4  # "ngram": the longest context matched (vLLM's prompt lookup, its own text only)
+PROMPT_LOOKUP_MIN = 1  # "ngram": the shortest, as our proposer's `MIN_MATCH`
 
 
 def check_vllm_method(method: str) -> None:
