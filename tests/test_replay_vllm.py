@@ -28,3 +28,31 @@ def test_replay_counts_and_score_cut(tmp_path):
         assert r["mat"] == 1 + r["accepted_per_step"]
     assert v["ours@6/0"]["mat"] > 1.5 and v["ours@6/2"]["mat"] == 1.0
     assert json.loads((tmp_path / "out.json").read_text())["suffix_vs_ours"] == {}
+
+
+def test_replay_revisits_a_greedy_recording_on_a_modelled_clock(tmp_path):
+    """`--revisit` replays each rollout as its own next epoch, timed the second time: recall drafts
+    its earlier completion, so the revisit accepts more than a first visit. `--step-ms` adds D-cut
+    on the modelled clock and each variant's modelled speed-up (a cut that drafts nothing is plain
+    decoding's time plus the proposer's own); `--max-match` names a variant per longest context.
+    A recording sampled at T > 0 is no revisit of itself: refused."""
+    import pytest
+
+    replay = load_script("lab/replay.py")
+    prompts, outs = bench.completions(np.random.default_rng(0), 8, 1, 48)
+    rollouts = [{"prompts": [p.tolist() for p in prompts], "completions": [o.tolist() for o in outs]}]
+    rec = tmp_path / "rec.json"
+    rec.write_text(json.dumps({"args": {"temperature": 0.0}, "vocab": bench.VOCAB, "rollouts": rollouts}))
+    common = ["vllm", "run", str(rec), "--k", "6", "--taus", "0", "2", "--min-token-probs"]
+    first = replay.main(common)["variants"]
+    out = replay.main(common + ["--revisit", "--step-ms", "5", "0.1", "0.05", "--max-match", "2", "8"])
+    v = out["variants"]
+    assert set(v) == {"ours/m2@6/0", "ours/m2@6/2", "ours/m2+dcut@6", "ours/m8@6/0", "ours/m8@6/2", "ours/m8+dcut@6"}
+    assert v["ours/m8@6/0"]["emitted"] == first["ours@6/0"]["emitted"]  # only the second visit counts
+    assert v["ours/m8@6/0"]["mat"] > first["ours@6/0"]["mat"]
+    assert 0.9 < v["ours/m8@6/2"]["modelled_speedup"] <= 1.0 and v["ours/m8@6/2"]["mat"] == 1.0
+    assert v["ours/m8@6/0"]["modelled_speedup"] > 1.0
+    assert out["command"].startswith("python lab/replay.py")
+    rec.write_text(json.dumps({"args": {"temperature": 1.0}, "vocab": bench.VOCAB, "rollouts": rollouts}))
+    with pytest.raises(SystemExit, match="greedy"):
+        replay.main(common + ["--revisit"])

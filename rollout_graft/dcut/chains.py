@@ -105,10 +105,9 @@ def step_cost_fit(forget: float, spec_prior: float = 1.0, draft_prior: float = 1
 
     b_spec is what a step pays for taking vLLM's speculative path at all (its speculative metadata
     and rejection sampler; a step where no request drafted takes the plain path: `plugin`): on the
-    tiny target 1.2 ms at 8 rows and 5.0 ms at 64, 16 % and 28 % of a plain step, where a draft
-    token costs 0.04–0.06 ms — a fit without it priced steps that verified at most a token per row
-    6–8 % below what they took, so D-cut drafted at break-even at a loss (`lab/vllm_step_cost.py`;
-    docs/RESULTS.md, "vLLM step cost against draft tokens (tiny target)").
+    tiny target many draft tokens' worth, and a fit without it priced steps that verified a few
+    tokens too cheap, so D-cut drafted at break-even at a loss (docs/DESIGN.md, the vLLM backend,
+    step 4; `lab/vllm_step_cost.py`).
 
     The two costs of drafting have priors of 0, with the weight of one step that took the
     speculative path (`spec_prior`) and of one draft token (`draft_prior`): the drafting steps
