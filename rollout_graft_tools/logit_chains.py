@@ -186,8 +186,8 @@ class LogitChainProposer:
             self._learn(groups, toks, prev, rec.prompt_top_ids[:, : self.top_k].long(),
                         rec.prompt_top_probs[:, : self.top_k].float())
 
-    def set_requests(self, requests: list[int], prompt_lengths: list[int]) -> None:
-        self.requests = requests
+    def set_requests(self, requests: list, prompt_lengths: list[int]) -> None:
+        self.requests = [int(str(r).rsplit("-", 1)[-1]) for r in requests]  # a row, or `replay_rows`' "<run>-<row>"
 
     def _learn(self, groups, toks, prev, top_i, top_p) -> None:
         self.index.update_topk(groups, toks, top_i, top_p, self.merge_decay, prev)
@@ -351,7 +351,8 @@ class BestOfChains:
     def start(self, rec: Recording) -> None:
         self.logits.start(rec)
 
-    def set_requests(self, requests: list[int], prompt_lengths: list[int]) -> None:
+    def set_requests(self, requests: list, prompt_lengths: list[int]) -> None:
+        self.text.set_requests(requests, prompt_lengths)
         self.logits.set_requests(requests, prompt_lengths)
 
     def _text_chains(self, rows: int) -> Chains:

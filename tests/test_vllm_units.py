@@ -333,8 +333,9 @@ def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
     wider.save(wide, tmp_path / "wide.safetensors")
     with pytest.raises(ValueError, match="at most 2 tokens"):
         store.load(loaded, tmp_path / "wide.safetensors")
+    other = NgramStore(4, 2)
     with pytest.raises(ValueError, match="from 2 to at most 4 tokens"):
-        NgramStore(4, 2).load(0, tmp_path / "prior.safetensors")
+        other.load(other.slot(), tmp_path / "prior.safetensors")
     from rollout_graft.adjacency import AdjacencyIndex
 
     AdjacencyIndex.empty(1, 10, 2).save(tmp_path / "engine.safetensors")
