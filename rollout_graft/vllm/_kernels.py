@@ -14,11 +14,14 @@ SHRINK = 0.5
 
 # ---------------------------------------------------------------------- compiled kernels
 # One open-addressing hash table per store holds every table's contexts: a row of `ctx` [capacity,
-# 8] is (owner, four context words, most frequent successor, its count, the context's total); a
-# row of `pairs` [capacity, 7] is (owner, words, successor, count), for contexts with ≥ 2
-# successors. A row is one cache line: a lookup costs one miss. `owner` = (slot + 1) << 32 |
-# generation: a table starts over (collected, or past max_contexts) by taking a new generation,
-# and the old generation's rows are dropped when the arrays are next rebuilt (`_rehash`).
+# 8] is (OWNER, four context words from WORD, BEST successor, BEST_COUNT, the context's TOTAL); a
+# row of `pairs` [capacity, 7] is (OWNER, words, SUCC, COUNT), for contexts with ≥ 2 successors.
+# A row is one cache line: a lookup costs one miss. `owner` = (slot + 1) << 32 | generation: a
+# table starts over (collected, or past max_contexts) by taking a new generation, and the old
+# generation's rows are dropped when the arrays are next rebuilt (`_rehash`).
+OWNER, WORD = 0, 1  # both tables: the key's owner, and its first context word (four in a row)
+BEST, BEST_COUNT, TOTAL = 5, 6, 7  # `ctx`: the most frequent successor, its count, the context's count
+SUCC, COUNT = 5, 6  # `pairs`: a successor (the key's fifth part) and its count
 _P = np.uint64(0x9E3779B97F4A7C15)
 _S = np.uint64(29)
 
@@ -41,11 +44,11 @@ def _find(keys, owner, w0, w1, w2, w3, extra, wide: bool):
     mask = len(keys) - 1
     i = np.int64(_hash(owner, w0, w1, w2, w3, extra) & np.uint64(mask))
     while True:
-        o = keys[i, 0]
+        o = keys[i, OWNER]
         if o == 0:
             return -1 - i
-        if (o == owner and keys[i, 1] == w0 and keys[i, 2] == w1 and keys[i, 3] == w2 and keys[i, 4] == w3
-                and (not wide or keys[i, 5] == extra)):
+        if (o == owner and keys[i, WORD] == w0 and keys[i, WORD + 1] == w1 and keys[i, WORD + 2] == w2
+                and keys[i, WORD + 3] == w3 and (not wide or keys[i, SUCC] == extra)):
             return i
         i = (i + 1) & mask
 
@@ -72,11 +75,11 @@ def _bump_pair(pairs, used, owner, w0, w1, w2, w3, tok, c) -> int:
     j = _find(pairs, owner, w0, w1, w2, w3, tok, True)
     if j < 0:
         j = -1 - j
-        pairs[j, 0], pairs[j, 1], pairs[j, 2], pairs[j, 3], pairs[j, 4], pairs[j, 5] = owner, w0, w1, w2, w3, tok
-        pairs[j, 6] = 0
+        pairs[j, OWNER], pairs[j, WORD], pairs[j, WORD + 1], pairs[j, WORD + 2], pairs[j, WORD + 3] = owner, w0, w1, w2, w3
+        pairs[j, SUCC], pairs[j, COUNT] = tok, 0
         used[1] += 1
-    pairs[j, 6] += c
-    return pairs[j, 6]
+    pairs[j, COUNT] += c
+    return pairs[j, COUNT]
 
 
 @njit(cache=True)
@@ -86,15 +89,15 @@ def _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok: int, c: int)
     i = _find(ctx, owner, w0, w1, w2, w3, 0, False)
     if i < 0:
         i = -1 - i
-        ctx[i, 0], ctx[i, 1], ctx[i, 2], ctx[i, 3], ctx[i, 4] = owner, w0, w1, w2, w3
-        ctx[i, 5], ctx[i, 6], ctx[i, 7] = tok, c, c
+        ctx[i, OWNER], ctx[i, WORD], ctx[i, WORD + 1], ctx[i, WORD + 2], ctx[i, WORD + 3] = owner, w0, w1, w2, w3
+        ctx[i, BEST], ctx[i, BEST_COUNT], ctx[i, TOTAL] = tok, c, c
         used[0] += 1
         sizes[slot] += 1
         return
-    b_tok, b_c, total = ctx[i, 5], ctx[i, 6], ctx[i, 7]
-    ctx[i, 7] = total + c
+    b_tok, b_c, total = ctx[i, BEST], ctx[i, BEST_COUNT], ctx[i, TOTAL]
+    ctx[i, TOTAL] = total + c
     if tok == b_tok:
-        ctx[i, 6] = b_c + c
+        ctx[i, BEST_COUNT] = b_c + c
         if total != b_c:  # other successors were seen: their counts are kept
             _bump_pair(pairs, used, owner, w0, w1, w2, w3, tok, c)
         return
@@ -102,7 +105,7 @@ def _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok: int, c: int)
         _bump_pair(pairs, used, owner, w0, w1, w2, w3, b_tok, b_c)
     n = _bump_pair(pairs, used, owner, w0, w1, w2, w3, tok, c)
     if n > b_c or (n == b_c and tok < b_tok):
-        ctx[i, 5], ctx[i, 6] = tok, n
+        ctx[i, BEST], ctx[i, BEST_COUNT] = tok, n
 
 
 @njit(cache=True, inline="always")
@@ -158,8 +161,8 @@ def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out) -> 
                 found, row = n, i
         if found == 0:
             break
-        tok = ctx[row, 5]
-        score *= ctx[row, 6] / (ctx[row, 7] + SHRINK) * found / (found + 1)
+        tok = ctx[row, BEST]
+        score *= ctx[row, BEST_COUNT] / (ctx[row, TOTAL] + SHRINK) * found / (found + 1)
         tok_out[m] = tok
         score_out[m] = score
         m += 1
@@ -217,7 +220,7 @@ def _live(keys, gens) -> np.ndarray:
     """Which rows hold a key of a table's current generation."""
     out = np.zeros(len(keys), np.bool_)
     for i in range(len(keys)):
-        o = keys[i, 0]
+        o = keys[i, OWNER]
         out[i] = o != 0 and gens[(o >> 32) - 1] == (o & 0xFFFFFFFF)
     return out
 
@@ -228,7 +231,8 @@ def _rehash(rows, live, capacity: int, wide: bool):
     out = np.zeros((capacity, rows.shape[1]), np.int64)
     for i in range(len(rows)):
         if live[i]:
-            j = -1 - _find(out, rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3], rows[i, 4], rows[i, 5] if wide else 0, wide)
+            j = -1 - _find(out, rows[i, OWNER], rows[i, WORD], rows[i, WORD + 1], rows[i, WORD + 2], rows[i, WORD + 3],
+                           rows[i, SUCC] if wide else 0, wide)
             out[j] = rows[i]
     return out
 

@@ -156,10 +156,11 @@ class NgramStore:
         """The table of `slot`, one row per (context, successor), sorted by context and successor (the
         same table gives the same rows): contexts [n, order] (right-aligned, -1 before a shorter
         context), successors [n], counts [n]."""
-        owner = self.owner(slot)
-        one = self.ctx[(self.ctx[:, 0] == owner) & (self.ctx[:, 6] == self.ctx[:, 7])]  # one successor: no pairs rows
-        many = self.pairs[self.pairs[:, 0] == owner]
-        rows = np.concatenate([one[:, 1:7], many[:, 1:7]])
+        k, owner = self.kern, self.owner(slot)
+        one = self.ctx[(self.ctx[:, k.OWNER] == owner) & (self.ctx[:, k.BEST_COUNT] == self.ctx[:, k.TOTAL])]  # no pairs rows
+        many = self.pairs[self.pairs[:, k.OWNER] == owner]
+        # words, successor, count: columns WORD…COUNT of both tables (BEST, BEST_COUNT are SUCC, COUNT's columns)
+        rows = np.concatenate([one[:, k.WORD : k.COUNT + 1], many[:, k.WORD : k.COUNT + 1]])
         rows = rows[np.lexsort(rows[:, ::-1][:, 1:].T)]  # by words, then successor
         return _unpack(rows[:, :4], self.order), np.ascontiguousarray(rows[:, 4]), np.ascontiguousarray(rows[:, 5])
 
