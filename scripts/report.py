@@ -96,8 +96,9 @@ def render_chain_replay_modelled(runs: list[dict]) -> str:
     for run in runs:
         name = Path(run["recording"]).name
         for variant, v in run["variants"].items():
+            speedup = v.get("modelled_speedup")
             lines.append(f"| {name} | {variant} | {v['mat']:.2f} | {v['drafted_per_step']:.2f} | "
-                         f"{v['accepted_per_step']:.2f} | {v['modelled_speedup']:.2f} |")
+                         f"{v['accepted_per_step']:.2f} | {tables.MISSING if speedup is None else format(speedup, '.2f')} |")
     return "\n".join(lines)
 
 
@@ -270,16 +271,18 @@ SECTIONS: list[Section] = [
             "(`lab/replay.py vllm`); no timing.",
             ("replay/ngrams_tiny_t1.json", "replay/ngrams_smollm2_t1.json"), render_chain_replay,
             inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1.json")),
-    Section("vLLM chains by replay: greedy revisits, modelled step time",
-            "SmolLM2 at T = 0, 8 prompts × 1 sample, 8 recorded rollouts, each replayed twice in a row through one "
+    Section("vLLM chains by replay: context length, greedy revisits on a modelled clock",
+            "How long a context the proposer counts, by replay. First SmolLM2 at T = 0, 8 prompts × 1 sample, 8 "
+            "recorded rollouts, each replayed twice in a row through one "
             "proposer and timed the second time (`--revisit`: greedy decoding retraces itself, as a later GRPO "
             "epoch of a near-deterministic policy does); a vLLM step modelled as 24 + 2·rows + 1.9·draft tokens ms "
             "(a plain SmolLM2 step at 8 rows takes about 40 ms on this CPU; a draft token 1.5–1.9 ms by `suffix`'s "
             "steps in the bench above), on a clock D-cut reads. `ours/mK` counts contexts of up to K tokens (the proposer's `MAX_MATCH`), `@8/τ` "
             "cuts chains where the raw score falls below τ, `+dcut` is the product. Modelled × plain: plain "
-            "decoding's modelled time for the same tokens over this run's.",
-            ("replay/chains_smollm2_t0_revisit.json",), render_chain_replay_modelled,
-            inputs=("replay/rec_smollm2_t0_b8.json",)),
+            "decoding's modelled time for the same tokens over this run's. Then the fresh T = 1 rollouts of the "
+            "replay section above (SmolLM2, 64 rows), no clock.",
+            ("replay/chains_smollm2_t0_revisit.json", "replay/chains_smollm2_t1_max_match.json"),
+            render_chain_replay_modelled, inputs=("replay/rec_smollm2_t0_b8.json",)),
     Section("The target's logits as a chain source in vLLM, by replay",
             "Plain rollouts recorded with the target's top-8 per position (tiny and SmolLM2, T = 0 and 1, 8 prompts × 8; "
             "a cold rollout, fresh prompts with warm priors, then a revisit) and replayed as vLLM verifies chains "

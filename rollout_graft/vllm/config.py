@@ -33,8 +33,10 @@ MAX_MATCH = 8
 longest known context of the last `MAX_MATCH` tokens. Replayed greedy revisits of SmolLM2 (8
 prompts; `lab/replay.py vllm run --revisit`, docs/RESULTS.md) accept 83 % of whole chains with
 contexts of up to 8 tokens against 65 % with up to 4 (MAT 7.2 against 5.8): a longer context
-tells apart the places of an earlier completion that a short one confuses. Fresh rollouts at
-T = 1 replay the same with either (MAT 1.36). A saved prior of shorter contexts still loads."""
+tells apart the places of an earlier completion that a short one confuses. Fresh SmolLM2 rollouts
+at T = 1 replay the same with either (MAT 1.36 drafting every chain whole). Each counted token costs
+twice the hash-table updates (the proposer's own time: docs/RESULTS.md). A saved prior of shorter
+contexts still loads."""
 
 RECALL_PROMPTS = 4096
 """Prompts whose completions are remembered for their next rollout at most (least recently used
