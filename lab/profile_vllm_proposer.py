@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from rollout_graft.dcut.chains import FixedDepth
-from rollout_graft_tools.chain_replay import PROMPT, VOCAB, FakeClock, replay, vllm_config
+from rollout_graft_tools.chain_replay import PROMPT, VOCAB, fake_clock, replay, vllm_config
 
 
 class Parts:
@@ -93,9 +93,7 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
     prop = cls(vllm_config(k, PROMPT + length + 2 * k + 8))
     if policy == "plain":
         prop.policy = NeverDraft(k)
-    clock = FakeClock()
-    module.time = clock  # the step time the policy sees: the fake clock (restored below)
-    try:
+    with fake_clock() as clock:  # the step time the policy sees
         replay(prop, batch, length=length, seed=10_000 + batch, clock=clock, step_ms=step_ms, record=False)  # warm-up
         parts = Parts(prop)
         full, rows_total, total = [], 0, 0.0
@@ -119,8 +117,6 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
         if profile:
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    finally:
-        module.time = time
     sec = parts.seconds()
     per_req = {name: 1e6 * s / rows_total for name, s in sec.items()}
     per_req["other"] = 1e6 * total / rows_total - sum(per_req.values())

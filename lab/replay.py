@@ -122,7 +122,7 @@ def engine_run(args) -> dict:
             replay(w, cfg, proposer=proposer, device=args.device)
         entry["methods"][name] = {**replay(rec, cfg, proposer=proposer, device=args.device).as_dict(),
                                   "retrieval": asdict(cfg.retrieval)}
-    results = {"command": "python " + " ".join(sys.argv), "replay": True, "recording": args.recording,
+    results = {"command": "python lab/replay.py " + " ".join(args.argv), "replay": True, "recording": args.recording,
                "model": rec.model, "params": asdict(rec.params), "budget": args.budget, "max_depth": args.max_depth,
                "prior": args.prior, "warm": args.warm, "configs": [entry]}
     print(engine_table(results))
@@ -174,27 +174,29 @@ def vllm_run(args) -> dict:
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * args.k + 2
     step_ms = tuple(args.step_ms) if args.step_ms else None
     results: dict[str, dict] = {}
-    names = [("ours", {})] + [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]
-    if args.max_match:  # the longest context, a module constant of the proposer: set for each variant
-        names = [(f"{name}/m{m}", {**options, "_max_match": m}) for name, options in names for m in args.max_match]
-    for name, options in names:
-        options = dict(options)
-        proposer_module.MAX_MATCH = options.pop("_max_match", MAX_MATCH)
-        for tau in args.taus:
-            prop = ours_proposer(args.k, tau, rec["vocab"], max_len, options)
-            results[f"{name}@{args.k}/{tau:g}"] = replay_rollouts(prop, rollouts, step_ms, timed)
-        if step_ms is not None:
-            prop = ours_proposer(args.k, None, rec["vocab"], max_len, options)
-            results[f"{name}+dcut@{args.k}"] = replay_rollouts(prop, rollouts, step_ms, timed)
-    proposer_module.MAX_MATCH = MAX_MATCH
+    variants = [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]
+    names = []  # (label, ChainConfig options, longest context)
+    for name, options in [("ours", {})] + variants:
+        names += [(f"{name}/m{m}", options, m) for m in args.max_match] or [(name, options, MAX_MATCH)]
+    try:
+        for name, options, longest in names:
+            proposer_module.MAX_MATCH = longest  # a module constant of the proposer, read when one is built
+            for tau in args.taus:
+                prop = ours_proposer(args.k, tau, rec["vocab"], max_len, options)
+                results[f"{name}@{args.k}/{tau:g}"] = replay_rollouts(prop, rollouts, step_ms, timed)
+            if step_ms is not None:
+                prop = ours_proposer(args.k, None, rec["vocab"], max_len, options)
+                results[f"{name}+dcut@{args.k}"] = replay_rollouts(prop, rollouts, step_ms, timed)
+    finally:
+        proposer_module.MAX_MATCH = MAX_MATCH
     for p in args.min_token_probs:
         results[f"suffix@{args.k}/{p:g}"] = replay_rollouts(SuffixReplay(args.k, p, max_len), rollouts, step_ms, timed)
-    curves = {name: [v for k, v in results.items() if k.startswith(f"{name}@")] for name, _ in names}
+    curves = {name: [v for k, v in results.items() if k.startswith(f"{name}@")] for name, _, _ in names}
     compare = {k: {"drafted_per_step": v["drafted_per_step"], "suffix_mat": v["mat"],
                    **{f"{name}_mat_at_equal_drafted": at_drafted(curve, v["drafted_per_step"])
                       for name, curve in curves.items()}}
                for k, v in results.items() if k.startswith("suffix")}
-    out = {"command": "python lab/replay.py " + " ".join(sys.argv[1:]), "recording": str(args.recording),
+    out = {"command": "python lab/replay.py " + " ".join(args.argv), "recording": str(args.recording),
            "recorded_with": rec["args"], "k": args.k, "variants": results,
            "suffix_vs_ours": compare}
     print(f"{'variant':<18} {'MAT':>6} {'drafted/step':>13} {'accepted/step':>14} {'modelled ×plain':>16}")
@@ -277,6 +279,7 @@ def main(argv=None):
     u.add_argument("--json", type=Path)
     u.set_defaults(func=vllm_run)
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the JSON records as its command
     return args.func(args)
 
 

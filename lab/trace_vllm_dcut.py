@@ -31,7 +31,7 @@ def policy_state(worker) -> dict:
     seen = float(p.calibration.seen.sum())
     return {"plain": p.plain, "credit_ms": round(p.credit.ms, 2), "fit": p.cost.coef.round(3).tolist(),
             "steps_fitted": p.cost.samples,
-            "plain_share": round(p.plain_weight() / p.cost.sums[0, 0], 3) if p.cost.samples else None,
+            "plain_share": round(p.plain_share(), 3) if p.cost.samples else None,
             "draft_ms1": round(float(p.draft_cost.predict(1)), 3),
             "accept_rate": round(float(p.calibration.accepted.sum()) / seen, 3) if seen else None}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,6 +52,29 @@ class FakeClock:
         finally:
             self.now += time.perf_counter() - self._start
             self._start = None
+
+
+def request_id(run: int, row: int) -> str:
+    """The vLLM request id `replay_rows` gives request `row` of its `run`-th replay (unique across replays)."""
+    return f"{run}-{row}"
+
+
+def row_of(request: str) -> int:
+    """The request index (`row`) of a `request_id`."""
+    return int(request.rsplit("-", 1)[1])
+
+
+@contextmanager
+def fake_clock():
+    """A `FakeClock` that our proposer's module reads as its `time` inside the block (restored after)."""
+    from rollout_graft.vllm import proposer as module
+
+    clock, saved = FakeClock(), module.time
+    module.time = clock
+    try:
+        yield clock
+    finally:
+        module.time = saved
 
 
 def completions(rng: np.random.Generator, batch: int, group: int, length: int, noise: float = 0.1,
@@ -127,7 +151,7 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             rows, drafted = len(slots), sum(len(drafts.get(r, ())) for r in slots)
             clock.now += (step_ms[0] + step_ms[1] * rows + step_ms[2] * drafted) / 1000.0
         if hasattr(proposer, "set_requests"):
-            proposer.set_requests([f"{run}-{r}" for r in slots], [plen[r] for r in slots])
+            proposer.set_requests([request_id(run, r) for r in slots], [plen[r] for r in slots])
         t = time.perf_counter()
         rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
         got = (clock.call(proposer.propose, rows_in, num, token_ids) if clock is not None
@@ -239,13 +263,12 @@ class SuffixReplay:
                                suffix_decoding_min_token_prob=min_token_prob)
         self.inner = SuffixDecodingProposer(SimpleNamespace(speculative_config=spec,
                                                             model_config=SimpleNamespace(max_model_len=max_len)))
-        self.k, self.max_model_len, self.rollout = k, max_len, 0
+        self.k, self.max_model_len = k, max_len
         self.ids: list[str] = []
         self.prompt_lens: list[int] = []
 
-    def set_requests(self, requests: list[int], prompt_lengths: list[int]) -> None:
-        self.ids = [f"{self.rollout}-{r}" for r in requests]
-        self.prompt_lens = prompt_lengths
+    def set_requests(self, requests: list[str], prompt_lengths: list[int]) -> None:
+        self.ids, self.prompt_lens = list(requests), list(prompt_lengths)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         rows = len(self.ids)
@@ -263,20 +286,13 @@ def replay_rollouts(prop, rollouts: list[dict], step_ms=None, timed=None) -> dic
     steps, D-cut, decides on it), and `modelled_speedup` is plain steps' modelled time over this
     run's for the same tokens. timed (optional [bool] per rollout): only those rollouts count (the
     others are replayed to teach, untimed: a revisit's first visit)."""
-    from rollout_graft.vllm import proposer as module  # where our proposer reads its clock
-
-    clock = FakeClock() if step_ms is not None else None
-    saved = module.time
-    if clock is not None:
-        module.time = clock
     counts = {"steps": 0, "emitted": 0, "drafted": 0, "accepted": 0, "ms": 0.0, "plain_ms": 0.0}
-    try:
+    with fake_clock() if step_ms is not None else nullcontext() as clock:
         for n, r in enumerate(rollouts):
             prop.rollout = n
             scratch = {"steps": 0, "emitted": 0, "drafted": 0, "accepted": 0}
             start = clock.now if clock is not None else 0.0
-            replay_rows(prop, r["prompts"], r["completions"], clock=clock, step_ms=step_ms or (5.0, 0.01, 0.02),
-                        record=False, counts=scratch)
+            replay_rows(prop, r["prompts"], r["completions"], clock=clock, step_ms=step_ms, record=False, counts=scratch)
             if timed is not None and not timed[n]:
                 continue
             for key in scratch:
@@ -284,8 +300,6 @@ def replay_rollouts(prop, rollouts: list[dict], step_ms=None, timed=None) -> dic
             if clock is not None:  # plain decoding emits one token per row a step: sum its modelled steps
                 counts["ms"] += 1000.0 * (clock.now - start)
                 counts["plain_ms"] += _plain_ms(r["completions"], step_ms)
-    finally:
-        module.time = saved
     steps = max(counts["steps"], 1)
     out = {**counts, "mat": counts["emitted"] / steps, "drafted_per_step": counts["drafted"] / steps,
            "accepted_per_step": counts["accepted"] / steps}

@@ -47,7 +47,7 @@ from rollout_graft.adjacency import EMPTY, AdjacencyIndex
 from rollout_graft.dcut import chains as dchains
 from rollout_graft.dcut.chains import ChainPolicy
 from rollout_graft.dcut.core import BudgetDecision
-from rollout_graft_tools.chain_replay import SuffixReplay, replay_rows, vllm_config
+from rollout_graft_tools.chain_replay import SuffixReplay, replay_rows, row_of, vllm_config
 from rollout_graft_tools.replay import Recording
 
 TAUS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
@@ -187,7 +187,7 @@ class LogitChainProposer:
                         rec.prompt_top_probs[:, : self.top_k].float())
 
     def set_requests(self, requests: list, prompt_lengths: list[int]) -> None:
-        self.requests = [int(str(r).rsplit("-", 1)[-1]) for r in requests]  # a row, or `replay_rows`' "<run>-<row>"
+        self.requests = [row_of(r) for r in requests]  # rows of the recording
 
     def _learn(self, groups, toks, prev, top_i, top_p) -> None:
         self.index.update_topk(groups, toks, top_i, top_p, self.merge_decay, prev)

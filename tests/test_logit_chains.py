@@ -7,7 +7,7 @@ import torch
 
 from rollout_graft import SamplingParams
 from rollout_graft.dcut.chains import cut
-from rollout_graft_tools.chain_replay import replay_rows
+from rollout_graft_tools.chain_replay import replay_rows, request_id
 from rollout_graft_tools.logit_chains import Calibration, LogitChainProposer, OffPathLogitChains, ScoreThreshold, at_drafted
 from rollout_graft_tools.replay import Recording
 
@@ -65,7 +65,7 @@ def test_logit_chain_drafts_the_best_successors_its_group_learned():
     rec = recording([[1, 2]], [[3, 4, 5, 6], [3, 4, 5, 6]], [0, 0], {2: [3, 9], 3: [4, 9], 4: [5, 9], 5: [6, 9]})
     prop = LogitChainProposer(k=3, max_model_len=32, vocab=V, use_prior=False)
     prop.start(rec)
-    prop.set_requests([0, 1], [2, 2])
+    prop.set_requests([request_id(0, 0), request_id(0, 1)], [2, 2])
     token_ids = np.zeros((2, 32), dtype=np.int32)
     token_ids[0, :6] = [1, 2, 3, 4, 5, 6]  # row 0 emitted all of 3 4 5 6: positions 0..3 are learned
     token_ids[1, :3] = [1, 2, 3]  # row 1 emitted 3: its next chain reads what row 0 taught the group
@@ -81,7 +81,7 @@ def test_logit_chain_backs_off_to_the_prior_and_cuts_by_score():
     rec = recording([[1, 2], [7, 2]], [[3, 4, 5], [3]], [0, 1], {2: [3, 9], 3: [4, 9], 4: [5, 9]}, probs=(0.6, 0.4))
     prop = LogitChainProposer(k=4, max_model_len=32, vocab=V, policy=ScoreThreshold(4, 0.5))
     prop.start(rec)
-    prop.set_requests([0, 1], [2, 2])
+    prop.set_requests([request_id(0, 0), request_id(0, 1)], [2, 2])
     token_ids = np.zeros((2, 32), dtype=np.int32)
     token_ids[0, :5] = [1, 2, 3, 4, 5]
     token_ids[1, :3] = [7, 2, 3]
@@ -98,7 +98,7 @@ def test_offpath_learns_the_positions_past_a_rejected_token():
     rec = recording([[1, 2]], [[3, 4, 5]], [0], {})
     prop = OffPathLogitChains(model, k=3, max_model_len=32, vocab=V, use_prior=False)
     prop.start(rec)
-    prop.set_requests([0], [2])
+    prop.set_requests([request_id(0, 0)], [2])
     prop.learned = [1]  # position 0 (after 2) learned at the first call
     prop.sent = {0: (1, [9, 10])}  # a chain sent after token 3; the step emitted 4 (9 rejected)
     prop.learn_emitted(np.array([4]))

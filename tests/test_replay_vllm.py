@@ -52,7 +52,8 @@ def test_replay_revisits_a_greedy_recording_on_a_modelled_clock(tmp_path):
     assert v["ours/m8@6/0"]["mat"] > first["ours@6/0"]["mat"]
     assert 0.9 < v["ours/m8@6/2"]["modelled_speedup"] <= 1.0 and v["ours/m8@6/2"]["mat"] == 1.0
     assert v["ours/m8@6/0"]["modelled_speedup"] > 1.0
-    assert out["command"].startswith("python lab/replay.py")
+    assert out["command"] == "python lab/replay.py " + " ".join(common + ["--revisit", "--step-ms", "5", "0.1", "0.05",
+                                                                         "--max-match", "2", "8"])
     rec.write_text(json.dumps({"args": {"temperature": 1.0}, "vocab": bench.VOCAB, "rollouts": rollouts}))
     with pytest.raises(SystemExit, match="greedy"):
         replay.main(common + ["--revisit"])

@@ -615,7 +615,7 @@ def test_a_chain_verified_in_part_teaches_its_tail_too():
 
 
 def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
-    """Chains D-cut cut away are matched against the tokens their requests emit next: a wrong token
+    """Shadow chains are matched against the tokens their requests emit next: a wrong token
     ends one (the rest counts as verified and rejected, as vLLM counts a draft), a chain emitted whole
     resolves accepted whole."""
     from conftest import load_script

@@ -9,8 +9,8 @@ each chain: `selection.global_top_k_depths`) and picks K to maximise
     (rows + Σ_{top-K} calibrated score) / (a + b_rows·rows + b_draft·K + b_spec·[K > 0])
 
 with the step time fitted online to vLLM's measured steps (`step_cost_fit`); K = 0 is always a
-candidate, and after it the next draft is a probe paid from `core.ProbeCredit`. Chains cut away
-teach the calibration as shadows (`ChainStep.shadowed`). Why each mechanism is there, and what
+candidate, and after it the next draft is a probe paid from `core.ProbeCredit`. The chains, sent or
+cut away, teach the calibration as shadows (`ChainStep.shadowed`). Why each mechanism is there, and what
 was raced out: docs/DESIGN.md, "The vLLM backend", step 4.
 """
 
@@ -42,7 +42,7 @@ class ChainStep:
     verified: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # raw scores [n, depth], depths [n], accepted [n] of the rows that drafted
     ms: float | None  # the whole step (our own time included); None: not timed (it also prefilled)
     emitted: int  # tokens the step emitted (all requests)
-    # as `verified`, for chains computed and not sent, matched against the text emitted since (resolved this step)
+    # as `verified`, for whole chains (sent or cut away) matched against the text emitted since (resolved this step)
     shadowed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
@@ -164,10 +164,11 @@ class ChainDCut(ChainPolicy):
         self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.rows = 0  # rows of the last decision (for `explain`)
 
-    def plain_weight(self) -> float:
-        """The step-cost fit's measured plain steps, weighted as it weighs them: its Σw (feature 1)
-        less its Σw·[drafted] (`explore_every`)."""
-        return float(self.cost.sums[0, 0] - self.cost.sums[0, 3])
+    def plain_share(self) -> float:
+        """The share of plain steps among the steps the step-cost fit measured, weighted as it weighs
+        them: its Σw·(1 − [drafted]) over its Σw (0 before any step; `explore_every`)."""
+        total = float(self.cost.sums[0, 0])
+        return (total - float(self.cost.sums[0, 3])) / total if total > 0 else 0.0
 
     def plan(self, rows: int) -> int:
         """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
@@ -186,7 +187,7 @@ class ChainDCut(ChainPolicy):
         rates = (rows + gains) / np.maximum(step_ms(self.cost.coef, rows, np.arange(proposed + 1)), 1e-6)
         k = int(np.argmax(rates))
         self.plain = k == 0
-        if not self.plain and self.explore_every and self.plain_weight() * self.explore_every <= self.cost.sums[0, 0]:
+        if not self.plain and self.explore_every and self.plain_share() * self.explore_every <= 1.0:
             k = 0  # a plain step (not a plain decision): the fit keeps measuring plain steps
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)

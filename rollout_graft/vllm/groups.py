@@ -96,7 +96,7 @@ class Request:
     # raw confidence of each draft token (prefix products); None: the draft teaches nothing by itself
     # (its whole chain is a shadow, or the policy learns from no evidence)
     draft_scores: np.ndarray | None = None
-    shadow: list[int] = field(default_factory=list)  # a chain computed and not sent, matched against what it emits next
+    shadow: list[int] = field(default_factory=list)  # its last chain computed (sent or not), matched against what it emits next
     shadow_scores: np.ndarray | None = None
     shadow_at: int = 0  # its text's length when the shadow was drafted
     seen: int = 0  # step it was last seen

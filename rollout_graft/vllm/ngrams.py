@@ -191,7 +191,8 @@ class NgramStore:
         order, min_order = data["order"].tolist()
         if min_order != self.min_order or order > self.order:
             raise ValueError(f"{path} counts contexts of {min_order}…{order} tokens but this table counts "
-                             f"{self.min_order}…{self.order}: pass a prior of contexts from {self.min_order} to at most {self.order} tokens")
+                             f"{self.min_order}…{self.order}: pass a prior of contexts from {self.min_order} to at most "
+                             f"{self.order} tokens")
         succ = data["successors"].astype(np.int64)
         self.reserve(len(succ), 2 * len(succ))
         self.kern._import(self.ctx, self.pairs, self.used, self.sizes, slot, self.owner(slot),

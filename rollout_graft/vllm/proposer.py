@@ -2,8 +2,8 @@
 
 Each `propose` call: rows → requests and groups (`groups.RequestTracker`) → learn (what the last
 drafts and shadows earned) → draft (each request's chain from its group's counts or the prior's:
-`ngrams.NgramStore.chains`) → cut (`dcut.chains.ChainPolicy`; a chain cut away is kept as a
-shadow). The step time is measured from call to call. Why each part is as it is, and what it
+`ngrams.NgramStore.chains`) → cut (`dcut.chains.ChainPolicy`; each chain, sent or cut away, is
+kept as a shadow for a policy that learns). The step time is measured from call to call. Why each part is as it is, and what it
 costs: docs/DESIGN.md, "The vLLM backend".
 """
 
@@ -36,7 +36,7 @@ class ProposerStats:
     proposed_tokens: int = 0  # draft tokens found before the budget cut
     kept_tokens: int = 0  # draft tokens returned to vLLM
     plain_steps: int = 0  # steps where drafts existed but the budget kept none
-    shadows: int = 0  # chains cut away and matched against the text emitted since (resolved)
+    shadows: int = 0  # chains (sent or cut away) matched against the text emitted since (resolved)
     shadow_tokens: int = 0  # their tokens compared (as vLLM counts a draft's: all of it once one was rejected)
     shadow_accepted: int = 0  # their tokens matched (what vLLM would have accepted, in distribution)
     propose_s: float = 0.0  # time spent in propose
