@@ -47,7 +47,7 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_rows
 from rollout_graft.assets.rewards import correctness_reward, format_reward  # the demo task's rewards
 from rollout_graft.files import atomic_write_json
-from trainers import GraftConfig, GraftGRPOTrainer
+from trainers import GraftConfig, GraftGRPOTrainer, ResumableGRPOTrainer
 
 BACKENDS = ("graft", "vllm", "hf")
 DEMO_TRAIN_PROMPTS = 16  # the default run trains on this many embedded prompts (4 steps per epoch)
@@ -155,8 +155,8 @@ def train_prompt_limit(args: ScriptArguments) -> int | None:
 
 
 # ---------------------------------------------------------------------------- trainers
-class TimedGRPOTrainer(GRPOTrainer):
-    """TRL's own generation (`--backend hf`), timed like GraftGRPOTrainer's rollouts."""
+class TimedGRPOTrainer(ResumableGRPOTrainer):
+    """TRL's own generation (`--backend hf`), timed like GraftGRPOTrainer's rollouts (and resumed as it is)."""
 
     def _generate_single_turn(self, prompt_ids, *args, **kwargs):
         start = time.perf_counter()

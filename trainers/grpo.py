@@ -21,8 +21,7 @@ from contextlib import contextmanager
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
-from transformers.trainer_utils import get_last_checkpoint
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 from trl.models.utils import unwrap_model_for_generation
 
 from rollout_graft.adjacency import AdjacencyIndex
@@ -34,6 +33,7 @@ from rollout_graft.stats import RolloutStats
 from rollout_graft.vllm import load_proposer_state, save_proposer_state
 
 from .config import PRIOR_FILE, ROLLOUT_STATE_FILE, VLLM_STATE_DIR, GraftConfig
+from .resume import ResumableGRPOTrainer
 from .vllm_backend import GraftVLLMGeneration, VLLMRolloutMetrics
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 _SEED_STRIDE = 1_000_003  # a prime: (base, rank, rollout) → distinct sampler seeds
 
 
-class GraftGRPOTrainer(GRPOTrainer):
+class GraftGRPOTrainer(ResumableGRPOTrainer):
     """[`~trl.GRPOTrainer`] whose rollouts come from rollout_graft's lossless speculative engine.
 
     Takes every argument of `GRPOTrainer` (except `rollout_func`: this trainer *is* the rollout
@@ -82,7 +82,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         if self.graft_config.draft_model_name_or_path is not None:
             self._check_drafter(self.graft_config.draft_model_name_or_path)
         self.rollout_engine: RolloutEngine | None = None  # built at the first rollout, inside the ZeRO-3 gather
-        self._rollouts = 0  # rollouts so far: part of each rollout's seed, saved with checkpoints
+        self._rollouts = 0  # training rollouts so far: part of each rollout's seed, saved with checkpoints
+        self._eval_rollouts = (-1, 0)  # (global step, rollouts) of the evaluation running now: its rollouts' seeds
         self._resume_prior: str | None = None  # the adjacency prior of the checkpoint a run resumed from
         self._drafter_step, self._drafter_reloads = 0, 0  # global step of the drafter's last (re)load; reloads so far
         self._drafter_reload_failures = 0  # refreshes that could not read the directory (the old drafter kept drafting)
@@ -177,11 +178,20 @@ class GraftGRPOTrainer(GRPOTrainer):
         return self.rollout_engine
 
     def _sampling_params(self) -> SamplingParams:
-        """This rollout's sampling settings; its seed is ((base·P + rank)·P + k) mod 2^63 for the k-th
-        rollout (P = `_SEED_STRIDE`), and the engine keys each row's noise by (seed, row, position)."""
+        """This rollout's sampling settings; its seed is ((base·P + rank)·P + k) mod 2^63 (P = `_SEED_STRIDE`)
+        for the k-th training rollout, and k = −(s·P + j + 1) for the j-th rollout of the evaluation at
+        global step s: evaluations (also the one HF runs again at a resume with `eval_on_start`) never shift
+        the training rollouts' seeds. The engine keys each row's noise by (seed, row, position)."""
         base = self.graft_config.rollout_seed if self.graft_config.rollout_seed is not None else self.args.seed
-        seed = ((base * _SEED_STRIDE + self.accelerator.process_index) * _SEED_STRIDE + self._rollouts) % 2**63
-        self._rollouts += 1
+        if self.model.training:
+            k = self._rollouts
+            self._rollouts += 1
+        else:
+            step, j = self._eval_rollouts
+            j = j if step == self.state.global_step else 0
+            self._eval_rollouts = (self.state.global_step, j + 1)
+            k = -(self.state.global_step * _SEED_STRIDE + j + 1)
+        seed = ((base * _SEED_STRIDE + self.accelerator.process_index) * _SEED_STRIDE + k) % 2**63
         return SamplingParams(
             temperature=self.temperature,
             top_k=self.top_k or 0,
@@ -207,14 +217,11 @@ class GraftGRPOTrainer(GRPOTrainer):
             self._log_metric("rollout/expected_mat", verdict[1])
 
     # ------------------------------------------------------------------ resume
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
-        """TRL's `train`; on resume it also restores the rollout counter and the adjacency prior saved in
-        the checkpoint, so a run resumed from step k repeats the uninterrupted run from there on."""
-        if resume_from_checkpoint:
-            checkpoint = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
-            if checkpoint is not None:  # None: TRL raises its own error
-                self._restore_rollout_state(str(checkpoint))
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+    def _restore_state(self, checkpoint: str) -> None:
+        """On resume (the complete checkpoint `ResumableGRPOTrainer` chose): also the rollout counter and the
+        adjacency prior saved in the checkpoint, so a run resumed from step k repeats the uninterrupted run."""
+        super()._restore_state(checkpoint)
+        self._restore_rollout_state(checkpoint)
 
     def _restore_rollout_state(self, checkpoint: str) -> None:
         state = os.path.join(checkpoint, ROLLOUT_STATE_FILE)
