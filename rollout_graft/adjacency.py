@@ -234,6 +234,7 @@ def _check_saved(t: dict[str, torch.Tensor], path) -> None:
         if i.shape != p.shape or i.dim() != 3 or i.shape[2] != ids.shape[2]:
             raise bad(f"has {name} {list(i.shape)} and its probabilities {list(p.shape)}: want both "
                       f"[groups, rows, k={ids.shape[2]}]")
+        i = i.long()  # compared as int64: an int8/int16 tensor would wrap `vocab` (749 as int8 is -19)
         out = (i != EMPTY) & ((i < 0) | (i >= vocab))
         if out.any():
             raise bad(f"has {name} {int(i[out][0])} outside the vocabulary [0, {vocab}) ({int(out.sum())} such)")
@@ -244,5 +245,6 @@ def _check_saved(t: dict[str, torch.Tensor], path) -> None:
         tag = t["ctx_tag"]
         if tag.shape != t["ctx_ids"].shape[:2] or tag.dtype.is_floating_point:
             raise bad(f"has ctx_tag {list(tag.shape)} {tag.dtype}, want integer [groups, rows] = {list(t['ctx_ids'].shape[:2])}")
+        tag = tag.long()
         if ((tag != EMPTY) & ((tag < 0) | (tag >= vocab * vocab))).any():
             raise bad(f"has ctx_tag values outside [0, vocab²={vocab * vocab})")

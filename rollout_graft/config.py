@@ -31,12 +31,18 @@ DEFAULT_DCUT_RATIOS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 METHODS: tuple[str, ...] = ("ar", "retrieval", "graft")
 
 
+MIN_TEMPERATURE = 1e-5
+"""The smallest positive temperature: float32 logits divided by a much smaller one overflow to inf
+(about 1e-38 and below every method then emits the last vocabulary id); vLLM samples greedily below
+this value (its `_SAMPLING_EPS`). Use 0 for greedy."""
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """How to sample from the target (TRL / vLLM field names).
 
     Args:
-        temperature: softmax temperature; 0 means greedy (argmax).
+        temperature: softmax temperature; 0 means greedy (argmax); else at least `MIN_TEMPERATURE`.
         top_k: keep the k most likely tokens; 0 disables.
         top_p: nucleus sampling mass in (0, 1]; 1 disables.
         min_p: drop tokens whose probability is below min_p × the top probability; 0 disables.
@@ -63,6 +69,10 @@ class SamplingParams:
         self.temperature = _real("temperature", self.temperature, "e.g. 1.0; 0 = greedy")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature={self.temperature!r} is below {MIN_TEMPERATURE}, the smallest the engine divides "
+                             f"float32 logits by: use 0 for greedy (what vLLM does below {MIN_TEMPERATURE}) or a "
+                             f"temperature >= {MIN_TEMPERATURE}")
         self.top_k = _integer("top_k", self.top_k, "e.g. 50; 0 disables top-k")
         if self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 disables top-k), got {self.top_k!r}")

