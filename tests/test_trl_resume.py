@@ -127,3 +127,78 @@ def test_the_vllm_backend_resumes_past_an_epoch_boundary_with_the_prompts_order_
             assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a), name
         else:
             assert (saved / name).read_bytes() == (restored / name).read_bytes(), name
+
+
+# ---------------------------------------------------------------------------- the sampler and the checkpoints
+def test_the_epoch_sampler_serves_trls_orders_from_any_epoch():
+    from trl.trainer.utils import RepeatSampler
+
+    from trainers.resume import EpochRepeatSampler
+
+    kwargs = dict(mini_repeat_count=2, batch_size=3, repeat_count=2, seed=7)
+    trl = RepeatSampler(list(range(10)), **kwargs)
+    orders = [list(trl) for _ in range(5)]  # TRL's uninterrupted run: epochs 0..4
+    assert len({tuple(o) for o in orders}) == 5
+    assert [list(s) for s in [EpochRepeatSampler(list(range(10)), **kwargs)] for _ in range(5)] == orders
+    for start in (3, 1, 4, 0):  # a resumed run's fresh sampler, told the epoch; and told an earlier one again
+        fresh = EpochRepeatSampler(list(range(10)), **kwargs)
+        fresh.set_epoch(start)
+        assert [list(fresh) for _ in range(5 - start)] == orders[start:]
+    fresh.set_epoch(2)
+    assert list(fresh) == orders[2]
+
+
+def _checkpoint(folder: Path, step: int, manifest: bool = True) -> Path:
+    from trainers.resume import write_manifest
+
+    path = folder / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (path / "model.safetensors").write_bytes(b"w" * 64)
+    (path / "rng_state.pth").write_bytes(b"r" * 8)
+    if manifest:
+        write_manifest(path)
+    return path
+
+
+def test_incomplete_checkpoints_are_never_resumed(tmp_path, caplog):
+    from trainers.resume import checkpoint_problem, latest_complete_checkpoint
+
+    for step in (2, 4, 6, 8, 10):
+        _checkpoint(tmp_path, step)
+    assert latest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+    (tmp_path / "checkpoint-10" / "model.safetensors").write_bytes(b"w" * 10)  # truncated
+    (tmp_path / "checkpoint-8" / "rng_state.pth").unlink()  # missing
+    (tmp_path / "checkpoint-6" / "graft_checkpoint.json").write_text('{"files": ')  # a corrupt manifest
+    assert "truncated" in checkpoint_problem(tmp_path / "checkpoint-10")
+    assert "missing" in checkpoint_problem(tmp_path / "checkpoint-8")
+    assert "corrupt" in checkpoint_problem(tmp_path / "checkpoint-6")
+    with caplog.at_level("WARNING", logger="trainers.resume"):
+        assert latest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-4")
+    assert all(f"checkpoint-{s}" in caplog.text for s in (10, 8, 6)) and "the last complete checkpoint" in caplog.text
+    # a named incomplete checkpoint: the last complete one before it
+    assert latest_complete_checkpoint(tmp_path, upto=tmp_path / "checkpoint-8") == str(tmp_path / "checkpoint-4")
+    assert latest_complete_checkpoint(tmp_path, upto=tmp_path / "checkpoint-2") == str(tmp_path / "checkpoint-2")
+    # saved without a manifest (plain transformers / TRL): complete when its state reads and it has weights
+    plain = _checkpoint(tmp_path / "hf", 3, manifest=False)
+    assert checkpoint_problem(plain) is None
+    (plain / "trainer_state.json").write_text('{"global_st')
+    assert "trainer state" in checkpoint_problem(plain)
+    with pytest.raises(ValueError, match=r"no complete checkpoint in .*hf.*checkpoint-3 \(it has no graft_checkpoint"):
+        latest_complete_checkpoint(tmp_path / "hf")
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        latest_complete_checkpoint(tmp_path / "nothing")
+
+
+def test_resume_from_checkpoint_true_or_a_missing_path(tmp_path):
+    from trainers.resume import ResumableGRPOTrainer
+
+    _checkpoint(tmp_path, 4)
+    trainer = ResumableGRPOTrainer.__new__(ResumableGRPOTrainer)  # the method on a bare instance
+    trainer.args = type("Args", (), {"output_dir": str(tmp_path)})()
+    for true in (True, "true", "True", " TRUE "):
+        assert trainer._checkpoint_to_resume(true) == str(tmp_path / "checkpoint-4")
+    for no in (None, False, "false"):
+        assert trainer._checkpoint_to_resume(no) is None
+    with pytest.raises(ValueError, match="is not a directory: pass a checkpoint directory"):
+        trainer._checkpoint_to_resume(str(tmp_path / "checkpoint-9"))
