@@ -105,3 +105,14 @@ def test_importance_sampling_ratio_is_one(run):
 def test_checkpoint_reloads_over_spoiled_weights(run):
     _, ranks = run
     assert all(r["reload"] for r in ranks)
+
+
+def test_the_checkpoint_is_marked_complete_after_every_ranks_files(run, launches):
+    from trainers.resume import MANIFEST_FILE, checkpoint_problem
+
+    stage, _ = run
+    checkpoint = launches[stage][1] / "run" / f"checkpoint-{STEPS}"
+    files = json.loads((checkpoint / MANIFEST_FILE).read_text())["files"]
+    assert checkpoint_problem(checkpoint) is None
+    assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json", "graft_rollout_state.json"} <= files.keys()
+    assert any(name.startswith("global_step") for name in files)  # DeepSpeed's shards, every rank's

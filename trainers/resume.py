@@ -145,7 +145,8 @@ class ResumableGRPOTrainer(GRPOTrainer):
         self.accelerator.wait_for_everyone()  # every rank's files (RNG states, shards) are in place
         if self.args.should_save:
             folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            write_manifest(folder)
+            if folder.is_dir():  # (not rotated away by save_total_limit)
+                write_manifest(folder)
 
 
 # ---------------------------------------------------------------------------- checkpoint completeness
