@@ -85,20 +85,26 @@ def fixed_arms(vocab: int, max_len: int) -> dict[str, Callable]:
     return arms
 
 
+PROFILE_CONTEXT = 256  # the context length a profile at start runs at (the rollout's own contexts differ)
+
+
 def dcut_proposer(vocab: int, max_len: int, clock=None, **dcut_options):
-    """A fresh proposer with our D-cut (the product's, or with `dcut_options`; `clock`: the profile
-    it may start from, `ChainDCut(profile=...)`)."""
+    """A fresh proposer with our D-cut: the product's, or — given `clock` — one that starts from
+    that clock's profile at `PROFILE_CONTEXT` (`ChainDCut(profile=...)`: what a profile taken at
+    server start on that hardware would measure) with `dcut_options`."""
     prop = ours_proposer(DCUT_DEPTH, None, vocab, max_len)
     if dcut_options or clock is not None:
-        prop.policy = ChainDCut(DCUT_DEPTH, **dcut_options)
+        profile = None if clock is None else (lambda rows, k: clock.profile_ms(rows, k, PROFILE_CONTEXT))
+        prop.policy = ChainDCut(DCUT_DEPTH, profile=profile, **dcut_options)
     return prop
 
 
-def cells(rec: dict, regime: str, batch: int, clocks: Sequence, make_dcut: Callable | None = None) -> list[dict]:
+def cells(rec: dict, regime: str, batch: int, clocks: Sequence) -> list[dict]:
     """One cell per clock: every arm's modelled tokens/s, MAT and mean verified depth (draft tokens
     per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once)
-    or "revisit" (each twice in a row, timed the second time). make_dcut(clock) → D-cut's fresh
-    proposer (default `dcut_proposer`)."""
+    or "revisit" (each twice in a row, timed the second time). D-cut twice, each from a fresh
+    proposer: `ours-dcut` starting from the clock's profile (`dcut_proposer`), `ours-dcut-online`
+    without one (the step time fitted online alone)."""
     rollouts = batches(rec["rollouts"], batch)
     timed = [True] * len(rollouts)
     if regime == "revisit":
@@ -106,10 +112,10 @@ def cells(rec: dict, regime: str, batch: int, clocks: Sequence, make_dcut: Calla
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * DCUT_DEPTH + 2
     vocab = rec["vocab"]
     fixed = {name: run_arm(make(), rollouts, timed, clocks) for name, make in fixed_arms(vocab, max_len).items()}
-    make_dcut = make_dcut or (lambda clock: dcut_proposer(vocab, max_len))
     out = []
     for clock in clocks:
-        runs = {**fixed, "ours-dcut": run_arm(make_dcut(clock), rollouts, timed, [clock])}
+        runs = {**fixed, "ours-dcut": run_arm(dcut_proposer(vocab, max_len, clock), rollouts, timed, [clock]),
+                "ours-dcut-online": run_arm(dcut_proposer(vocab, max_len), rollouts, timed, [clock])}
         out.append({"clock": clock.name, "regime": regime, "batch": len(rollouts[0]["prompts"]),
                     "arms": {n: 1000.0 * r["emitted"] / r["ms"][clock.name] for n, r in runs.items()},
                     "mean_verified_depth": {n: r["drafted"] / max(r["steps"], 1) for n, r in runs.items()},

@@ -33,6 +33,11 @@ class StepClock(Protocol):
         `contexts[i]` tokens before the step)."""
         ...
 
+    def profile_ms(self, rows: int, draft_tokens: np.ndarray, context: float) -> np.ndarray:
+        """What a profile taken at server start measures: ms of a step of `rows` rows at context
+        `context`, for each total of draft tokens (spread evenly over the rows)."""
+        ...
+
 
 @dataclass(frozen=True)
 class LinearClock:
@@ -47,6 +52,10 @@ class LinearClock:
     def step_ms(self, drafts, contexts=None) -> float:
         k = float(np.sum(drafts))
         return self.a + self.b_rows * len(drafts) + self.b_draft * k + self.b_spec * (k > 0)
+
+    def profile_ms(self, rows, draft_tokens, context=0.0) -> np.ndarray:
+        k = np.asarray(draft_tokens, dtype=np.float64)
+        return self.a + self.b_rows * rows + self.b_draft * k + self.b_spec * (k > 0)
 
 
 def fit_linear(steps: np.ndarray, name: str) -> LinearClock:
@@ -128,11 +137,24 @@ class Roofline:
         drafts, contexts = np.asarray(drafts, dtype=np.float64), np.asarray(contexts, dtype=np.float64)
         queries = 1.0 + drafts  # each row verifies its drafts and samples one token more
         m = self.model
-        bytes_ = m.params * m.bytes_per_value + m.kv_bytes_per_token * float(np.sum(contexts + queries))
-        flops = 2.0 * m.params * float(queries.sum()) + m.attention_flops(queries, contexts)
+        kv = float(np.sum(contexts + queries))
+        return float(self._ms(queries.sum(), kv, m.attention_flops(queries, contexts), drafts.sum()))
+
+    def profile_ms(self, rows, draft_tokens, context) -> np.ndarray:
+        k = np.asarray(draft_tokens, dtype=np.float64)
+        tokens = rows + k
+        attention = 4.0 * self.model.layers * self.model.q_heads * self.model.head_dim * (
+            tokens * context + tokens**2 / max(rows, 1))
+        return self._ms(tokens, rows * context + tokens, attention, k)
+
+    def _ms(self, tokens, kv_tokens, attention_flops, draft_tokens):
+        """The roofline of a step verifying `tokens` tokens whose KV reads cover `kv_tokens`."""
+        m = self.model
+        bytes_ = m.params * m.bytes_per_value + m.kv_bytes_per_token * kv_tokens
+        flops = 2.0 * m.params * tokens + attention_flops
         mem_ms = 1000.0 * bytes_ / (self.accelerator.tbps * 1e12 * self.eta_mem)
         flop_ms = 1000.0 * flops / (self.accelerator.tflops * 1e12 * self.eta_flop)
-        return self.overhead_ms + max(mem_ms, flop_ms) + self.spec_ms * float(drafts.sum() > 0)
+        return self.overhead_ms + np.maximum(mem_ms, flop_ms) + self.spec_ms * (np.asarray(draft_tokens) > 0)
 
 
 def rooflines(**params) -> dict[str, Roofline]:
