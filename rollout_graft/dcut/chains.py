@@ -140,12 +140,18 @@ class ChainDCut(ChainPolicy):
             (`test_dcut_follows_plain_steps_that_became_faster`). Kept as a share of the fit's memory
             rather than every n-th decision, the first plain step is measured at the start, not
             after 15 steps drafted blind (`test_dcut_measures_a_plain_step_before_drafting_on`).
+            Default 16; with a `profile` 0 (the profile prices plain steps apart from drafting, and
+            on modelled-clock replays of greedy revisits the forced plain steps cost up to 8 % of
+            the best fixed arm's throughput: docs/DESIGN.md, "Modelled clocks").
         probe_share: `core.ProbeCredit.share`: after a plain decision, probes that find nothing cost
             at most this share of the time (the engine's `DCutConfig.probe_share`).
         forget: the calibration's memory per step that brought evidence (verified drafts or resolved
             shadows; 1: never forgets). A test shows a forgetting calibration following drafts that
             start to be accepted within 6 steps, one that never forgets not before 9
-            (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`).
+            (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`). Default 0.98; with a
+            `profile` 0.9 (on the modelled-clock replays a revisit's drafts, accepted far more than
+            the first visit's at the same raw scores, were cut for 50 steps under 0.98). The
+            profiled defaults are chosen on modelled clocks only, not yet raced on the real CPU.
         step_forget: the step-cost fit's memory per step measured (`step_cost_fit`).
         draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
         profile: profile(rows, draft_tokens) → ms of a vLLM step of `rows` rows verifying each total
@@ -157,9 +163,13 @@ class ChainDCut(ChainPolicy):
 
     learns = True
 
-    def __init__(self, depth: int, *, explore_every: int = 16, probe_share: float = 0.01, forget: float = 0.98,
-                 step_forget: float = 0.97, draft_forget: float = 0.9,
+    def __init__(self, depth: int, *, explore_every: int | None = None, probe_share: float = 0.01,
+                 forget: float | None = None, step_forget: float = 0.97, draft_forget: float = 0.9,
                  profile: Callable[[int, np.ndarray], np.ndarray] | None = None):
+        if explore_every is None:
+            explore_every = 16 if profile is None else 0
+        if forget is None:
+            forget = 0.98 if profile is None else 0.9
         if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
             raise ValueError(f"explore_every must be an int >= 0 (0: never), got {explore_every!r}")
         for name, value in (("probe_share", probe_share), ("forget", forget), ("step_forget", step_forget),
