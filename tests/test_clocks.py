@@ -83,3 +83,24 @@ def test_dcut_near_the_best_fixed_arm_where_drafts_pay_and_plain_where_they_cann
     v = clock_replay.verdict(cell)
     assert cell["arms"][v["best_fixed"]] < cell["arms"]["plain"]
     assert v["vs_plain"] >= 0.99
+
+
+def test_measured_steps_override_a_profile_that_prices_drafts_too_cheap():
+    """A profile from other hardware (the H800's: drafting almost free) on a compute-poor clock,
+    where every draft token costs its flops: D-cut drafts on the profile's word at first (its first
+    deep step costs several plain steps), then what the rollout measures overrides the profile:
+    ≥ 0.95× plain over that first short rollout, ≥ 0.99× plain over the next."""
+    from rollout_graft.dcut.chains import ChainDCut
+
+    h800 = clocks.rooflines()["H800/Qwen3-8B"]
+    poor = clocks.Roofline(clocks.Accelerator("compute-poor", 10.0, 4.0), clocks.MODELS["Qwen3-8B"])
+    rollouts = _recording()["rollouts"] + _recording(seed=2)["rollouts"]
+    plain_prop = clock_replay.fixed_arms(VOCAB, 200)["plain"]
+    for n, least in ((0, 0.95), (1, 0.99)):  # the proposer's first rollout, then its second
+        timed = [i == n for i in range(2)]
+        prop = clock_replay.dcut_proposer(VOCAB, 200)
+        prop.policy = ChainDCut(8, profile=lambda rows, k: h800.profile_ms(rows, k, 256))
+        ours = clock_replay.run_arm(prop, rollouts, timed, [poor])
+        plain = clock_replay.run_arm(plain_prop(), rollouts, timed, [poor])
+        assert n > 0 or ours["drafted"] > 0  # it drafted on the profile's word
+        assert ours["emitted"] / ours["ms"][poor.name] >= least * plain["emitted"] / plain["ms"][poor.name]

@@ -179,9 +179,11 @@ class ChainDCut(ChainPolicy):
         self.depth, self.explore_every, self.forget = depth, explore_every, forget
         self.calibration = ScoreCalibration()
         self.profile = profile
-        # vLLM's step time; with a profile its error, which may be negative (a profile taken on a busy machine)
+        # vLLM's step time; with a profile its error, signed (a profile taken on a busy machine is too dear),
+        # charged to drafting while only drafting steps are measured (priors of one step at 0 on the plain
+        # path's terms): D-cut then drafts less, measures plain steps and so learns the plain path's part
         self.cost = (step_cost_fit(step_forget) if profile is None
-                     else CostFit((RIDGE, RIDGE, 1.0 + RIDGE, 1.0 + RIDGE), step_forget))
+                     else CostFit((1.0, 1.0, RIDGE, RIDGE), step_forget))
         self.draft_cost = RowCost(draft_forget)  # the proposer's drafting time per step (what a probe costs)
         self.credit = ProbeCredit(probe_share)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
