@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from rollout_graft.dcut.chains import ChainDCut, FixedDepth
 
 from .chain_replay import ScoreThreshold, fake_clock, ours_proposer, replay_rows
@@ -132,7 +130,3 @@ def verdict(cell: dict) -> dict:
     ours, plain = arms["ours-dcut"], arms["plain"]
     bar = max(0.95 * fixed[best], 0.99 * plain) if fixed[best] > plain else 0.99 * plain
     return {"best_fixed": best, "vs_best": ours / fixed[best], "vs_plain": ours / plain, "meets": bool(ours >= bar - 1e-9)}
-
-
-def mean_depth(values: dict) -> float:
-    return float(np.mean(list(values.values())))
