@@ -12,6 +12,7 @@ on them. One tool, an adapter per backend:
     python lab/replay.py engine bound rec.safetensors        # what copying from siblings' text could give
     python lab/replay.py vllm record --batch 64 --rollouts 4 --out rec.json
     python lab/replay.py vllm run rec.json --json replay.json
+    python lab/replay.py vllm clocks --cell rec.json:first:8,64 --json docs/bench/dcut_clocks.json
 
 Engine: `run` needs no model: trees come from the real RetrievalProposer, acceptance from the
 recorded tokens, index updates from the recorded distributions of on-path positions only (the
@@ -213,6 +214,38 @@ def vllm_run(args) -> dict:
     return out
 
 
+STEP_COST_RUNS = ["docs/bench/vllm_step_cost_b8.json", "docs/bench/vllm_step_cost_b64.json"]  # the tiny target's
+
+
+def vllm_clocks(args) -> dict:
+    """Every arm on every clock (`rollout_graft_tools.clock_replay.cells`) for each `--cell`
+    (RECORDING:REGIME:BATCH,BATCH…); prints ours against the best fixed arm and plain."""
+    from rollout_graft_tools import clock_replay, clocks
+
+    steps = [c for c in args.cpu_steps if Path(c).exists()]
+    timers = ([clocks.measured_clock(steps, "cpu-measured/tiny")] if steps else []) + list(clocks.rooflines().values())
+    out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
+           "clocks": {c.name: repr(c) for c in timers}, "cells": []}
+    for spec in args.cell:
+        path, regime, sizes = spec.split(":")
+        rec = json.loads(Path(path).read_text())
+        if regime == "revisit" and rec["args"]["temperature"] != 0:
+            raise SystemExit(f"{path}: a revisit replays a rollout as its own next epoch: only a greedy recording is one")
+        for batch in map(int, sizes.split(",")):
+            for cell in clock_replay.cells(rec, regime, batch, timers):
+                cell.update(recording=Path(path).name, temperature=rec["args"]["temperature"],
+                            **clock_replay.verdict(cell))
+                out["cells"].append(cell)
+                a = cell["arms"]
+                print(f"{Path(path).stem:<20} {regime:<8} {cell['clock']:<18} b{cell['batch']:<4} "
+                      f"best {cell['best_fixed']:<13} {a[cell['best_fixed']] / a['plain']:.3f}× plain; ours "
+                      f"{cell['vs_plain']:.3f}× plain, {cell['vs_best']:.3f}× best; depth ours "
+                      f"{cell['mean_verified_depth']['ours-dcut']:.2f}{'' if cell['meets'] else '  MISS'}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     backends = ap.add_subparsers(dest="backend", required=True)
@@ -278,6 +311,14 @@ def main(argv=None):
                    help=f"replay ours with each of these longest contexts (the proposer's MAX_MATCH, {MAX_MATCH})")
     u.add_argument("--json", type=Path)
     u.set_defaults(func=vllm_run)
+    c = chains.add_parser("clocks", help="plain, fixed arms and D-cut on modelled clocks (CPU-measured, rooflines)")
+    c.add_argument("--cell", nargs="+", required=True, metavar="RECORDING:REGIME:BATCHES",
+                   help="a recording, `first` (each rollout once) or `revisit` (twice, timed the second time; greedy "
+                        "recordings only) and batch sizes, e.g. docs/bench/replay/rec_tiny_t1.json:first:8,64,256")
+    c.add_argument("--cpu-steps", nargs="*", default=STEP_COST_RUNS,
+                   help="lab/vllm_step_cost.py JSONs the CPU clock is fitted to")
+    c.add_argument("--json", type=Path)
+    c.set_defaults(func=vllm_clocks)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the JSON records as its command
     return args.func(args)

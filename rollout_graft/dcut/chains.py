@@ -8,7 +8,10 @@ each chain: `selection.global_top_k_depths`) and picks K to maximise
 
     (rows + Σ_{top-K} calibrated score) / (a + b_rows·rows + b_draft·K + b_spec·[K > 0])
 
-with the step time fitted online to vLLM's measured steps (`step_cost_fit`); K = 0 is always a
+with the step time fitted online to vLLM's measured steps (`step_cost_fit`) — or, given a step-cost
+profile (what a profile at start measured: an accelerator's step is flat while memory-bound, then
+linear, a shape no line through the first draft token has), the profile corrected online by that
+same fit of what the measured steps took beyond it; K = 0 is always a
 candidate, and after it the next draft is a probe paid from `core.ProbeCredit`. The chains, sent or
 cut away, teach the calibration as shadows (`ChainStep.shadowed`). Why each mechanism is there, and what
 was raced out: docs/DESIGN.md, "The vLLM backend", step 4.
@@ -16,6 +19,7 @@ was raced out: docs/DESIGN.md, "The vLLM backend", step 4.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -136,20 +140,36 @@ class ChainDCut(ChainPolicy):
             (`test_dcut_follows_plain_steps_that_became_faster`). Kept as a share of the fit's memory
             rather than every n-th decision, the first plain step is measured at the start, not
             after 15 steps drafted blind (`test_dcut_measures_a_plain_step_before_drafting_on`).
+            Default 16; with a `profile` 0 (the profile prices plain steps apart from drafting, and
+            on modelled-clock replays of greedy revisits the forced plain steps cost up to 8 % of
+            the best fixed arm's throughput: docs/DESIGN.md, "Modelled clocks").
         probe_share: `core.ProbeCredit.share`: after a plain decision, probes that find nothing cost
             at most this share of the time (the engine's `DCutConfig.probe_share`).
         forget: the calibration's memory per step that brought evidence (verified drafts or resolved
             shadows; 1: never forgets). A test shows a forgetting calibration following drafts that
             start to be accepted within 6 steps, one that never forgets not before 9
-            (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`).
+            (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`). Default 0.98; with a
+            `profile` 0.9 (on the modelled-clock replays a revisit's drafts, accepted far more than
+            the first visit's at the same raw scores, were cut for 50 steps under 0.98). The
+            profiled defaults are chosen on modelled clocks only, not yet raced on the real CPU.
         step_forget: the step-cost fit's memory per step measured (`step_cost_fit`).
         draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
+        profile: profile(rows, draft_tokens) → ms of a vLLM step of `rows` rows verifying each total
+            of draft tokens (an array), as profiled before the rollout (None: none, the step time is
+            the online fit alone). The fit then learns only the profile's error (its priors: none),
+            so D-cut verifies by the profile's shape from its first step, and what the rollout
+            measures overrides the profile where it is off.
     """
 
     learns = True
 
-    def __init__(self, depth: int, *, explore_every: int = 16, probe_share: float = 0.01, forget: float = 0.98,
-                 step_forget: float = 0.97, draft_forget: float = 0.9):
+    def __init__(self, depth: int, *, explore_every: int | None = None, probe_share: float = 0.01,
+                 forget: float | None = None, step_forget: float = 0.97, draft_forget: float = 0.9,
+                 profile: Callable[[int, np.ndarray], np.ndarray] | None = None):
+        if explore_every is None:
+            explore_every = 16 if profile is None else 0
+        if forget is None:
+            forget = 0.98 if profile is None else 0.9
         if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
             raise ValueError(f"explore_every must be an int >= 0 (0: never), got {explore_every!r}")
         for name, value in (("probe_share", probe_share), ("forget", forget), ("step_forget", step_forget),
@@ -158,7 +178,12 @@ class ChainDCut(ChainPolicy):
                 raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
         self.depth, self.explore_every, self.forget = depth, explore_every, forget
         self.calibration = ScoreCalibration()
-        self.cost = step_cost_fit(step_forget)  # vLLM's step time
+        self.profile = profile
+        # vLLM's step time; with a profile its error, signed (a profile taken on a busy machine is too dear),
+        # charged to drafting while only drafting steps are measured (priors of one step at 0 on the plain
+        # path's terms): D-cut then drafts less, measures plain steps and so learns the plain path's part
+        self.cost = (step_cost_fit(step_forget) if profile is None
+                     else CostFit((1.0, 1.0, RIDGE, RIDGE), step_forget))
         self.draft_cost = RowCost(draft_forget)  # the proposer's drafting time per step (what a probe costs)
         self.credit = ProbeCredit(probe_share)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
@@ -184,7 +209,7 @@ class ChainDCut(ChainPolicy):
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        rates = (rows + gains) / np.maximum(step_ms(self.cost.coef, rows, np.arange(proposed + 1)), 1e-6)
+        rates = (rows + gains) / np.maximum(self.predict_ms(rows, np.arange(proposed + 1)), 1e-6)
         k = int(np.argmax(rates))
         self.plain = k == 0
         if not self.plain and self.explore_every and self.plain_share() * self.explore_every <= 1.0:
@@ -192,6 +217,14 @@ class ChainDCut(ChainPolicy):
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
         return global_top_k_depths(cal, k), decision
+
+    def predict_ms(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
+        """A vLLM step's predicted ms at `rows` rows, for each draft token count: the online fit,
+        plus the profile where there is one."""
+        ms = step_ms(self.cost.coef, rows, draft_tokens)
+        if self.profile is not None:
+            ms = ms + self.profile(rows, np.asarray(draft_tokens))
+        return ms
 
     def observe(self, step: ChainStep) -> None:
         """Calibrate on what vLLM accepted and what the shadows matched, fit the step time, price the
@@ -208,9 +241,10 @@ class ChainDCut(ChainPolicy):
         if step.ms is None:  # not timed
             self.credit.spend(step.draft_ms if probe else 0.0)
         else:  # the probe's cost is our drafting, not the step's noise beside plain steps
-            plain_ms = float(step_ms(self.cost.coef, step.rows, 0))
+            plain_ms = float(self.predict_ms(step.rows, 0))
             self.credit.settle(step.ms, plain_ms, step.rows, step.emitted, probe, cost=step.draft_ms)
-            self.cost.observe((1.0, step.rows, step.drafted, float(step.drafted > 0)), step.ms)
+            beyond = float(self.profile(step.rows, np.asarray(step.drafted))) if self.profile is not None else 0.0
+            self.cost.observe((1.0, step.rows, step.drafted, float(step.drafted > 0)), step.ms - beyond)
         self.credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
     def explain(self) -> str:
@@ -221,6 +255,10 @@ class ChainDCut(ChainPolicy):
         rows = max(self.rows, 1)
         a, b_rows, b_draft, b_spec = self.cost.coef
         per_token = (a + b_rows * rows) / rows
+        if self.profile is not None:  # the profile's shape: the marginal costs at one draft token per row
+            plain, one, full = self.predict_ms(rows, np.array([0, 1, rows])).tolist()
+            per_token, b_draft = plain / rows, (full - one) / max(rows - 1, 1)
+            b_spec = one - plain - b_draft
         seen = float(self.calibration.seen.sum())
         rate = float(self.calibration.accepted.sum()) / seen if seen else float("nan")
         return (f"at {rows} requests a plain step costs {per_token:.2f} ms per token; a step that drafts costs "

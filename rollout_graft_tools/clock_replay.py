@@ -1,0 +1,132 @@
+"""Budget policies replayed on modelled clocks (`lab/replay.py vllm clocks`): each arm — plain,
+fixed depths, fixed score thresholds, our D-cut — drives the real chain proposer through recorded
+rollouts (`chain_replay.replay_rows`: acceptance as vLLM's rejection sampler gives it for drafts
+without probabilities) with a `clocks.StepClock` as its only time source (`ModelledClock`:
+deterministic). Modelled throughput = tokens emitted / Σ modelled step ms.
+
+A fixed arm's drafts do not depend on time, so one replay prices it on every clock at once
+(`TotalClock`); D-cut decides on the clock, so it is replayed once per clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from rollout_graft.dcut.chains import ChainDCut, FixedDepth
+
+from .chain_replay import ScoreThreshold, fake_clock, ours_proposer, replay_rows
+
+DEPTHS = (1, 2, 3, 4, 6, 8)  # the fixed-depth arms
+TAUS = (0.1, 0.3, 0.5)  # the fixed score-threshold arms (chains of at most DCUT_DEPTH tokens)
+DCUT_DEPTH = 8
+
+
+class TotalClock:
+    """A StepClock that prices each step on several clocks: returns the first's ms, sums each's (`ms`)."""
+
+    name = "total"
+
+    def __init__(self, clocks: Sequence):
+        self.clocks = list(clocks)
+        self.ms = {c.name: 0.0 for c in self.clocks}
+
+    def step_ms(self, drafts, contexts) -> float:
+        times = [c.step_ms(drafts, contexts) for c in self.clocks]
+        for c, t in zip(self.clocks, times):
+            self.ms[c.name] += t
+        return times[0]
+
+
+def batches(rollouts: list[dict], batch: int) -> list[dict]:
+    """The recorded rollouts as rollouts of `batch` rows: each split into consecutive chunks (a
+    recording's rows are grouped by prompt) or consecutive ones fused (fewer rows where the
+    recording has too few)."""
+    rows = len(rollouts[0]["prompts"])
+    if batch <= rows:
+        return [{k: r[k][i : i + batch] for k in ("prompts", "completions")}
+                for r in rollouts for i in range(0, len(r["prompts"]), batch)]
+    per = batch // rows
+    return [{k: [x for r in rollouts[i : i + per] for x in r[k]] for k in ("prompts", "completions")}
+            for i in range(0, len(rollouts), per)]
+
+
+def run_arm(prop, rollouts: list[dict], timed: Sequence[bool], clocks: Sequence) -> dict:
+    """One proposer through the rollouts in order on the clocks' modelled time (the first clock
+    is the one the proposer reads): {"ms": {clock: Σ ms of the timed rollouts}, "emitted",
+    "drafted", "steps", "accepted"}."""
+    total = TotalClock(clocks)
+    out = {"ms": {c.name: 0.0 for c in clocks}, "steps": 0, "emitted": 0, "drafted": 0, "accepted": 0}
+    with fake_clock(modelled=True) as clock:
+        for n, r in enumerate(rollouts):
+            prop.rollout = n
+            before, counts = dict(total.ms), {"steps": 0, "emitted": 0, "drafted": 0, "accepted": 0}
+            replay_rows(prop, r["prompts"], r["completions"], clock=clock, step_ms=total, record=False, counts=counts)
+            if timed[n]:
+                for key in counts:
+                    out[key] += counts[key]
+                for name in out["ms"]:
+                    out["ms"][name] += total.ms[name] - before[name]
+    return out
+
+
+def fixed_arms(vocab: int, max_len: int) -> dict[str, Callable]:
+    """name → a fresh proposer, for every arm whose drafts do not depend on time."""
+    def with_policy(k, policy):
+        def make():
+            prop = ours_proposer(k, None, vocab, max_len)
+            prop.policy = policy()
+            return prop
+        return make
+    arms = {"plain": with_policy(1, lambda: FixedDepth(0))}
+    arms.update({f"fixed-d{d}": with_policy(d, lambda d=d: FixedDepth(d)) for d in DEPTHS})
+    arms.update({f"fixed-tau{t:g}": with_policy(DCUT_DEPTH, lambda t=t: ScoreThreshold(DCUT_DEPTH, t)) for t in TAUS})
+    return arms
+
+
+PROFILE_CONTEXT = 256  # the context length a profile at start runs at (the rollout's own contexts differ)
+
+
+def dcut_proposer(vocab: int, max_len: int, clock=None, **dcut_options):
+    """A fresh proposer with our D-cut: the product's, or — given `clock` — one that starts from
+    that clock's profile at `PROFILE_CONTEXT` (`ChainDCut(profile=...)`: what a profile taken at
+    server start on that hardware would measure) with `dcut_options`."""
+    prop = ours_proposer(DCUT_DEPTH, None, vocab, max_len)
+    if dcut_options or clock is not None:
+        profile = None if clock is None else (lambda rows, k: clock.profile_ms(rows, k, PROFILE_CONTEXT))
+        prop.policy = ChainDCut(DCUT_DEPTH, profile=profile, **dcut_options)
+    return prop
+
+
+def cells(rec: dict, regime: str, batch: int, clocks: Sequence) -> list[dict]:
+    """One cell per clock: every arm's modelled tokens/s, MAT and mean verified depth (draft tokens
+    per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once)
+    or "revisit" (each twice in a row, timed the second time). D-cut twice, each from a fresh
+    proposer: `ours-dcut` starting from the clock's profile (`dcut_proposer`), `ours-dcut-online`
+    without one (the step time fitted online alone)."""
+    rollouts = batches(rec["rollouts"], batch)
+    timed = [True] * len(rollouts)
+    if regime == "revisit":
+        rollouts, timed = [r for r in rollouts for _ in range(2)], [False, True] * len(rollouts)
+    max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * DCUT_DEPTH + 2
+    vocab = rec["vocab"]
+    fixed = {name: run_arm(make(), rollouts, timed, clocks) for name, make in fixed_arms(vocab, max_len).items()}
+    out = []
+    for clock in clocks:
+        runs = {**fixed, "ours-dcut": run_arm(dcut_proposer(vocab, max_len, clock), rollouts, timed, [clock]),
+                "ours-dcut-online": run_arm(dcut_proposer(vocab, max_len), rollouts, timed, [clock])}
+        out.append({"clock": clock.name, "regime": regime, "batch": len(rollouts[0]["prompts"]),
+                    "arms": {n: 1000.0 * r["emitted"] / r["ms"][clock.name] for n, r in runs.items()},
+                    "mean_verified_depth": {n: r["drafted"] / max(r["steps"], 1) for n, r in runs.items()},
+                    "mat": {n: r["emitted"] / max(r["steps"], 1) for n, r in runs.items()}})
+    return out
+
+
+def verdict(cell: dict) -> dict:
+    """ours-dcut against the best fixed arm and plain in one cell (the issue's bars: ≥ 0.95× the
+    best fixed arm, ≥ 0.99× plain where no fixed arm beats plain)."""
+    arms = cell["arms"]
+    fixed = {n: v for n, v in arms.items() if n.startswith("fixed-")}
+    best = max(fixed, key=fixed.get)
+    ours, plain = arms["ours-dcut"], arms["plain"]
+    bar = max(0.95 * fixed[best], 0.99 * plain) if fixed[best] > plain else 0.99 * plain
+    return {"best_fixed": best, "vs_best": ours / fixed[best], "vs_plain": ours / plain, "meets": bool(ours >= bar - 1e-9)}

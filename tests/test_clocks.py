@@ -1,0 +1,106 @@
+"""Modelled clocks (rollout_graft_tools.clocks) and budget policies replayed on them
+(rollout_graft_tools.clock_replay): deterministic, no model, no vLLM engine."""
+
+import numpy as np
+import pytest
+
+from rollout_graft_tools import clock_replay, clocks
+from rollout_graft_tools.chain_replay import VOCAB, completions
+
+
+def test_presets_follow_the_published_configs():
+    """Qwen3-8B: 36 layers, 8 KV heads × 128 (144 KiB of bf16 KV per token); Qwen3-32B: 64 layers,
+    8 × 128; H20 / H800 / H200 as their datasheets give them."""
+    q8, q32 = clocks.MODELS["Qwen3-8B"], clocks.MODELS["Qwen3-32B"]
+    assert (q8.layers, q8.kv_heads, q8.head_dim, q8.q_heads) == (36, 8, 128, 32)
+    assert (q32.layers, q32.kv_heads, q32.head_dim, q32.q_heads) == (64, 8, 128, 64)
+    assert q8.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2
+    assert {n: (a.tflops, a.tbps) for n, a in clocks.ACCELERATORS.items()} == {
+        "H20": (148.0, 4.0), "H800": (989.0, 3.35), "H200": (989.0, 4.8)}
+
+
+def test_roofline_is_flat_while_memory_bound_then_linear():
+    """A step that verifies a few draft tokens per row costs what a plain one does (plus the
+    speculative path) while the weight read dominates; past the ridge each token costs
+    2·params / (peak·η_flop). The compute-poor H20 reaches its ridge at fewer tokens than the H800."""
+    h800 = clocks.Roofline(clocks.ACCELERATORS["H800"], clocks.MODELS["Qwen3-8B"])
+    h20 = clocks.Roofline(clocks.ACCELERATORS["H20"], clocks.MODELS["Qwen3-8B"])
+    ctx = np.full(8, 200)
+    plain = h800.step_ms(np.zeros(8), ctx)
+    assert h800.step_ms(np.full(8, 4), ctx) == pytest.approx(plain + h800.spec_ms, rel=1e-3)
+    rows = 256
+    big = [h800.step_ms(np.full(rows, d), np.full(rows, 200)) for d in (6, 7)]
+    per_token = 2 * h800.model.params / (h800.accelerator.tflops * 1e12 * h800.eta_flop) * 1000
+    assert (big[1] - big[0]) / rows == pytest.approx(per_token, rel=0.05)
+    ratio = lambda r, d: r.step_ms(np.full(64, d), np.full(64, 200)) / r.step_ms(np.zeros(64), np.full(64, 200))  # noqa: E731
+    assert ratio(h20, 2) > 2.0 > 1.2 > ratio(h800, 2)
+
+
+def test_profile_matches_the_step_at_its_context():
+    """`profile_ms` (what a profile at start measures) is the step of even drafts at one context."""
+    for clock in [*clocks.rooflines().values(), clocks.LinearClock(3.0, 0.06, 0.02, 1.0)]:
+        for rows, d in ((8, 0), (8, 3), (64, 1), (256, 8)):
+            want = clock.step_ms(np.full(rows, d), np.full(rows, 256))
+            assert float(clock.profile_ms(rows, np.array([rows * d]), 256)[0]) == pytest.approx(want, rel=1e-6)
+
+
+def test_measured_clock_fits_the_kept_steps():
+    """The CPU clock fitted to lab/vllm_step_cost.py's kept steps: non-negative coefficients, a
+    plain step at 8 rows within the measured range, the speculative path dearer than a draft token."""
+    clock = clocks.measured_clock(["docs/bench/vllm_step_cost_b8.json", "docs/bench/vllm_step_cost_b64.json"], "cpu")
+    assert min(clock.a, clock.b_rows, clock.b_draft, clock.b_spec) >= 0
+    assert 1.0 < clock.step_ms(np.zeros(8), None) < 8.0
+    assert clock.b_spec > clock.b_draft
+
+
+def _recording(rows=16, length=48, seed=0):
+    prompts, outs = completions(np.random.default_rng(seed), rows, 8, length)
+    lengths = np.random.default_rng(seed + 1).integers(length // 2, length, len(outs))  # EOS: the batch drains
+    return {"args": {"temperature": 1.0}, "vocab": VOCAB,
+            "rollouts": [{"prompts": [p.tolist() for p in prompts], "completions": [o[:n].tolist() for o, n in zip(outs, lengths)]}]}
+
+
+def test_clock_replay_is_deterministic():
+    """The modelled clock is the proposer's only time source: D-cut decides the same twice."""
+    rec, clock = _recording(), clocks.rooflines()["H800/Qwen3-8B"]
+    rollouts, timed = rec["rollouts"], [True]
+    runs = [clock_replay.run_arm(clock_replay.dcut_proposer(VOCAB, 200), rollouts, timed, [clock]) for _ in range(2)]
+    assert runs[0] == runs[1] and runs[0]["drafted"] > 0
+
+
+def test_dcut_near_the_best_fixed_arm_where_drafts_pay_and_plain_where_they_cannot():
+    """From a fresh proposer's first rollout, D-cut started from the clock's profile: on a roofline
+    where drafting pays (≥ 1.3× plain at the best fixed arm) it reaches ≥ 0.95× that arm; on one where
+    no fixed arm beats plain (compute-poor: every token costs its flops) ≥ 0.99× plain."""
+    pays = clocks.rooflines()["H800/Qwen3-8B"]
+    poor = clocks.Roofline(clocks.Accelerator("compute-poor", 10.0, 4.0), clocks.MODELS["Qwen3-8B"])
+    got = {c["clock"]: c for c in clock_replay.cells(_recording(), "first", 16, [pays, poor])}
+    cell = got[pays.name]
+    v = clock_replay.verdict(cell)
+    assert cell["arms"][v["best_fixed"]] >= 1.3 * cell["arms"]["plain"]
+    assert v["vs_best"] >= 0.95
+    cell = got[poor.name]
+    v = clock_replay.verdict(cell)
+    assert cell["arms"][v["best_fixed"]] < cell["arms"]["plain"]
+    assert v["vs_plain"] >= 0.99
+
+
+def test_measured_steps_override_a_profile_that_prices_drafts_too_cheap():
+    """A profile from other hardware (the H800's: drafting almost free) on a compute-poor clock,
+    where every draft token costs its flops: D-cut drafts on the profile's word at first (its first
+    deep step costs several plain steps), then what the rollout measures overrides the profile:
+    ≥ 0.95× plain over that first short rollout, ≥ 0.99× plain over the next."""
+    from rollout_graft.dcut.chains import ChainDCut
+
+    h800 = clocks.rooflines()["H800/Qwen3-8B"]
+    poor = clocks.Roofline(clocks.Accelerator("compute-poor", 10.0, 4.0), clocks.MODELS["Qwen3-8B"])
+    rollouts = _recording()["rollouts"] + _recording(seed=2)["rollouts"]
+    plain_prop = clock_replay.fixed_arms(VOCAB, 200)["plain"]
+    for n, least in ((0, 0.95), (1, 0.99)):  # the proposer's first rollout, then its second
+        timed = [i == n for i in range(2)]
+        prop = clock_replay.dcut_proposer(VOCAB, 200)
+        prop.policy = ChainDCut(8, profile=lambda rows, k: h800.profile_ms(rows, k, 256))
+        ours = clock_replay.run_arm(prop, rollouts, timed, [poor])
+        plain = clock_replay.run_arm(plain_prop(), rollouts, timed, [poor])
+        assert n > 0 or ours["drafted"] > 0  # it drafted on the profile's word
+        assert ours["emitted"] / ours["ms"][poor.name] >= least * plain["emitted"] / plain["ms"][poor.name]
