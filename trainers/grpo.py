@@ -140,7 +140,9 @@ class GraftGRPOTrainer(GRPOTrainer):
 
     @contextmanager
     def _generation_model(self):
-        """The live policy module, unwrapped (ZeRO-3: gathered), in eval mode, without autograd."""
+        """The live policy module, unwrapped (ZeRO-3: gathered), in eval mode, without autograd, under the
+        accelerator's autocast: the same mixed precision (bf16/fp16) TRL's training forward runs under, so the
+        rollout samples from, and reports the logprobs of, the policy the loss scores."""
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
@@ -149,6 +151,7 @@ class GraftGRPOTrainer(GRPOTrainer):
                 gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
             ) as model,
             torch.no_grad(),
+            self.accelerator.autocast(),
         ):
             was_training = model.training
             model.eval()
@@ -205,6 +208,8 @@ class GraftGRPOTrainer(GRPOTrainer):
         if verdict is not None:  # D-cut weighed a draft: what a drafting step had to emit, and what it expected
             self._log_metric("rollout/break_even_mat", verdict[0])
             self._log_metric("rollout/expected_mat", verdict[1])
+            self._log_metric("rollout/weighed_share", stats.weighed_share)
+            self._log_metric("rollout/draft_won_share", stats.draft_won_share)
 
     # ------------------------------------------------------------------ resume
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
