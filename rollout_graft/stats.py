@@ -53,6 +53,23 @@ class RolloutStats:
                 sum(t["expected_mat"] for t in weighed) / len(weighed))
 
     @property
+    def weighed_share(self) -> float | None:
+        """Share of the steps where the budget policy weighed a draft (the others decoded plainly without a
+        decision: D-cut waiting for its next probe), None before a step or without such a policy."""
+        if not self.budget_trace or self.verdict() is None:
+            return None
+        return sum(t.get("break_even_mat") is not None for t in self.budget_trace) / len(self.budget_trace)
+
+    @property
+    def draft_won_share(self) -> float | None:
+        """Among the steps that weighed a draft, the share where drafting was expected to pay (break-even below
+        expected: D-cut drafted); at the others plain won and the step verified its draft as a probe only."""
+        weighed = [t for t in self.budget_trace if t.get("break_even_mat") is not None]
+        if not weighed:
+            return None
+        return sum(t["break_even_mat"] < t["expected_mat"] for t in weighed) / len(weighed)
+
+    @property
     def mean_accepted_tokens(self) -> float:
         return self.emitted_tokens / max(self.row_steps, 1)
 

@@ -7,7 +7,7 @@ EOS on, every method measured in the same run as the backend's plain path.
     python scripts/bench.py --backend engine --device cuda --dtype bfloat16 --model DIR --prompts P.jsonl ...
 
 Each repeat runs every method once, in a fresh seeded order, on prompts no earlier repeat used;
-`--revisit` first runs each repeat's prompts once, untimed (a later GRPO epoch: `recall` and every
+`--warmup-rollouts` (1) untimed rollouts of every method come first in each cell; `--revisit` first runs each repeat's prompts once, untimed (a later GRPO epoch: `recall` and every
 method's caches may reuse that text). The JSON keeps, per (temperature, batch) and method, the
 median run and its ratio to the plain path (`ar` on the engine, vLLM `plain`): the median over
 repeats of each repeat's paired ratio (`vs_plain`, with every repeat's in `vs_plain_runs`); put
@@ -58,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ignore-eos", action="store_true", help="every row writes --max-tokens (steadier timings)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--revisit", action="store_true", help="a later GRPO epoch: each repeat's prompts run once before, untimed")
-    ap.add_argument("--warmup-rollouts", type=int, default=0, help="per cell, untimed rollouts of every method first")
+    ap.add_argument("--warmup-rollouts", type=int, default=1,
+                    help="per cell, untimed rollouts of every method first (0: none; a cold first run reads as noise)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (engine)")
     ap.add_argument("--budget", type=int, default=60, help="engine: candidate nodes per sequence and step")
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         results = measure(args, argv)
     print(tables.speed(results))
+    print(twin_lines(results))
+    for method, why in (results.get("skipped") or {}).items():
+        print(f"skipped {method}: {why}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.out, results, indent=1)
@@ -114,24 +118,61 @@ def measure(args, argv: list[str]) -> dict:
     return results
 
 
+def twin_lines(results: dict) -> str:
+    """The A/A twin's ratio and spread beside the others, per cell: a ratio inside it is noise."""
+    lines = []
+    for cfg in results.get("configs", []):
+        twins = {n: m for n, m in cfg["methods"].items() if n.endswith("-twin")}
+        for name, m in twins.items():
+            if m.get("vs_plain") is not None:
+                lines.append(f"T={cfg['temperature']} batch {cfg['batch']}: A/A twin {name} {tables._range(m)} "
+                             "(plain against itself: ratios inside this spread are noise)")
+    return "\n".join(lines) or "no A/A twin in this run (add ar-twin / plain-twin to read the noise)"
+
+
+def unavailable(method: str) -> str | None:
+    """Why a vLLM method cannot run here (a missing extra), or None."""
+    from rollout_graft_tools.bench_vllm import spec_for
+
+    try:
+        spec_for(method)
+    except (ValueError, ImportError) as exc:
+        return str(exc)
+    return None
+
+
 def drive(args, argv: list[str]) -> dict:
-    """vLLM: each method in a child process of its own beside `plain`; their cells merged."""
+    """vLLM: each method in a child process of its own beside `plain`; their cells merged. A method that
+    cannot run (its extra is missing) or whose child fails is skipped with its message; the others run."""
     base = _without(argv, "--out", "--methods")
-    children = [["plain", m] for m in args.methods if m != "plain"] or [["plain"]]
+    skipped = {m: why for m in args.methods if (why := unavailable(m))}
+    for method, why in skipped.items():
+        print(f"skipping {method}: {why}", file=sys.stderr)
+    runnable = [m for m in args.methods if m not in skipped]
+    children = [["plain", m] for m in runnable if m != "plain"] or [["plain"]]
     merged: dict | None = None
     for methods in children:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.json"
             cmd = [sys.executable, __file__, *base, "--methods", *methods, "--out", str(out), "--in-process"]
-            subprocess.run(cmd, check=True)
+            done = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+            if done.returncode:
+                sys.stderr.write(done.stderr[-4000:])
+                skipped[methods[-1]] = (done.stderr.strip().splitlines() or ["failed"])[-1]
+                print(f"skipping {methods[-1]}: its run failed ({skipped[methods[-1]]})", file=sys.stderr)
+                continue
             part = json.loads(out.read_text())
         if merged is None:
             merged = {**part, "command": " ".join(["python", "scripts/bench.py", *argv])}
         for cfg, new in zip(merged["configs"], part["configs"]):
             cfg["methods"][methods[-1]] = new["methods"][methods[-1]]
+    if merged is None:
+        raise SystemExit("no method ran: " + "; ".join(f"{m}: {why}" for m, why in skipped.items()))
     if "plain" not in args.methods:
         for cfg in merged["configs"]:
             cfg["methods"].pop("plain", None)
+    if skipped:
+        merged["skipped"] = skipped
     return merged
 
 

@@ -1,7 +1,11 @@
 """Plot reward and rollout throughput over GRPO steps from a trainer's log history.
 
-    python scripts/plot_training.py outputs/grpo_qwen3-graft/log_history.json \
-        [outputs/grpo_qwen3-hf/log_history.json ...] [-o training.png]
+    python scripts/plot_training.py outputs/grpo_qwen3-engine/log_history.json \
+        [outputs/grpo_qwen3-hf/log_history.json ...] [--plain outputs/grpo_qwen3-ar/log_history.json] [-o training.png]
+
+The MAT panel draws plain decoding (MAT 1.00) as a reference line, its axis starting at 1 and reaching
+at least 2, so that noise of a few hundredths does not read as spikes. `--plain` overlays a plain-decoding
+run (the recipe with `--method ar`) dashed on the tokens/s panel: the rate speculation has to beat.
 
 Accepts the recipe's `log_history.json` (a list of log dicts) or a checkpoint's
 `trainer_state.json` (its `log_history`). Several runs are overlaid, labelled by their directory.
@@ -41,7 +45,15 @@ def smooth(values: list[float], window: int) -> list[float]:
             for i in range(len(values))]
 
 
-def plot(runs: dict[str, list[dict]], out: Path, window: int) -> None:
+MAT_KEY, SPEED_KEY = "rollout/mean_accepted_tokens", "rollout/tokens_per_s"
+
+
+def mat_limits(values: list[float]) -> tuple[float, float]:
+    """MAT axis: from just below 1 (plain decoding) to at least 2, or 10 % above the highest MAT."""
+    return 0.95, max(2.0, 1.1 * max(values, default=1.0))
+
+
+def plot(runs: dict[str, list[dict]], out: Path, window: int, plain: list[dict] | None = None) -> None:
     panels = [(k, t) for k, t in PANELS if any(series(h, k)[0] for h in runs.values())]
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.6 * len(panels)), sharex=True, squeeze=False)
     for ax, (key, title) in zip(axes[:, 0], panels):
@@ -59,6 +71,12 @@ def plot(runs: dict[str, list[dict]], out: Path, window: int) -> None:
             eval_steps, eval_values = series(history, f"eval_{key}")
             if eval_steps and key.startswith("reward"):
                 ax.plot(eval_steps, eval_values, "o--", color=line.get_color(), label=f"{label} (held-out)")
+        if key == MAT_KEY:
+            ax.axhline(1.0, color="gray", linestyle=":", label="plain decoding (MAT 1.00)")
+            ax.set_ylim(*mat_limits([v for h in runs.values() for v in series(h, key)[1]]))
+        if key == SPEED_KEY and plain:
+            steps, values = series(plain, key)
+            ax.plot(steps, values, "--", color="gray", label="plain decoding (--plain run)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -73,12 +91,15 @@ def main(argv=None) -> None:
     ap.add_argument("logs", nargs="+", type=Path, help="log_history.json or trainer_state.json files")
     ap.add_argument("-o", "--out", type=Path, default=None, help="PNG path (default: training.png beside the first log)")
     ap.add_argument("--window", type=int, default=5, help="moving-average window for the reward curves")
+    ap.add_argument("--plain", type=Path, default=None, help="a plain-decoding run's log (recipe --method ar): "
+                    "its tokens/s drawn as the reference line")
     args = ap.parse_args(argv)
     runs = {p.parent.name or str(p): load_history(p) for p in args.logs}
     empty = [name for name, h in runs.items() if not h]
     if empty:
         raise SystemExit(f"no training steps with a reward in {empty}")
-    plot(runs, args.out or args.logs[0].parent / "training.png", args.window)
+    plain = load_history(args.plain) if args.plain else None
+    plot(runs, args.out or args.logs[0].parent / "training.png", args.window, plain)
 
 
 if __name__ == "__main__":

@@ -27,3 +27,17 @@ def test_bench_writes_same_run_ratios_and_the_environment(tmp_path):
     ar = entry["methods"]["ar"]
     assert ar["vs_plain"] == 1.0 == ar["cpu_vs_plain"] and ar["vs_plain_runs"] == [1.0, 1.0]
     assert entry["methods"]["retrieval@8"]["mat"] > 1.0  # drafts from the group's index are accepted
+
+
+def test_a_method_whose_extra_is_missing_is_named_and_the_twin_spread_is_printed():
+    import importlib.util
+
+    bench = load_script("scripts/bench.py")
+    assert bench.parser().parse_args([]).warmup_rollouts == 1  # warm-up on by default
+    assert bench.unavailable("plain") is None and bench.unavailable("ours+dcut@8") is None
+    if importlib.util.find_spec("arctic_inference") is None:
+        assert "vllm-suffix" in bench.unavailable("suffix@8")
+    results = {"configs": [{"temperature": 1.0, "batch": 8, "methods": {
+        "plain": {"vs_plain": 1.0}, "plain-twin": {"vs_plain": 1.05, "vs_plain_runs": [0.93, 1.05, 1.2]}}}]}
+    assert "A/A twin plain-twin 1.05 [0.93–1.20]" in bench.twin_lines(results)
+    assert "no A/A twin" in bench.twin_lines({"configs": [{"temperature": 1.0, "batch": 8, "methods": {}}]})

@@ -281,7 +281,7 @@ def load_recipe():
     return load_script("recipes/grpo_qwen3.py")
 
 
-@pytest.mark.parametrize("backend", ["graft", "hf"])
+@pytest.mark.parametrize("backend", ["engine", "hf"])
 def test_recipe_runs_and_writes_logs(tmp_path, backend):
     tok = char_tokenizer()
     tiny_policy(len(tok)).save_pretrained(tmp_path / "model")
@@ -305,7 +305,44 @@ def test_recipe_runs_and_writes_logs(tmp_path, backend):
     assert all("rewards/correctness_reward/mean" in h for h in history if "loss" in h)
     assert (summary["mean_accepted_tokens"] is None) == (backend == "hf")
     assert [step for step, _ in summary["eval_correct"]] == [0, 1, 2]  # held-out set before training + every step
+    assert summary["eval_held_out"] is False  # both splits hold the same four questions: not held out
     assert (out / "model.safetensors").exists()
+
+
+def test_recipe_backend_names_and_model_paths(tmp_path, monkeypatch):
+    """One name per backend ("engine", as GraftConfig says; the old "graft" warns and maps to it); a missing
+    local folder is named as missing; a Hub id is refused only while HF_HUB_OFFLINE is set."""
+    recipe = load_recipe()
+    with pytest.warns(FutureWarning, match="--backend graft is deprecated: use --backend engine"):
+        assert recipe.RecipeGraftConfig(backend="graft").backend == "engine"
+    with pytest.raises(ValueError, match="choose one of"):
+        recipe.RecipeGraftConfig(backend="graf")
+    assert recipe.model_path(None) == str(recipe.TINY_TARGET) and recipe.model_path(str(tmp_path)) == str(tmp_path)
+    for missing in (str(tmp_path / "nope"), "./nope", f"{tmp_path.name}/nope/model"):
+        with pytest.raises(FileNotFoundError, match="no such directory"):
+            recipe.model_path(missing)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="unset HF_HUB_OFFLINE"):
+        recipe.model_path("Qwen/Qwen3-0.6B")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert recipe.model_path("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"  # left to the Hub client
+    assert not recipe._names_a_model(["--max_steps", "2"]) and recipe._names_a_model(["--model_name_or_path=x"])
+
+
+def test_eval_on_training_rows_is_not_called_held_out(capsys):
+    from datasets import Dataset
+
+    recipe = load_recipe()
+    train = Dataset.from_dict({"prompt": ["a", "b"]})
+    assert recipe.eval_is_held_out(train, Dataset.from_dict({"prompt": ["c"]})) is True
+    assert recipe.eval_is_held_out(train, Dataset.from_dict({"prompt": ["b"]})) is False
+    assert recipe.eval_is_held_out(train, None) is None
+    summary = recipe.summarize([{"step": 1, "epoch": 1.0, "reward": 0.5, "rewards/correctness_reward/mean": 0.5}], 1.0,
+                               "engine")
+    summary.update(eval_correct=[(0, 0.25)], eval_held_out=False)
+    recipe.print_summary(summary)
+    out = capsys.readouterr().out
+    assert "held-out" not in out.replace("not held out", "") and "eval correct, training rows" in out
 
 
 def test_the_summary_reports_each_epoch_and_why_dcut_decoded_plainly():
@@ -319,7 +356,7 @@ def test_the_summary_reports_each_epoch_and_why_dcut_decoded_plainly():
     history = [logged(0.5, 100, 1.0, 1.0, 0.0, 2.5, 1.2), logged(1.0, 300, 1.0, 1.0, 0.0, 2.5, 1.4),  # epoch 0
                logged(1.5, 400, 2.0, 3.0, 1.0, 2.0, 3.2), logged(2.0, 200, 1.0, 2.0, 0.5, 2.0, 2.8),  # epoch 1
                {"train_runtime": 9.0, "epoch": 2.0, "step": 4}]
-    summary = recipe.summarize(history, 10.0, "graft")
+    summary = recipe.summarize(history, 10.0, "engine")
     first, revisits = summary["first_visit"], summary["revisits"]
     assert [e["epoch"] for e in summary["epochs"]] == [0, 1] and revisits["epochs"] == 1
     assert first["tokens_per_s"] == pytest.approx(200.0)  # (100 + 300) tokens in 2 s
@@ -327,6 +364,12 @@ def test_the_summary_reports_each_epoch_and_why_dcut_decoded_plainly():
     assert recipe.verdict(first) == ("decoded plainly in 100% of the steps: a drafting step had to emit 2.50 tokens "
                                      "per row to match plain decoding's rate, and was expected to emit 1.30")
     assert recipe.verdict(revisits).startswith("drafted in 75% of the steps")
+    # the means say drafting pays, yet D-cut decoded plainly: the verdict says which steps decided
+    held = {"drafted_share": 0.01, "break_even_mat": 2.86, "expected_mat": 3.66, "weighed_share": 0.02,
+            "draft_won_share": 0.5}
+    text = recipe.verdict(held)
+    assert text.startswith("decoded plainly in 99% of the steps") and "2% of the steps that weighed a draft" in text
+    assert "pay in 50% of those" in text and "found no draft, or D-cut waited for its next probe" in text
     assert recipe.verdict({"drafted_share": None, "break_even_mat": None}) is None  # a fixed budget: nothing weighed
 
 

@@ -141,7 +141,9 @@ class GraftGRPOTrainer(ResumableGRPOTrainer):
 
     @contextmanager
     def _generation_model(self):
-        """The live policy module, unwrapped (ZeRO-3: gathered), in eval mode, without autograd."""
+        """The live policy module, unwrapped (ZeRO-3: gathered), in eval mode, without autograd, under the
+        accelerator's autocast: the same mixed precision (bf16/fp16) TRL's training forward runs under, so the
+        rollout samples from, and reports the logprobs of, the policy the loss scores."""
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
@@ -150,6 +152,7 @@ class GraftGRPOTrainer(ResumableGRPOTrainer):
                 gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
             ) as model,
             torch.no_grad(),
+            self.accelerator.autocast(),
         ):
             was_training = model.training
             model.eval()
@@ -215,6 +218,8 @@ class GraftGRPOTrainer(ResumableGRPOTrainer):
         if verdict is not None:  # D-cut weighed a draft: what a drafting step had to emit, and what it expected
             self._log_metric("rollout/break_even_mat", verdict[0])
             self._log_metric("rollout/expected_mat", verdict[1])
+            self._log_metric("rollout/weighed_share", stats.weighed_share)
+            self._log_metric("rollout/draft_won_share", stats.draft_won_share)
 
     # ------------------------------------------------------------------ resume
     def _restore_state(self, checkpoint: str) -> None:

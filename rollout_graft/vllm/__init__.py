@@ -18,30 +18,28 @@ from .config import ChainConfig, speculative_config
 from .methods import vllm_speculative_config
 
 
-def _call(worker, method: str, *args):
-    """`method` of the proposer of a vLLM worker (run there by `LLM.collective_rpc`)."""
-    from .proposer import RLDraftProposer
+def _call(llm, method: str, *args) -> list:
+    """`method` of the proposer on each worker of `llm`, by name (`plugin.WORKER_METHOD`, which our vLLM
+    plugin gives every worker): strings cross vLLM's processes without insecure serialization."""
+    from .plugin import WORKER_METHOD, register_worker_method
 
-    drafter = getattr(worker.model_runner, "drafter", None)
-    if not isinstance(drafter, RLDraftProposer):
-        raise ValueError("this vLLM engine does not run rollout_graft's proposer: build it with "
-                         "speculative_config=rollout_graft.vllm.speculative_config(...)")
-    return getattr(drafter, method)(*args)
+    register_worker_method()  # this process too (vLLM's in-process engine: VLLM_ENABLE_V1_MULTIPROCESSING=0)
+    return llm.collective_rpc(WORKER_METHOD, args=(method, *args))
 
 
 def proposer_summary(llm) -> dict:
     """The proposer's counters and its budget policy's explanation (first worker)."""
-    return llm.collective_rpc(_call, args=("summary",))[0]
+    return _call(llm, "summary")[0]
 
 
 def save_proposer_state(llm, directory: str) -> None:
     """Write the proposer's prior and recalled completions to `directory` (first worker's)."""
-    llm.collective_rpc(_call, args=("save_state", str(directory)))
+    _call(llm, "save_state", str(directory))
 
 
 def load_proposer_state(llm, directory: str) -> None:
     """Restore what `save_proposer_state` wrote, on every worker."""
-    llm.collective_rpc(_call, args=("load_state", str(directory)))
+    _call(llm, "load_state", str(directory))
 
 
 __all__ = ["ChainConfig", "load_proposer_state", "proposer_summary", "save_proposer_state", "speculative_config",

@@ -108,9 +108,36 @@ def _needs_fix() -> bool:
     return current_platform.is_cpu() and not HAS_TRITON and hasattr(cpu_triton_utils, "_expand_kernel_impl")
 
 
+WORKER_METHOD = "rollout_graft_proposer"
+"""The worker method `rollout_graft.vllm.proposer_summary` & co. call by name over `LLM.collective_rpc`: a
+method name and strings cross vLLM's process boundary without VLLM_ALLOW_INSECURE_SERIALIZATION."""
+
+
+def _proposer_call(worker, method: str, *args):
+    """`method` of this worker's rollout_graft proposer (ValueError when it runs another one)."""
+    from .proposer import RLDraftProposer
+
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    if not isinstance(drafter, RLDraftProposer):
+        raise ValueError("this vLLM engine does not run rollout_graft's proposer: build it with "
+                         "speculative_config=rollout_graft.vllm.speculative_config(...)")
+    return getattr(drafter, method)(*args)
+
+
+def register_worker_method() -> None:
+    """Give vLLM's workers `rollout_graft_proposer(method, *args)` (every process loads this plugin)."""
+    try:
+        from vllm.v1.worker.worker_base import WorkerBase
+    except ImportError:
+        return
+    if not hasattr(WorkerBase, WORKER_METHOD):
+        setattr(WorkerBase, WORKER_METHOD, _proposer_call)
+
+
 def register() -> None:
-    """Entry point of `vllm.general_plugins`: runs before the CPU platform registers its kernel
-    overrides, so it replaces the function that registration reads."""
+    """Entry point of `vllm.general_plugins`: registers the proposer's worker method, and runs before the
+    CPU platform registers its kernel overrides, so it replaces the function that registration reads."""
+    register_worker_method()
     if not _needs_fix():
         return
     from vllm.utils import cpu_triton_utils
