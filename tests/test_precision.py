@@ -16,10 +16,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 from trl.trainer.utils import add_fused_lm_head
 from trl_helpers import char_tokenizer, length_reward, prompt_dataset, tiny_policy
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET
 from rollout_graft.config import EngineConfig, SamplingParams
