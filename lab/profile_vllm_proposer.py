@@ -208,7 +208,7 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
     slots, done = list(range(batch)), [start] * batch
     sampled = [[int(outs[r][start - 1])] for r in slots]
     rid = [f"{next(ids)}" for _ in range(batch)]
-    calls, rows, emitted, drafted, finished, drafts = [], 0, 0, 0, [], {}
+    calls, per_call, rows, emitted, drafted, finished, drafts = [], [], 0, 0, 0, [], {}
     for step in range(steps + 1):
         if finished:
             slots, sampled = _condense(slots, sampled, finished, token_ids, num)
@@ -225,6 +225,7 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
         if step:  # the arrival call (every row new) is not timed
             calls.append(dt)
             rows += len(slots)
+            per_call.append(len(slots))
         elif parts is not None:
             parts.reset()
         drafts = {r: list(got[i]) for i, r in enumerate(slots)}
@@ -243,12 +244,15 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
                 emitted, drafted = emitted + len(new), drafted + len(d)
             if done[r] >= ends[r]:
                 finished.append(i)
-    return {"calls": calls, "rows": rows, "emitted": emitted, "drafted": drafted}
+    return {"calls": calls, "rows_per_call": per_call, "rows": rows, "emitted": emitted, "drafted": drafted}
 
 
 def compare(batches, contexts, arms, k: int, steps: int, repeats: int, step_ms) -> list[dict]:
     """Every arm on the same batches (the same seed per repeat), interleaved repeat by repeat; per
-    arm the median over repeats of µs per call and per request-step, MAT over all, and our parts."""
+    arm the median over repeats of each window's median µs per call and per request-step (a call's
+    time over its rows: the median resists the stalls of a shared machine), MAT over all, and our
+    parts (mean µs per request-step: they sum to the mean)."""
+    import gc
     import itertools
 
     from rollout_graft_tools.chain_replay import fake_clock
@@ -264,22 +268,25 @@ def compare(batches, contexts, arms, k: int, steps: int, repeats: int, step_ms) 
                 p = Parts(prop) if arm != "ngram" else None
                 with fake_clock() as clock:
                     w = window(prop, batch, context, steps, k, 1000 * rep + batch, step_ms, clock if arm == "dcut" else None, ids, p)
+                sec = p.seconds() if p is not None else None
+                del prop, p  # its tables (GBs at 1,024 long rows) go before the next arm builds its own
+                gc.collect()
                 if rep:
                     got[arm].append(w)
-                    if p is not None:
-                        sec = p.seconds()
+                    if sec is not None:
                         parts[arm] = {n: (parts[arm] or {}).get(n, 0.0) + 1e6 * s / w["rows"] / repeats for n, s in sec.items()}
         for arm in arms:
             ws = got[arm]
-            per_req = [1e6 * sum(w["calls"]) / w["rows"] for w in ws]
+            per_req = [1e6 * statistics.median(c / n for c, n in zip(w["calls"], w["rows_per_call"])) for w in ws]
             r = {"batch": batch, "context": context, "arm": arm, "k": k, "steps": steps, "repeats": repeats,
                  "us_per_call_median": statistics.median(1e6 * statistics.median(w["calls"]) for w in ws),
                  "us_per_request_step_median": statistics.median(per_req), "us_per_request_step": per_req,
+                 "us_per_request_step_mean": 1e6 * sum(sum(w["calls"]) for w in ws) / sum(w["rows"] for w in ws),
                  "rows_per_call": sum(w["rows"] for w in ws) / sum(len(w["calls"]) for w in ws),
                  "mat": sum(w["emitted"] for w in ws) / sum(w["rows"] for w in ws),
                  "drafted_per_row": sum(w["drafted"] for w in ws) / sum(w["rows"] for w in ws)}
             if parts[arm] is not None:
-                r["parts_us_per_request_step"] = {**parts[arm], "other": r["us_per_request_step_median"] - sum(parts[arm].values())}
+                r["parts_us_per_request_step"] = {**parts[arm], "other": r["us_per_request_step_mean"] - sum(parts[arm].values())}
             out.append(r)
             print(f"{arm:>10} {batch:>5} {context:>5} {r['us_per_call_median']:>9.0f} {r['us_per_request_step_median']:>7.2f}"
                   f" {r['mat']:>5.2f} {r['drafted_per_row']:>5.2f} "
