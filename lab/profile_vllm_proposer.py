@@ -30,6 +30,7 @@ and tests/test_vllm_units.py).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -45,7 +46,8 @@ class Parts:
 
     NAMES = ("tracker", "learn", "draft", "policy")
 
-    def __init__(self, proposer):
+    def __init__(self, proposer, clock=time.perf_counter):
+        self.clock = clock
         self.t = dict.fromkeys(self.NAMES, 0.0)
         self.policy_in_learn = 0.0
         self._in_learn = False
@@ -59,11 +61,11 @@ class Parts:
         def timed(*args, **kwargs):
             if learn:
                 self._in_learn = True
-            t = time.perf_counter()
+            t = self.clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                dt = time.perf_counter() - t
+                dt = self.clock() - t
                 self.t[part] += dt
                 if learn:
                     self._in_learn = False
@@ -219,9 +221,9 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
         if hasattr(prop, "set_requests"):
             prop.set_requests([rid[r] for r in slots], [PROMPT] * len(slots))
         rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
-        t = time.perf_counter()
+        t = time.thread_time()  # CPU time of this thread (numba's too): a shared machine's stalls do not count
         got = clock.call(prop.propose, rows_in, num, token_ids) if clock is not None else prop.propose(rows_in, num, token_ids)
-        dt = time.perf_counter() - t
+        dt = time.thread_time() - t
         if step:  # the arrival call (every row new) is not timed
             calls.append(dt)
             rows += len(slots)
@@ -247,25 +249,24 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
     return {"calls": calls, "rows_per_call": per_call, "rows": rows, "emitted": emitted, "drafted": drafted}
 
 
-def compare(batches, contexts, arms, k: int, steps: int, repeats: int, step_ms) -> list[dict]:
+def compare(cells, arms, k: int, steps: int, repeats: int, step_ms) -> list[dict]:
     """Every arm on the same batches (the same seed per repeat), interleaved repeat by repeat; per
     arm the median over repeats of each window's median µs per call and per request-step (a call's
     time over its rows: the median resists the stalls of a shared machine), MAT over all, and our
     parts (mean µs per request-step: they sum to the mean)."""
     import gc
-    import itertools
 
     from rollout_graft_tools.chain_replay import fake_clock
 
     ids, out = itertools.count(), []
-    for batch, context in itertools.product(batches, contexts):
+    for batch, context in cells:
         max_len = context + 4 * steps + 2 * k + 8
         got = {arm: [] for arm in arms}
         parts = {arm: None for arm in arms}
         for rep in range(repeats + 1):  # repeat 0 warms up (numba's caches, allocation)
             for arm in arms:
                 prop = make_arm(arm, k, max_len, batch + 8)
-                p = Parts(prop) if arm != "ngram" else None
+                p = Parts(prop, time.thread_time) if arm != "ngram" else None
                 with fake_clock() as clock:
                     w = window(prop, batch, context, steps, k, 1000 * rep + batch, step_ms, clock if arm == "dcut" else None, ids, p)
                 sec = p.seconds() if p is not None else None
@@ -299,7 +300,8 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true",
                     help="like for like: ours (fixed, its A/A twin, dcut) and vLLM's NgramProposer on one persistent batch")
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024], help="--compare: tokens per row on arrival")
-    ap.add_argument("--steps", type=int, default=32, help="--compare: timed calls per window")
+    ap.add_argument("--cells", nargs="+", metavar="BATCH:CONTEXT", help="--compare: these pairs (else --batches × --contexts)")
+    ap.add_argument("--steps", type=int, default=8, help="--compare: timed calls per window")
     ap.add_argument("--arms", nargs="+", default=["fixed", "fixed-twin", "dcut", "ngram"])
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut", "plain"])
@@ -320,7 +322,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     if args.compare:
-        results = compare(args.batches, args.contexts, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms))
+        cells = [tuple(map(int, c.split(":"))) for c in args.cells] if args.cells else list(
+            itertools.product(args.batches, args.contexts))
+        results = compare(cells, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms))
         if args.json:
             import sys
 
