@@ -249,7 +249,7 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
     return {"calls": calls, "rows_per_call": per_call, "rows": rows, "emitted": emitted, "drafted": drafted}
 
 
-def compare(cells, arms, k: int, steps: int, repeats: int, step_ms) -> list[dict]:
+def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None) -> list[dict]:
     """Every arm on the same batches (the same seed per repeat), interleaved repeat by repeat; per
     arm the median over repeats of each window's median µs per call and per request-step (a call's
     time over its rows: the median resists the stalls of a shared machine), MAT over all, and our
@@ -289,6 +289,8 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms) -> list[dict
             if parts[arm] is not None:
                 r["parts_us_per_request_step"] = {**parts[arm], "other": r["us_per_request_step_mean"] - sum(parts[arm].values())}
             out.append(r)
+            if on_cell is not None:
+                on_cell(out)
             print(f"{arm:>10} {batch:>5} {context:>5} {r['us_per_call_median']:>9.0f} {r['us_per_request_step_median']:>7.2f}"
                   f" {r['mat']:>5.2f} {r['drafted_per_row']:>5.2f} "
                   + " ".join(f"{n}={v:.2f}" for n, v in r.get("parts_us_per_request_step", {}).items()), flush=True)
@@ -324,12 +326,14 @@ def main() -> None:
     if args.compare:
         cells = [tuple(map(int, c.split(":"))) for c in args.cells] if args.cells else list(
             itertools.product(args.batches, args.contexts))
-        results = compare(cells, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms))
-        if args.json:
-            import sys
+        import sys
 
-            with open(args.json, "w") as f:
-                json.dump({"command": "python " + " ".join(sys.argv), "args": vars(args), "results": results}, f, indent=1)
+        def write(results):  # after every cell: a long run interrupted keeps what it measured
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"command": "python " + " ".join(sys.argv), "args": vars(args), "results": results}, f, indent=1)
+
+        compare(cells, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms), write)
         return
     results = []
     print(f"{'policy':>6} {'batch':>5} {'us/call':>9} {'us/req':>7} | "

@@ -75,8 +75,7 @@ class NgramStore:
         self.chains([], -1, [], np.zeros(0, np.int64), 1)
         for rows, wide in ((self.ctx, False), (self.pairs, True)):
             self.kern._rehash(rows, self.kern._live(rows, self.gens), np.zeros_like(rows), wide)
-        empty = np.zeros(0, np.int64)
-        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), empty, empty)
+        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), *np.zeros((2, 0), np.int64))
 
     def slot(self, max_contexts: int | None = None) -> int:
         """A new empty table's slot; past `max_contexts` contexts after a `teach` it starts over
