@@ -1,8 +1,14 @@
 #!/usr/bin/env python
 """Micro-benchmark of `RLDraftProposer`'s own CPU time per vLLM step (no vLLM engine, no model).
 
+    python lab/profile_vllm_proposer.py --compare --cells 64:256 256:256 1024:256 256:1024 --repeats 5 --json out.json
     python lab/profile_vllm_proposer.py --batches 8 64 256 --json out.json [--cprofile 256]
     python lab/profile_vllm_proposer.py --prior-memory 400000   # bytes per context of the prior
+
+`--compare` (what RESULTS shows): like for like, ours (fixed depth, its A/A twin, D-cut) and vLLM's
+`NgramProposer` on the same persistent batch (`window`: rows arriving with BATCH:CONTEXT tokens,
+then `--steps` timed calls as they emit, leave and condense), interleaved repeat by repeat, timed
+in CPU time of the calling thread. Without it, whole synthetic rollouts through ours alone:
 
 Drives the real proposer with persistent-batch arrays shaped as vLLM's `custom_class` call passes
 them (`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`: int32 `token_ids_cpu`
