@@ -1,8 +1,14 @@
 #!/usr/bin/env python
 """Micro-benchmark of `RLDraftProposer`'s own CPU time per vLLM step (no vLLM engine, no model).
 
+    python lab/profile_vllm_proposer.py --compare --cells 64:256 256:256 1024:256 256:1024 --repeats 5 --json out.json
     python lab/profile_vllm_proposer.py --batches 8 64 256 --json out.json [--cprofile 256]
     python lab/profile_vllm_proposer.py --prior-memory 400000   # bytes per context of the prior
+
+`--compare` (what RESULTS shows): like for like, ours (fixed depth, its A/A twin, D-cut) and vLLM's
+`NgramProposer` on the same persistent batch (`window`: rows arriving with BATCH:CONTEXT tokens,
+then `--steps` timed calls as they emit, leave and condense), interleaved repeat by repeat, timed
+in CPU time of the calling thread. Without it, whole synthetic rollouts through ours alone:
 
 Drives the real proposer with persistent-batch arrays shaped as vLLM's `custom_class` call passes
 them (`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`: int32 `token_ids_cpu`
@@ -30,6 +36,7 @@ and tests/test_vllm_units.py).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -45,7 +52,8 @@ class Parts:
 
     NAMES = ("tracker", "learn", "draft", "policy")
 
-    def __init__(self, proposer):
+    def __init__(self, proposer, clock=time.perf_counter):
+        self.clock = clock
         self.t = dict.fromkeys(self.NAMES, 0.0)
         self.policy_in_learn = 0.0
         self._in_learn = False
@@ -59,17 +67,21 @@ class Parts:
         def timed(*args, **kwargs):
             if learn:
                 self._in_learn = True
-            t = time.perf_counter()
+            t = self.clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                dt = time.perf_counter() - t
+                dt = self.clock() - t
                 self.t[part] += dt
                 if learn:
                     self._in_learn = False
                 elif part == "policy" and self._in_learn:
                     self.policy_in_learn += dt
         return timed
+
+    def reset(self) -> None:
+        self.t = dict.fromkeys(self.NAMES, 0.0)
+        self.policy_in_learn = 0.0
 
     def seconds(self) -> dict[str, float]:
         out = dict(self.t)
@@ -148,13 +160,162 @@ def prior_memory(tokens: int, seed: int = 0) -> dict:
             "bytes_per_context": (store.ctx.nbytes + store.pairs.nbytes) / max(contexts, 1)}
 
 
+# ---------------------------------------------------------------------- like for like: ours against vLLM's n-gram
+class NgramArm:
+    """vLLM's `NgramProposer` (prompt lookup, numba) behind our `propose` call's signature, built as
+    `vllm_speculative_config("ngram")` builds it (contexts of 1…4 tokens); vLLM runs its numba loop
+    on one thread (`num_numba_thread_available = min(1, cpus // 2)`)."""
+
+    def __init__(self, k: int, max_len: int, max_rows: int):
+        from types import SimpleNamespace
+
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+        from rollout_graft.vllm.methods import PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN
+
+        spec = SimpleNamespace(prompt_lookup_min=PROMPT_LOOKUP_MIN, prompt_lookup_max=PROMPT_LOOKUP_MAX,
+                               num_speculative_tokens=k)
+        self.inner = NgramProposer(SimpleNamespace(
+            speculative_config=spec, model_config=SimpleNamespace(max_model_len=max_len),
+            scheduler_config=SimpleNamespace(max_num_seqs=max_rows), parallel_config=SimpleNamespace(tensor_parallel_size=1)))
+        self.k, self.max_model_len = k, max_len
+
+    def propose(self, sampled, num, token_ids, slot_mappings=None):
+        return self.inner.propose(self.k, sampled, num, token_ids)
+
+
+def make_arm(arm: str, k: int, max_len: int, max_rows: int):
+    """A fresh proposer of `arm`: fixed / fixed-twin / dcut (ours) or ngram (vLLM's)."""
+    if arm == "ngram":
+        return NgramArm(k, max_len, max_rows)
+    from rollout_graft.vllm.config import ChainConfig
+    from rollout_graft.vllm.proposer import RLDraftProposer
+
+    policy = "dcut" if arm == "dcut" else "fixed"
+    return type("Bench", (RLDraftProposer,), {"config": ChainConfig(budget_policy=policy)})(vllm_config(k, max_len))
+
+
+def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_ms, clock, ids, parts=None) -> dict:
+    """`steps` timed calls of one persistent batch: `batch` rows in GRPO groups of 8 (prompts of 64
+    tokens, siblings reading their group's template: `chain_replay.completions`), each arriving with
+    `context` tokens (prompt + completion so far; the arrival call is not timed) and emitting a
+    completion of its own remaining length (steps…4·steps tokens): rows leave as they finish and
+    vLLM's condense moves the last rows into their slots. A draft is accepted up to its first token
+    that differs from the row's completion, plus the step's own token."""
+    from rollout_graft_tools.chain_replay import SPARE_ROWS, _condense, completions
+
+    rng = np.random.default_rng(seed)
+    start = context - PROMPT
+    prompts, outs = completions(rng, batch, 8, start + 4 * steps)
+    ends = start + rng.integers(steps, 4 * steps, batch)
+    token_ids = np.zeros((batch + SPARE_ROWS, prop.max_model_len), dtype=np.int32)
+    num = np.zeros(batch + SPARE_ROWS, dtype=np.int32)
+    for r in range(batch):
+        token_ids[r, :PROMPT], token_ids[r, PROMPT:context] = prompts[r], outs[r][:start]
+        num[r] = context
+    slots, done = list(range(batch)), [start] * batch
+    sampled = [[int(outs[r][start - 1])] for r in slots]
+    rid = [f"{next(ids)}" for _ in range(batch)]
+    calls, per_call, rows, emitted, drafted, finished, drafts = [], [], 0, 0, 0, [], {}
+    for step in range(steps + 1):
+        if finished:
+            slots, sampled = _condense(slots, sampled, finished, token_ids, num)
+        if not slots:
+            break
+        if clock is not None:
+            clock.now += (step_ms[0] + step_ms[1] * len(slots) + step_ms[2] * sum(len(drafts.get(r, ())) for r in slots)) / 1000.0
+        if hasattr(prop, "set_requests"):
+            prop.set_requests([rid[r] for r in slots], [PROMPT] * len(slots))
+        rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
+        t = time.thread_time()  # CPU time of this thread (numba's too): a shared machine's stalls do not count
+        got = clock.call(prop.propose, rows_in, num, token_ids) if clock is not None else prop.propose(rows_in, num, token_ids)
+        dt = time.thread_time() - t
+        if step:  # the arrival call (every row new) is not timed
+            calls.append(dt)
+            rows += len(slots)
+            per_call.append(len(slots))
+        elif parts is not None:
+            parts.reset()
+        drafts = {r: list(got[i]) for i, r in enumerate(slots)}
+        finished, sampled = [], []
+        for i, r in enumerate(slots):
+            pos, truth, d = done[r], outs[r], drafts[r]
+            a = 0
+            while a < len(d) and pos + a < ends[r] - 1 and d[a] == truth[pos + a]:
+                a += 1
+            new = [int(x) for x in truth[pos : pos + a + 1]]
+            token_ids[i, num[i] : num[i] + len(new)] = new
+            num[i] += len(new)
+            done[r] += len(new)
+            sampled.append(new)
+            if step:
+                emitted, drafted = emitted + len(new), drafted + len(d)
+            if done[r] >= ends[r]:
+                finished.append(i)
+    return {"calls": calls, "rows_per_call": per_call, "rows": rows, "emitted": emitted, "drafted": drafted}
+
+
+def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None) -> list[dict]:
+    """Every arm on the same batches (the same seed per repeat), interleaved repeat by repeat; per
+    arm the median over repeats of each window's median µs per call and per request-step (a call's
+    time over its rows: the median resists the stalls of a shared machine), MAT over all, and our
+    parts (mean µs per request-step: they sum to the mean)."""
+    import gc
+
+    from rollout_graft_tools.chain_replay import fake_clock
+
+    ids, out = itertools.count(), []
+    for batch, context in cells:
+        max_len = context + 4 * steps + 2 * k + 8
+        got = {arm: [] for arm in arms}
+        parts = {arm: None for arm in arms}
+        for rep in range(repeats + 1):  # repeat 0 warms up (numba's caches, allocation)
+            for arm in arms:
+                prop = make_arm(arm, k, max_len, batch + 8)
+                p = Parts(prop, time.thread_time) if arm != "ngram" else None
+                with fake_clock() as clock:
+                    w = window(prop, batch, context, steps, k, 1000 * rep + batch, step_ms, clock if arm == "dcut" else None, ids, p)
+                sec = p.seconds() if p is not None else None
+                del prop, p  # its tables (GBs at 1,024 long rows) go before the next arm builds its own
+                gc.collect()
+                if rep:
+                    got[arm].append(w)
+                    if sec is not None:
+                        parts[arm] = {n: (parts[arm] or {}).get(n, 0.0) + 1e6 * s / w["rows"] / repeats for n, s in sec.items()}
+        for arm in arms:
+            ws = got[arm]
+            per_req = [1e6 * statistics.median(c / n for c, n in zip(w["calls"], w["rows_per_call"])) for w in ws]
+            r = {"batch": batch, "context": context, "arm": arm, "k": k, "steps": steps, "repeats": repeats,
+                 "us_per_call_median": statistics.median(1e6 * statistics.median(w["calls"]) for w in ws),
+                 "us_per_request_step_median": statistics.median(per_req), "us_per_request_step": per_req,
+                 "us_per_request_step_mean": 1e6 * sum(sum(w["calls"]) for w in ws) / sum(w["rows"] for w in ws),
+                 "rows_per_call": sum(w["rows"] for w in ws) / sum(len(w["calls"]) for w in ws),
+                 "mat": sum(w["emitted"] for w in ws) / sum(w["rows"] for w in ws),
+                 "drafted_per_row": sum(w["drafted"] for w in ws) / sum(w["rows"] for w in ws)}
+            if parts[arm] is not None:
+                r["parts_us_per_request_step"] = {**parts[arm], "other": r["us_per_request_step_mean"] - sum(parts[arm].values())}
+            out.append(r)
+            if on_cell is not None:
+                on_cell(out)
+            print(f"{arm:>10} {batch:>5} {context:>5} {r['us_per_call_median']:>9.0f} {r['us_per_request_step_median']:>7.2f}"
+                  f" {r['mat']:>5.2f} {r['drafted_per_row']:>5.2f} "
+                  + " ".join(f"{n}={v:.2f}" for n, v in r.get("parts_us_per_request_step", {}).items()), flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compare", action="store_true",
+                    help="like for like: ours (fixed, its A/A twin, dcut) and vLLM's NgramProposer on one persistent batch")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024], help="--compare: tokens per row on arrival")
+    ap.add_argument("--cells", nargs="+", metavar="BATCH:CONTEXT", help="--compare: these pairs (else --batches × --contexts)")
+    ap.add_argument("--steps", type=int, default=8, help="--compare: timed calls per window")
+    ap.add_argument("--arms", nargs="+", default=["fixed", "fixed-twin", "dcut", "ngram"])
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut", "plain"])
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     ap.add_argument("--length", type=int, default=256, help="completion tokens per request")
-    ap.add_argument("--repeats", type=int, default=2, help="measured rollouts per setting (after one warm-up)")
+    ap.add_argument("--repeats", type=int, default=2, help="measured rollouts (--compare: windows) per setting (after one warm-up)")
     ap.add_argument("--step-ms", type=float, nargs=3, default=[5.0, 0.01, 0.02],
                     help="fake vLLM step time: a + b·rows + c·draft tokens (ms)")
     ap.add_argument("--cprofile", type=int, nargs="*", default=[], help="batch sizes to print a cProfile of")
@@ -168,6 +329,18 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    if args.compare:
+        cells = [tuple(map(int, c.split(":"))) for c in args.cells] if args.cells else list(
+            itertools.product(args.batches, args.contexts))
+        import sys
+
+        def write(results):  # after every cell: a long run interrupted keeps what it measured
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"command": "python " + " ".join(sys.argv), "args": vars(args), "results": results}, f, indent=1)
+
+        compare(cells, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms), write)
+        return
     results = []
     print(f"{'policy':>6} {'batch':>5} {'us/call':>9} {'us/req':>7} | "
           + " ".join(f"{n:>7}" for n in (*Parts.NAMES, "other")) + " | drafted/row   MAT")

@@ -52,15 +52,19 @@ def render_speed(runs: list[dict]) -> str:
 
 
 def render_proposer_profile(runs: list[dict]) -> str:
-    """`lab/profile_vllm_proposer.py --json`: the proposer's own CPU time per request-step."""
+    """`lab/profile_vllm_proposer.py --compare --json`: ours and vLLM's n-gram proposer on one persistent batch."""
     parts = ("tracker", "learn", "draft", "policy", "other")
-    lines = ["| policy | batch | µs per call (full batch, median) | µs per request-step | "
-             + " | ".join(f"{p} µs" for p in parts) + " | drafted / row | MAT |", "|---|---|---|---|" + "---|" * (len(parts) + 2)]
+    lines = ["| batch | context | proposer | µs per call | µs per request-step | × ngram's | MAT | drafted / row | "
+             + " | ".join(f"{p} µs" for p in parts) + " |", "|---|---|---|---|---|---|---|---|" + "---|" * len(parts)]
     for run in runs:
+        cells = {(r["batch"], r["context"], r["arm"]): r for r in run["results"]}
         for r in run["results"]:
-            p = r["parts_us_per_request_step"]
-            lines.append(f"| {r['policy']} | {r['batch']} | {r['us_per_call_median']:.0f} | {r['us_per_request_step']:.1f} | "
-                         + " | ".join(f"{p[k]:.1f}" for k in parts) + f" | {r['drafted_per_row']:.2f} | {r['mat']:.2f} |")
+            ngram = cells.get((r["batch"], r["context"], "ngram"))
+            ratio = r["us_per_request_step_median"] / ngram["us_per_request_step_median"] if ngram else float("nan")
+            p = r.get("parts_us_per_request_step")
+            split = " | ".join(f"{p[k]:.1f}" for k in parts) if p else " | ".join("–" for _ in parts)
+            lines.append(f"| {r['batch']} | {r['context']} | {r['arm']} | {r['us_per_call_median']:.0f} | "
+                         f"{r['us_per_request_step_median']:.1f} | {ratio:.1f} | {r['mat']:.2f} | {r['drafted_per_row']:.2f} | {split} |")
     return "\n".join(lines)
 
 
@@ -322,10 +326,15 @@ SECTIONS: list[Section] = [
             "beyond that spread, or on other evidence (docs/DESIGN.md, the vLLM backend, step 4).",
             ("vllm_dcut_ablation.json", "vllm_dcut_ablation_smollm2_revisit.json",
              "vllm_dcut_untimed_first_counts_smollm2.json"), render_ablation),
-    Section("vLLM proposer's own CPU time (micro-benchmark)",
-            "No vLLM, no model: the proposer driven by a replayed persistent batch on a modelled step clock "
-            "(`lab/profile_vllm_proposer.py`).",
-            ("vllm_proposer_profile.json",), render_proposer_profile),
+    Section("vLLM proposer's own CPU time against vLLM's n-gram proposer (micro-benchmark)",
+            "No vLLM engine, no model: one persistent batch in vLLM's array layout (GRPO groups of 8, rows arriving "
+            "with `context` tokens, then 8 timed calls as rows emit, leave and condense; k = 8) through ours (`fixed`, "
+            "its A/A twin `fixed-twin`, `dcut` on a modelled step clock) and vLLM's `NgramProposer` (numba, one thread, "
+            "contexts of 1-4 tokens), interleaved, 5 repeats (`lab/profile_vllm_proposer.py --compare`). µs per call "
+            "and per request-step: medians (a call's time over its rows); the split of ours: means per request-step. "
+            "MAT: tokens per request-step on this batch, drafts accepted up to their first token off the row's "
+            "completion. Measured on a shared 2-core machine: the twin's spread is the run's noise.",
+            ("vllm_proposer_vs_ngram.json",), render_proposer_profile),
     Section("vLLM step cost against draft tokens (tiny target)",
             "Steps with randomly cut chains, timed as D-cut times them, and the step-cost models fitted to them "
             "(`lab/vllm_step_cost.py`); `spec` is the model the chain policy fits.",

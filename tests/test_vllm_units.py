@@ -952,3 +952,23 @@ print("untouched")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "untouched" in out.stdout, out.stderr[-2000:]
+
+
+def test_proposer_reproduces_its_golden_drafts():
+    """The proposer's drafts (every row, every step) and D-cut's decisions on two kept recordings
+    (`docs/bench/replay/rec_tiny_t1.json`, `rec_smollm2_t0_b8.json` revisited: groups, recall, the
+    prior, preemption), replayed on a clock that ignores real time, are exactly those recorded in
+    `tests/data/vllm_golden.json` (`tests/vllm_golden.py`): a faster proposer drafts and decides as
+    the one recorded. A deliberate change of the drafts or of D-cut's decision math regenerates it
+    with one command: `PYTHONPATH=. python tests/vllm_golden.py --write`."""
+    import json
+
+    import vllm_golden
+
+    golden = json.loads(vllm_golden.GOLDEN.read_text())["variants"]
+    for name in vllm_golden.VARIANTS:
+        got = json.loads(json.dumps(vllm_golden.run_variant(name)))
+        want = golden[name]
+        first = next((i for i, (a, b) in enumerate(zip(got["steps"], want["steps"])) if a != b), None)
+        assert first is None and len(got["steps"]) == len(want["steps"]), f"{name}: drafts differ from step {first}"
+        assert got == want, name

@@ -114,12 +114,19 @@ def _owner(gens, slot: int) -> int:
     return 0 if slot < 0 else (slot + 1) << 32 | gens[slot]
 
 
+@njit(cache=True, inline="always")
+def _touch(keys, owner, w0, w1, w2, w3, extra):
+    """Load the row where the key's probe starts (a lookup after it finds the row cached)."""
+    return keys[np.int64(_hash(owner, w0, w1, w2, w3, extra) & np.uint64(len(keys) - 1)), OWNER]
+
+
 @njit(cache=True)
-def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> None:
+def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> int:
     """Segment s = meta[s] (table slot, also slot or -1, start, end): count the text's positions
     [start, end) as the successor of their contexts of lo…hi tokens in both tables. `tokens` holds
-    each segment's text[max(start - hi, 0):end], one after the other."""
-    base = 0
+    each segment's text[max(start - hi, 0):end], one after the other. Each position first loads its
+    keys' rows (`_touch`; returns their sum: no result): independent loads, their misses overlap."""
+    base, acc = 0, 0
     for s in range(len(meta)):
         slot, other_slot, start, end = meta[s, 0], meta[s, 1], meta[s, 2], meta[s, 3]
         owner, other = _owner(gens, slot), _owner(gens, other_slot)
@@ -127,38 +134,45 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> Non
         for pos in range(max(start, lo), end):
             i = base + pos - first
             tok = tokens[i]
-            w0 = w1 = w2 = w3 = 0
-            for n in range(1, min(pos, hi) + 1):
-                w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
-                if n >= lo:
-                    _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok, 1)
-                    if other > 0:
-                        _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
+            for touch in (True, False):
+                w0 = w1 = w2 = w3 = 0
+                for n in range(1, min(pos, hi) + 1):
+                    w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
+                    if n >= lo and touch:
+                        acc += _touch(ctx, owner, w0, w1, w2, w3, 0) + _touch(pairs, owner, w0, w1, w2, w3, tok)
+                        if other > 0:
+                            acc += _touch(ctx, other, w0, w1, w2, w3, 0) + _touch(pairs, other, w0, w1, w2, w3, tok)
+                    elif n >= lo:
+                        _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok, 1)
+                        if other > 0:
+                            _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
         base += max(end - first, 0)
+    return acc
 
 
 @njit(cache=True)
-def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out) -> int:
-    """The chain continuing `win` (the last `hi` tokens, right-aligned, -1 before the text; it is
-    shifted along the chain) in the table of `owner`: the most frequent successor of the longest
-    known context, at most `depth` tokens. Contexts are looked up shortest first: a table that
-    knows a context knows its shorter suffixes (every position counts all of its lengths), so the
-    first unknown one ends the search. Returns the chain's length."""
-    m = 0
-    score = 1.0
+def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out):
+    """The chain continuing `win` (the last `hi` tokens, right-aligned, -1 before the text; shifted
+    along the chain) in the table of `owner`: the most frequent successor of the longest known
+    context, at most `depth` tokens; contexts looked up shortest first (a table knows a known
+    context's suffixes: the first unknown one ends the search). Returns its length, `_touch`'s sum."""
+    m, score, acc = 0, 1.0, 0
     while m < depth:
-        w0 = w1 = w2 = w3 = 0
         found, row = 0, 0
-        for n in range(1, hi + 1):
-            t = win[hi - n]
-            if t < 0:
-                break
-            w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, t)
-            if n >= lo:
-                i = _find(ctx, owner, w0, w1, w2, w3, 0, False)
-                if i < 0:
+        for touch in (True, False):  # first load every context's row: their misses overlap (`_teach`)
+            w0 = w1 = w2 = w3 = 0
+            for n in range(1, hi + 1):
+                t = win[hi - n]
+                if t < 0:
                     break
-                found, row = n, i
+                w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, t)
+                if n >= lo and touch:
+                    acc += _touch(ctx, owner, w0, w1, w2, w3, 0)
+                elif n >= lo:
+                    i = _find(ctx, owner, w0, w1, w2, w3, 0, False)
+                    if i < 0:
+                        break
+                    found, row = n, i
         if found == 0:
             break
         tok = ctx[row, BEST]
@@ -169,7 +183,7 @@ def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out) -> 
         for j in range(hi - 1):
             win[j] = win[j + 1]
         win[hi - 1] = tok
-    return m
+    return m, acc
 
 
 @njit(cache=True)
@@ -177,18 +191,17 @@ def _chains(ctx, gens, slots, prior_slot: int, tails, room, k: int, lo: int, hi:
     """Row j: the chain of the table of slots[j] continuing its text — whose last tokens are
     tails[j] = (how many, up to `hi`) followed by them, rows one after the other — at most room[j]
     ≤ k tokens, or the prior's where its scores sum to more (prior_slot ≥ 0). Returns tokens
-    [rows, k], scores [rows, k] (0 past a chain's end) and lengths [rows]."""
-    rows = len(slots)
-    tok_out = np.zeros((rows, k), np.int64)
-    score_out = np.zeros((rows, k), np.float64)
-    lens = np.zeros(rows, np.int64)
+    [rows, k], scores [rows, k] (0 past a chain's end), lengths [rows] (and `_walk`'s sum)."""
+    tok_out = np.zeros((len(slots), k), np.int64)
+    score_out = np.zeros((len(slots), k), np.float64)
+    lens = np.zeros(len(slots), np.int64)
     other_tok = np.zeros(k, np.int64)
     other_score = np.zeros(k, np.float64)
     prior = _owner(gens, prior_slot)
     window = np.empty(hi, np.int64)
     win = np.empty(hi, np.int64)
-    at = 0
-    for j in range(rows):
+    at, acc = 0, 0
+    for j in range(len(slots)):
         size = tails[at]
         window[:] = -1
         window[hi - size :] = tails[at + 1 : at + 1 + size]
@@ -197,22 +210,19 @@ def _chains(ctx, gens, slots, prior_slot: int, tails, room, k: int, lo: int, hi:
         if depth <= 0:
             continue
         win[:] = window
-        m = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j])
+        m, a = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j])
+        acc += a
         if prior > 0:
             win[:] = window
-            m2 = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score)
-            mine, theirs = 0.0, 0.0
-            for i in range(m):
-                mine += score_out[j, i]
-            for i in range(m2):
-                theirs += other_score[i]
-            if theirs > mine:
+            m2, a = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score)
+            acc += a
+            if other_score[:m2].sum() > score_out[j, :m].sum():
                 tok_out[j, :m2] = other_tok[:m2]
                 score_out[j, :m2] = other_score[:m2]
                 score_out[j, m2:] = 0.0
                 m = m2
         lens[j] = m
-    return tok_out, score_out, lens
+    return tok_out, score_out, lens, acc
 
 
 @njit(cache=True)
@@ -226,9 +236,8 @@ def _live(keys, gens) -> np.ndarray:
 
 
 @njit(cache=True)
-def _rehash(rows, live, capacity: int, wide: bool):
-    """The live rows in a new table of `capacity` rows (a power of two)."""
-    out = np.zeros((capacity, rows.shape[1]), np.int64)
+def _rehash(rows, live, out, wide: bool):
+    """The live rows put in `out`, an empty table of a power of two rows (numpy's: huge pages)."""
     for i in range(len(rows)):
         if live[i]:
             j = -1 - _find(out, rows[i, OWNER], rows[i, WORD], rows[i, WORD + 1], rows[i, WORD + 2], rows[i, WORD + 3],

@@ -74,9 +74,8 @@ class NgramStore:
         self.teach([])
         self.chains([], -1, [], np.zeros(0, np.int64), 1)
         for rows, wide in ((self.ctx, False), (self.pairs, True)):
-            self.kern._rehash(rows, self.kern._live(rows, self.gens), len(rows), wide)
-        empty = np.zeros(0, np.int64)
-        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), empty, empty)
+            self.kern._rehash(rows, self.kern._live(rows, self.gens), np.zeros_like(rows), wide)
+        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), *np.zeros((2, 0), np.int64))
 
     def slot(self, max_contexts: int | None = None) -> int:
         """A new empty table's slot; past `max_contexts` contexts after a `teach` it starts over
@@ -113,7 +112,7 @@ class NgramStore:
                 continue
             live = self.kern._live(rows, self.gens)
             n = int(live.sum())
-            setattr(self, name, self.kern._rehash(rows, live, _capacity(n + extra), i == 1))
+            setattr(self, name, self.kern._rehash(rows, live, np.zeros((_capacity(n + extra), rows.shape[1]), np.int64), i == 1))
             self.used[i] = n
 
     def teach(self, work: list[tuple[int, int, list[int], int, int]]) -> None:
@@ -139,7 +138,7 @@ class NgramStore:
         Returns the chains and their scores [rows, k] (prefix products; 0 past a chain's end)."""
         hi = self.order
         tails = np.fromiter(chain.from_iterable(chain((min(len(c), hi),), c[-hi:]) for c in contexts), dtype=np.int64)
-        tok, score, lens = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, tails,
+        tok, score, lens, _ = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, tails,
                                              np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, hi)
         return [row[:m] for row, m in zip(tok.tolist(), lens.tolist())], score
 

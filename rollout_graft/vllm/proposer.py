@@ -64,7 +64,10 @@ class RLDraftProposer:
         cfg = self.config
         self.store = NgramStore(MAX_MATCH, MIN_MATCH)  # every table: the groups' and the prior
         self.prior = self.store.slot(MAX_PRIOR_CONTEXTS) if cfg.use_prior else -1
-        self.vocab = _vocab_size(vllm_config)
+        try:
+            self.vocab = int(vllm_config.model_config.get_vocab_size())  # the target's vocabulary
+        except (AttributeError, TypeError, ValueError):
+            self.vocab = None  # this vLLM does not say
         if self.prior >= 0 and cfg.prior_path:
             self.store.load(self.prior, cfg.prior_path, self.vocab)
         self.tracker = RequestTracker(self.store, self.prior, cfg.recall, RECALL_PROMPTS, shared=cfg.share_in_group)
@@ -274,14 +277,6 @@ def _evidence(chains: list[tuple[np.ndarray, int, int]], width: int) -> tuple[np
     for row, (known, depth, _) in enumerate(chains):
         scores[row, : min(len(known), depth)] = known[:depth]
     return scores, np.array([d for _, d, _ in chains]), np.array([n for _, _, n in chains])
-
-
-def _vocab_size(vllm_config) -> int | None:
-    """The target's vocabulary (None where this vLLM does not say)."""
-    try:
-        return int(vllm_config.model_config.get_vocab_size())
-    except (AttributeError, TypeError, ValueError):
-        return None
 
 
 def __getattr__(name: str):
