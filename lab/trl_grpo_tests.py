@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""TRL's own GRPOTrainer test file, run offline against GRPOTrainer and GraftGRPOTrainer.
+
+    python lab/trl_grpo_tests.py --trl PATH_TO_TRL [--json docs/bench/trl_grpo_tests.json] [-- PYTEST_ARGS]
+
+PATH_TO_TRL is a TRL checkout (a work tree with `tests/`) or a git directory of one (e.g. a
+mirror: its HEAD's files are read with `git show`); TRL's wheel ships no tests, and their code
+is never copied into this repo. Its `tests/{__init__,conftest,testing_utils,testing_constants,
+test_grpo_trainer}.py` are copied into a scratch directory as the package `trl_tests` and run
+by pytest with `lab/trl_grpo_plugin.py`: each test once per class, Hub ids mapped to local
+stand-ins (`lab/trl_standins.py`: the embedded tiny-math target, random tiny models of the
+other architectures, the tiny-math prompts as `zen`), `HF_HUB_OFFLINE=1`. Tests whose Hub ids
+have no stand-in (vision models, remote code) fail with both classes and are counted apart.
+
+The JSON table: per test, each class's result (passed / failed / skipped / xfail, and for
+GraftGRPOTrainer "refused": a ValueError/TypeError raised by our trainer, with its message).
+`python scripts/report.py` renders it into docs/RESULTS.md. Extra pytest arguments after `--`
+(e.g. `-- -k loss_types`) run a subset; the JSON is written only for full runs unless --json is given.
+Takes tens of minutes on 2 CPU cores; needs the lab extra (`pip install -e ".[test,lab-trl]"`: peft, jmespath).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+FILES = ("__init__.py", "conftest.py", "testing_utils.py", "testing_constants.py", "test_grpo_trainer.py")
+DEFAULT_JSON = REPO / "docs" / "bench" / "trl_grpo_tests.json"
+HUB_CACHE = Path(os.environ.get("ROLLOUT_GRAFT_CACHE", Path.home() / ".cache" / "rollout_graft")) / "trl_standins" / "hub"
+
+
+def copy_tests(trl: Path, out: Path) -> str:
+    """Copy TRL's test files into `out`; returns a description of the source (commit)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if (trl / "tests" / "test_grpo_trainer.py").is_file():
+        for name in FILES:
+            src = trl / "tests" / name
+            (out / name).write_text(src.read_text() if src.is_file() else "")
+        rev = subprocess.run(["git", "-C", str(trl), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        return rev or str(trl)
+    git = ["git", f"--git-dir={trl}"]
+    rev = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if rev.returncode:
+        raise SystemExit(f"{trl} is neither a TRL checkout with tests/test_grpo_trainer.py nor a git directory of one")
+    for name in FILES:
+        text = subprocess.run([*git, "show", f"HEAD:tests/{name}"], capture_output=True, text=True)
+        (out / name).write_text(text.stdout if text.returncode == 0 else "")
+    return rev.stdout.strip()
+
+
+def run_pytest(work: Path, results: Path, pytest_args: list[str]) -> int:
+    from lab.trl_standins import build_hub_cache
+
+    build_hub_cache(HUB_CACHE)
+    (work / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_HUB_CACHE=str(HUB_CACHE), GRAFT_TRL_RESULTS=str(results), TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(work)]), WANDB_DISABLED="true")
+    cmd = [sys.executable, "-m", "pytest", str(work / "trl_tests" / "test_grpo_trainer.py"), "-p", "lab.trl_grpo_plugin",
+           "-q", "-rN", "--tb=line", "-c", str(work / "pytest.ini"), "--rootdir", str(work), *pytest_args]
+    return subprocess.run(cmd, env=env, cwd=work).returncode
+
+
+def table(results: Path) -> list[dict]:
+    rows: dict[str, dict] = {}
+    for line in results.read_text().splitlines():
+        r = json.loads(line)
+        row = rows.setdefault(r["test"], {"test": r["test"]})
+        row[r["class"]] = r["result"]
+        if r["message"] and r["result"] != "passed":
+            row[f"{r['class']}_message"] = r["message"]
+    return sorted(rows.values(), key=lambda r: r["test"])
+
+
+def summarise(rows: list[dict]) -> dict:
+    counts = {cls: dict(Counter(r.get(cls, "missing") for r in rows)) for cls in ("GRPOTrainer", "GraftGRPOTrainer")}
+    trl_pass = [r for r in rows if r.get("GRPOTrainer") == "passed"]
+    gaps = [r["test"] for r in trl_pass if r.get("GraftGRPOTrainer") not in ("passed", "refused")]
+    return {"counts": counts, "passes_with_GRPOTrainer": len(trl_pass),
+            "of_those_passes_with_GraftGRPOTrainer": sum(r.get("GraftGRPOTrainer") == "passed" for r in trl_pass),
+            "of_those_refused": sum(r.get("GraftGRPOTrainer") == "refused" for r in trl_pass),
+            "of_those_failing": gaps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trl", type=Path, required=True, help="a TRL checkout or git directory (tests/ are read there)")
+    parser.add_argument("--json", type=Path, default=None, help=f"table to write (default {DEFAULT_JSON} for a full run)")
+    parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    args, pytest_args = parser.parse_known_args()
+    pytest_args = [a for a in pytest_args if a != "--"]
+    out = args.json or (DEFAULT_JSON if not pytest_args else None)
+    with tempfile.TemporaryDirectory(prefix="trl_grpo_tests_") as tmp:
+        work = args.work or Path(tmp)
+        source = copy_tests(args.trl.resolve(), work / "trl_tests")
+        results = work / "results.jsonl"
+        results.unlink(missing_ok=True)
+        rc = run_pytest(work, results, pytest_args)
+        rows = table(results) if results.is_file() else []
+    import torch
+    import transformers
+    import trl
+
+    report = {"trl_tests_commit": source, "trl": trl.__version__, "transformers": transformers.__version__,
+              "torch": torch.__version__, "argv": sys.argv[1:], **summarise(rows), "tests": rows}
+    print(json.dumps({k: v for k, v in report.items() if k != "tests"}, indent=1))
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {out}")
+    sys.exit(0 if rows else rc)
+
+
+if __name__ == "__main__":
+    main()
