@@ -70,12 +70,15 @@ def run_pytest(work: Path, results: Path, pytest_args: list[str]) -> int:
     return subprocess.run(cmd, env=env, cwd=work).returncode
 
 
-def table(results: Path) -> list[dict]:
+def table(results: list[Path]) -> list[dict]:
+    """One row per test from the plugin's JSON lines; a later file's result for a (test, class) replaces
+    an earlier one (a rerun subset updates a full run)."""
     rows: dict[str, dict] = {}
-    for line in results.read_text().splitlines():
+    for line in (line for path in results for line in path.read_text().splitlines()):
         r = json.loads(line)
         row = rows.setdefault(r["test"], {"test": r["test"]})
         row[r["class"]] = r["result"]
+        row.pop(f"{r['class']}_message", None)
         if r["message"] and r["result"] != "passed":
             row[f"{r['class']}_message"] = r["message"]
     return sorted(rows.values(), key=lambda r: r["test"])
@@ -96,16 +99,23 @@ def main() -> None:
     parser.add_argument("--trl", type=Path, required=True, help="a TRL checkout or git directory (tests/ are read there)")
     parser.add_argument("--json", type=Path, default=None, help=f"table to write (default {DEFAULT_JSON} for a full run)")
     parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--results", type=Path, nargs="*", default=[],
+                        help="earlier runs' results.jsonl: this run's results replace theirs test by test")
+    parser.add_argument("--no-run", action="store_true", help="only build the table from --results")
     args, pytest_args = parser.parse_known_args()
     pytest_args = [a for a in pytest_args if a != "--"]
     out = args.json or (DEFAULT_JSON if not pytest_args else None)
     with tempfile.TemporaryDirectory(prefix="trl_grpo_tests_") as tmp:
         work = args.work or Path(tmp)
         source = copy_tests(args.trl.resolve(), work / "trl_tests")
+        if args.work is not None and not args.no_run:  # keep the previous run's lines for --results
+            old = work / "results.jsonl"
+            if old.is_file():
+                old.rename(work / "results.previous.jsonl")
         results = work / "results.jsonl"
         results.unlink(missing_ok=True)
-        rc = run_pytest(work, results, pytest_args)
-        rows = table(results) if results.is_file() else []
+        rc = 0 if args.no_run else run_pytest(work, results, pytest_args)
+        rows = table([*args.results, *([results] if results.is_file() else [])])
     import torch
     import transformers
     import trl
