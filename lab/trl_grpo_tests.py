@@ -120,8 +120,12 @@ def main() -> None:
     import transformers
     import trl
 
-    report = {"trl_tests_commit": source, "trl": trl.__version__, "transformers": transformers.__version__,
-              "torch": torch.__version__, "argv": sys.argv[1:], **summarise(rows), "tests": rows}
+    subset = " ".join(["--", *pytest_args]) if pytest_args else ""
+    report = {"command": f"python lab/trl_grpo_tests.py --trl TRL_CHECKOUT {subset}".strip(),
+              "trl_tests_commit": source, "trl": trl.__version__, "transformers": transformers.__version__,
+              "torch": torch.__version__, "argv": sys.argv[1:],
+              "merged": [str(p) for p in args.results],  # earlier runs' results this table started from
+              **summarise(rows), "tests": rows}
     print(json.dumps({k: v for k, v in report.items() if k != "tests"}, indent=1))
     if out is not None:
         out.write_text(json.dumps(report, indent=1) + "\n")
