@@ -7,8 +7,8 @@ PATH_TO_TRL is a TRL checkout (a work tree with `tests/`) or a git directory of 
 mirror: its HEAD's files are read with `git show`); TRL's wheel ships no tests, and their code
 is never copied into this repo. Its `tests/{__init__,conftest,testing_utils,testing_constants,
 test_grpo_trainer}.py` are copied into a scratch directory as the package `trl_tests` and run
-by pytest with `lab/trl_grpo_plugin.py`: each test once per class, Hub ids mapped to local
-stand-ins (`lab/trl_standins.py`: the embedded tiny-math target, random tiny models of the
+by pytest with `rollout_graft_tools/trl_grpo_plugin.py`: each test once per class, Hub ids mapped to local
+stand-ins (`rollout_graft_tools/trl_standins.py`: the embedded tiny-math target, random tiny models of the
 other architectures, the tiny-math prompts as `zen`), `HF_HUB_OFFLINE=1`. Tests whose Hub ids
 have no stand-in (vision models, remote code) fail with both classes and are counted apart.
 
@@ -31,7 +31,6 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 FILES = ("__init__.py", "conftest.py", "testing_utils.py", "testing_constants.py", "test_grpo_trainer.py")
 DEFAULT_JSON = REPO / "docs" / "bench" / "trl_grpo_tests.json"
@@ -58,14 +57,14 @@ def copy_tests(trl: Path, out: Path) -> str:
 
 
 def run_pytest(work: Path, results: Path, pytest_args: list[str]) -> int:
-    from lab.trl_standins import build_hub_cache
+    from rollout_graft_tools.trl_standins import build_hub_cache
 
     build_hub_cache(HUB_CACHE)
     (work / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_HUB_CACHE=str(HUB_CACHE), GRAFT_TRL_RESULTS=str(results), TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(REPO), str(work)]), WANDB_DISABLED="true")
-    cmd = [sys.executable, "-m", "pytest", str(work / "trl_tests" / "test_grpo_trainer.py"), "-p", "lab.trl_grpo_plugin",
+    cmd = [sys.executable, "-m", "pytest", str(work / "trl_tests" / "test_grpo_trainer.py"), "-p", "rollout_graft_tools.trl_grpo_plugin",
            "-q", "-rN", "--tb=line", "-c", str(work / "pytest.ini"), "--rootdir", str(work), *pytest_args]
     return subprocess.run(cmd, env=env, cwd=work).returncode
 

@@ -1,16 +1,17 @@
 """pytest plugin for `lab/trl_grpo_tests.py`: runs each of TRL's GRPO tests once per trainer class.
 
-Loaded with `-p lab.trl_grpo_plugin`. Every test of the fetched `test_grpo_trainer.py` is
+Loaded with `-p rollout_graft_tools.trl_grpo_plugin`. Every test of the fetched `test_grpo_trainer.py` is
 parametrised by `grpo_trainer_class` ("GRPOTrainer" / "GraftGRPOTrainer"): the test module's
 `GRPOTrainer` name is rebound to our class for the second run, so `GRPOTrainer(...)` in the test
 body builds a `GraftGRPOTrainer`. `load_dataset("trl-internal-testing/zen", ...)` reads the
-local stand-in (models resolve through the stand-in hub cache, `lab/trl_standins.py`). Each
+local stand-in (models resolve through the stand-in hub cache, `rollout_graft_tools/trl_standins.py`). Each
 outcome is appended as one JSON line to `$GRAFT_TRL_RESULTS`: a failure whose innermost frame
 is in our `trainers/` package and is a ValueError/TypeError counts as a refusal, with its message.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import traceback
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 CLASSES = ("GRPOTrainer", "GraftGRPOTrainer")
-_OURS = str(Path(__file__).resolve().parent.parent / "trainers")
+_OURS = str(Path(importlib.util.find_spec("trainers").origin).parent)  # where our refusals are raised
 
 
 def _shim_trl_import_utils() -> None:
@@ -42,7 +43,7 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(autouse=True)
 def grpo_trainer_class(request, monkeypatch):
-    from lab.trl_standins import zen_dataset
+    from rollout_graft_tools.trl_standins import zen_dataset
 
     module = request.module
     if hasattr(module, "load_dataset"):
