@@ -56,7 +56,7 @@ def copy_tests(trl: Path, out: Path) -> str:
     return rev.stdout.strip()
 
 
-def run_pytest(work: Path, results: Path, pytest_args: list[str]) -> int:
+def run_pytest(work: Path, results: Path, pytest_args: list[str], **kwargs) -> subprocess.CompletedProcess:
     from rollout_graft_tools.trl_standins import build_hub_cache
 
     build_hub_cache(HUB_CACHE)
@@ -66,7 +66,16 @@ def run_pytest(work: Path, results: Path, pytest_args: list[str]) -> int:
                PYTHONPATH=os.pathsep.join([str(REPO), str(work)]), WANDB_DISABLED="true")
     cmd = [sys.executable, "-m", "pytest", str(work / "trl_tests" / "test_grpo_trainer.py"), "-p", "rollout_graft_tools.trl_grpo_plugin",
            "-q", "-rN", "--tb=line", "-c", str(work / "pytest.ini"), "--rootdir", str(work), *pytest_args]
-    return subprocess.run(cmd, env=env, cwd=work).returncode
+    return subprocess.run(cmd, env=env, cwd=work, **kwargs)
+
+
+def collected(work: Path, pytest_args: list[str]) -> list[str]:
+    """The tests the run covers (names as in the table), from pytest's collection."""
+    from rollout_graft_tools.trl_grpo_plugin import _test_name
+
+    out = run_pytest(work, work / "collect.jsonl", ["--collect-only", *pytest_args], capture_output=True, text=True).stdout
+    ids = [line.strip() for line in out.splitlines() if "::" in line]
+    return sorted({_test_name(i, "GraftGRPOTrainer" if "GraftGRPOTrainer" in i else "GRPOTrainer") for i in ids})
 
 
 def table(results: list[Path]) -> list[dict]:
@@ -113,8 +122,10 @@ def main() -> None:
                 old.rename(work / "results.previous.jsonl")
         results = work / "results.jsonl"
         results.unlink(missing_ok=True)
-        rc = 0 if args.no_run else run_pytest(work, results, pytest_args)
+        rc = 0 if args.no_run else run_pytest(work, results, pytest_args).returncode
         rows = table([*args.results, *([results] if results.is_file() else [])])
+        names = {r["test"] for r in rows}
+        not_run = [t for t in collected(work, pytest_args) if t not in names]
     import torch
     import transformers
     import trl
@@ -124,7 +135,7 @@ def main() -> None:
               "trl_tests_commit": source, "trl": trl.__version__, "transformers": transformers.__version__,
               "torch": torch.__version__, "argv": sys.argv[1:],
               "merged": [str(p) for p in args.results],  # earlier runs' results this table started from
-              **summarise(rows), "tests": rows}
+              **summarise(rows), "not_run": not_run, "tests": rows}
     print(json.dumps({k: v for k, v in report.items() if k != "tests"}, indent=1))
     if out is not None:
         out.write_text(json.dumps(report, indent=1) + "\n")

@@ -219,7 +219,9 @@ def render_trl_tests(runs: list[dict]) -> str:
                   f"GRPOTrainer, GraftGRPOTrainer passes {run['of_those_passes_with_GraftGRPOTrainer']} and refuses "
                   f"{run['of_those_refused']} up front; fails {len(run['of_those_failing'])}"
                   + (f" ({', '.join(run['of_those_failing'])})" if run["of_those_failing"] else "") + ". "
-                  f"{both} pass with both; the others:", "",
+                  f"{both} pass with both"
+                  + (f"; {len(run['not_run'])} of the file's tests did not run (interrupted; rerun the command)"
+                     if run.get("not_run") else "") + ". Every test that did not pass with both:", "",
                   "| test | GRPOTrainer | GraftGRPOTrainer | why |", "|---|---|---|---|"]
         for r in rows:
             ours, theirs = r.get("GraftGRPOTrainer", tables.MISSING), r.get("GRPOTrainer", tables.MISSING)

@@ -72,7 +72,8 @@ def tool_policy(call: str = TOOL_CALL):
     """A tool-calling policy over the embedded tiny-math tokenizer with Qwen3's chat template (which TRL
     knows how to parse tool calls from): `call` is one added token, and the model (1 layer, attention and
     MLP outputs zeroed, so its logits depend on the current token only) emits `call` after any other token
-    and `<|im_end|>` (its EOS) after `call`, each with probability 1 - 1e-15. Returns (model, tokenizer)."""
+    and `<|im_end|>` (its EOS) after `call`, each with probability 1 - 1e-15 (head_dim 32: vLLM's CPU
+    attention has no kernel for smaller heads). Returns (model, tokenizer)."""
     from pathlib import Path
 
     import trl
@@ -85,8 +86,8 @@ def tool_policy(call: str = TOOL_CALL):
     tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
     tok.eos_token = "<|im_end|>"
     x, eos = tok.convert_tokens_to_ids(call), tok.eos_token_id
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=2048,
                       eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=eos, tie_word_embeddings=False)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg)
