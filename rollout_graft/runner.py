@@ -79,9 +79,50 @@ def cache_keyword(model: PreTrainedModel) -> str:
     return "cache" if version.parse(transformers.__version__) >= version.parse("5.24") else "past_key_values"
 
 
+ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention", "moe", "mlp"})
+"""Layer kinds whose cache is per-token keys and values (or none): a rejected tree node is just a
+masked slot. Anything else (Mamba/SSM, linear attention, convolution states) folds every token it
+sees into one recurrent state, which a tree verification would corrupt with its rejected branches."""
+
+RECURRENT_MODEL_TYPES = frozenset({
+    "mamba", "mamba2", "falcon_mamba", "falcon_h1", "jamba", "zamba", "zamba2", "bamba", "nemotron_h",
+    "granitemoehybrid", "qwen3_next", "rwkv", "recurrent_gemma", "xlstm", "lfm2", "lfm2_moe", "minimax", "plamo2",
+})
+"""Model types with recurrent layers, for configs that name no per-layer kinds."""
+
+
+def recurrent_layers(config) -> list[str]:
+    """The kinds of `config`'s layers that keep a recurrent state instead of a KV cache (empty: the
+    engine can verify on the model)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = []
+    for name in ("layer_types", "layers_block_type"):
+        value = getattr(config, name, None)
+        if isinstance(value, (list, tuple)):
+            kinds += [str(kind) for kind in value]
+    pattern = getattr(config, "hybrid_override_pattern", None)  # Nemotron-H: "M" = Mamba, "*" = attention
+    if isinstance(pattern, str):
+        kinds += ["mamba" for c in pattern if c == "M"]
+    other = sorted(set(kinds) - ATTENTION_LAYERS)
+    if not other and getattr(config, "model_type", None) in RECURRENT_MODEL_TYPES:
+        other = [f"{config.model_type} (recurrent)"]
+    return other
+
+
+def check_verifiable(model: PreTrainedModel) -> None:
+    """ValueError when the model has recurrent layers (Mamba/SSM, linear attention...): tree and
+    draft verification keeps rejected tokens out of a KV cache by masking, which a recurrent state
+    cannot do, so the engine refuses them instead of sampling from a corrupted state."""
+    kinds = recurrent_layers(model.config)
+    if kinds:
+        raise ValueError(f"{type(model).__name__} has recurrent layers {kinds}: the rollout engine verifies drafts "
+                         "on a per-token KV cache and cannot roll a recurrent state back past rejected tokens")
+
+
 class ModelRunner:
     def __init__(self, model: PreTrainedModel, compact_slack: float = 0.5):
         self.model = model
+        check_verifiable(model)
         self._cache_kw = cache_keyword(model)  # `cache` (transformers >= 5.24) or `past_key_values`
         self.compact_slack = compact_slack
         self.cache: SlotCache | None = None

@@ -225,6 +225,35 @@ def render_dcut_clocks(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_trl_tests(runs: list[dict]) -> str:
+    """`lab/trl_grpo_tests.py`: TRL's GRPO test file run once per trainer class. The counts, then every
+    test that did not pass with both classes (passed / failed / skipped / xfail; GraftGRPOTrainer's
+    "refused" is a ValueError raised by our trainer, quoted)."""
+    lines = []
+    for run in runs:
+        rows = run["tests"]
+        both = sum(r.get("GRPOTrainer") == r.get("GraftGRPOTrainer") == "passed" for r in rows)
+        counts = {cls: ", ".join(f"{n} {k}" for k, n in sorted(c.items())) for cls, c in run["counts"].items()}
+        lines += [f"{len(rows)} tests (trl {run['trl']}, transformers {run['transformers']}): GRPOTrainer {counts['GRPOTrainer']}; "
+                  f"GraftGRPOTrainer {counts['GraftGRPOTrainer']}. Of the {run['passes_with_GRPOTrainer']} that pass with "
+                  f"GRPOTrainer, GraftGRPOTrainer passes {run['of_those_passes_with_GraftGRPOTrainer']} and refuses "
+                  f"{run['of_those_refused']} up front; fails {len(run['of_those_failing'])}"
+                  + (f" ({', '.join(run['of_those_failing'])})" if run["of_those_failing"] else "") + ". "
+                  f"{both} pass with both"
+                  + (f"; {len(run['not_run'])} of the file's tests did not run (interrupted; rerun the command)"
+                     if run.get("not_run") else "") + ". Every test that did not pass with both:", "",
+                  "| test | GRPOTrainer | GraftGRPOTrainer | why |", "|---|---|---|---|"]
+        for r in rows:
+            ours, theirs = r.get("GraftGRPOTrainer", tables.MISSING), r.get("GRPOTrainer", tables.MISSING)
+            if ours == theirs == "passed":
+                continue
+            why = r.get("GraftGRPOTrainer_message") if ours == "refused" else (
+                r.get("GRPOTrainer_message") or r.get("GraftGRPOTrainer_message") or "")
+            why = " ".join(str(why).split())[:160].replace("|", "\\|")
+            lines.append(f"| `{r['test']}` | {theirs} | {ours} | {why} |")
+    return "\n".join(lines)
+
+
 def _option(command: str, flag: str) -> str:
     words = command.split()
     return words[words.index(flag) + 1] if flag in words else tables.MISSING
@@ -361,6 +390,14 @@ SECTIONS: list[Section] = [
             ("recipe/summary-graft.json", "recipe/summary-vllm.json", "recipe/summary-hf.json"), render_recipe,
             images=("plots/grpo_qwen3_backends.png",),
             inputs=("recipe/log_history-graft.json", "recipe/log_history-vllm.json", "recipe/log_history-hf.json")),
+    Section("TRL's own GRPOTrainer tests against GraftGRPOTrainer",
+            "TRL's `tests/test_grpo_trainer.py` run offline once with `GRPOTrainer` and once with `GraftGRPOTrainer` "
+            "in its place (`lab/trl_grpo_tests.py`): Hub models mapped to the embedded tiny target and random tiny "
+            "models of the other architectures, the `zen` prompts to tiny-math prompts; Hub ids without a local "
+            "stand-in (vision models, remote code) fail with both. Tests that mock `generate` with Qwen token ids "
+            "fail with both on the tiny tokenizer (tool calling through both backends is tested in "
+            "`tests/test_trl_tools.py`).",
+            ("trl_grpo_tests.json",), render_trl_tests),
 ]
 
 

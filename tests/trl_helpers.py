@@ -62,3 +62,45 @@ def length_reward(completions, **kwargs) -> list[float]:
     """A dense toy reward (short completions win) so advantages are non-zero."""
     texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
     return [-len(t) / 32.0 for t in texts]
+
+
+TOOL_CALL = '<tool_call>\n{"name": "multiply_tool", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+ENV_CALL = '<tool_call>\n{"name": "increment", "arguments": {"step": 2}}\n</tool_call>'
+
+
+def tool_policy(call: str = TOOL_CALL):
+    """A tool-calling policy over the embedded tiny-math tokenizer with Qwen3's chat template (which TRL
+    knows how to parse tool calls from): `call` is one added token, and the model (1 layer, attention and
+    MLP outputs zeroed, so its logits depend on the current token only) emits `call` after any other token
+    and `<|im_end|>` (its EOS) after `call`, each with probability 1 - 1e-15 (head_dim 32: vLLM's CPU
+    attention has no kernel for smaller heads). Returns (model, tokenizer)."""
+    from pathlib import Path
+
+    import trl
+    from transformers import AutoTokenizer
+
+    from rollout_graft.assets import TINY_TARGET
+
+    tok = AutoTokenizer.from_pretrained(TINY_TARGET)
+    tok.add_tokens([call])
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    tok.eos_token = "<|im_end|>"
+    x, eos = tok.convert_tokens_to_ids(call), tok.eos_token_id
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=2048,
+                      eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=eos, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb, head = model.model.embed_tokens.weight, model.lm_head.weight
+        emb.zero_()
+        emb[:, 1] = 1.0  # every token but `call` points one way...
+        emb[x, 1], emb[x, 0] = 0.0, 1.0  # ...`call` the other
+        head.zero_()
+        head[x, 1] = head[eos, 0] = 35.0
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok

@@ -12,7 +12,7 @@ all three from one command line or YAML file.
 import dataclasses
 from dataclasses import dataclass, field
 
-from rollout_graft.config import METHODS, DraftConfig, EngineConfig, RetrievalConfig, check_types
+from rollout_graft.config import METHODS, DraftConfig, EngineConfig, RetrievalConfig, SamplingParams, check_types
 
 BACKENDS = ("engine", "vllm")
 """Where rollouts are generated: our engine on the trainer's own module, or TRL's vLLM colocate
@@ -36,6 +36,53 @@ PRIOR_FILE = "graft_prior.safetensors"
 
 ROLLOUT_STATE_FILE = "graft_rollout_state.json"
 """Name of the rollout counter saved in every checkpoint (the rollout seeds continue from it on resume)."""
+
+
+ENGINE_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
+"""`GRPOConfig.generation_kwargs` keys the engine samples with: like TRL's own `generate`, they
+override GRPOConfig's fields of the same name for the rollouts."""
+
+_ONE_BEAM = lambda value, kwargs: kwargs.get("num_beams", 1) == 1  # noqa: E731 (scores or stops beams only)
+NEUTRAL_GENERATION_KWARGS = {
+    "do_sample": lambda value, kwargs: value is True,
+    "num_beams": lambda value, kwargs: value == 1,
+    "num_beam_groups": lambda value, kwargs: value == 1,
+    "num_return_sequences": lambda value, kwargs: value == 1,
+    "length_penalty": _ONE_BEAM,
+    "early_stopping": _ONE_BEAM,
+    "repetition_penalty": lambda value, kwargs: value == 1.0,
+    "typical_p": lambda value, kwargs: value == 1.0,
+    "epsilon_cutoff": lambda value, kwargs: value == 0.0,
+    "eta_cutoff": lambda value, kwargs: value == 0.0,
+    "no_repeat_ngram_size": lambda value, kwargs: value == 0,
+    "use_cache": lambda value, kwargs: True,
+    "cache_implementation": lambda value, kwargs: True,
+    "disable_compile": lambda value, kwargs: True,
+}
+"""`generation_kwargs` the engine accepts because, at these values, plain sampling draws from the
+same distribution with or without them (e.g. `do_sample=True`, `num_beams=1`, a length penalty
+without beams); any other key or value is refused by name."""
+
+
+def engine_sampling_overrides(generation_kwargs: dict | None, max_completion_length: int) -> dict:
+    """The sampling settings `GRPOConfig.generation_kwargs` give the engine (keys of
+    `ENGINE_SAMPLING_KEYS`); ValueError naming every key the engine cannot honour exactly."""
+    kwargs = dict(generation_kwargs or {})
+    refused = [f"{k}={v!r}" for k, v in kwargs.items()
+               if k not in ENGINE_SAMPLING_KEYS and not (k in NEUTRAL_GENERATION_KWARGS and NEUTRAL_GENERATION_KWARGS[k](v, kwargs))
+               and not (k == "max_new_tokens" and v == max_completion_length)]
+    if refused:
+        raise ValueError(
+            f"generation_kwargs {refused} would change what plain sampling draws (beam search, penalties, greedy, "
+            "other stopping or processors), and the rollout engine cannot apply them: drop them (the engine samples "
+            f"with {ENGINE_SAMPLING_KEYS}, from GRPOConfig or generation_kwargs; the length is max_completion_length; "
+            "do_sample=True, num_beams=1 and a length penalty without beams are accepted), or generate with TRL's "
+            "own GRPOTrainer")
+    overrides = {k: kwargs[k] for k in ENGINE_SAMPLING_KEYS if kwargs.get(k) is not None}
+    SamplingParams(**overrides)  # a bad value is named now, not at the first rollout
+    if overrides.get("temperature", 1.0) == 0:
+        raise ValueError("generation_kwargs temperature=0 is greedy decoding: GRPO samples, set a temperature > 0")
+    return overrides
 
 
 @dataclass

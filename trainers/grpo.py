@@ -29,10 +29,11 @@ from rollout_graft.config import MIN_TEMPERATURE, EngineConfig, SamplingParams
 from rollout_graft.engine import RolloutEngine
 from rollout_graft.files import atomic_write_json, is_int, local_dir, read_json, require_keys
 from rollout_graft.proposers.drafter import check_same_vocabulary
+from rollout_graft.runner import check_verifiable
 from rollout_graft.stats import RolloutStats
 from rollout_graft.vllm import load_proposer_state, save_proposer_state
 
-from .config import PRIOR_FILE, ROLLOUT_STATE_FILE, VLLM_STATE_DIR, GraftConfig
+from .config import PRIOR_FILE, ROLLOUT_STATE_FILE, VLLM_STATE_DIR, GraftConfig, engine_sampling_overrides
 from .resume import ResumableGRPOTrainer
 from .vllm_backend import GraftVLLMGeneration, VLLMRolloutMetrics
 
@@ -79,6 +80,8 @@ class GraftGRPOTrainer(ResumableGRPOTrainer):
         else:
             super().__init__(model, reward_funcs, args=args, **kwargs)
         self._check_distributed_setup()
+        if not on_vllm:
+            _check_engine_model(self.accelerator.unwrap_model(self.model))
         if self.graft_config.draft_model_name_or_path is not None:
             self._check_drafter(self.graft_config.draft_model_name_or_path)
         self.rollout_engine: RolloutEngine | None = None  # built at the first rollout, inside the ZeRO-3 gather
@@ -195,11 +198,10 @@ class GraftGRPOTrainer(ResumableGRPOTrainer):
             self._eval_rollouts = (self.state.global_step, j + 1)
             k = -(self.state.global_step * _SEED_STRIDE + j + 1)
         seed = ((base * _SEED_STRIDE + self.accelerator.process_index) * _SEED_STRIDE + k) % 2**63
+        sampling = dict(temperature=self.temperature, top_k=self.top_k or 0, top_p=self.top_p, min_p=self.min_p or 0.0)
+        sampling.update(engine_sampling_overrides(self.args.generation_kwargs, self.max_completion_length))
         return SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k or 0,
-            top_p=self.top_p,
-            min_p=self.min_p or 0.0,
+            **sampling,
             max_new_tokens=self.max_completion_length,
             stop_token_ids=list(self.eos_token_ids),
             seed=seed,
@@ -321,6 +323,18 @@ def _check_dataset_prompts(dataset, name: str) -> None:
             raise ValueError(f"{name} row {row} has an empty prompt: remove it or give it text")
 
 
+def _check_engine_model(model) -> None:
+    """Hybrid / recurrent models (Nemotron-H, Mamba, Jamba, Qwen3-Next, Falcon-H1...): refused when
+    the trainer is built, naming the two ways to train them."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
+    try:
+        check_verifiable(base)
+    except ValueError as exc:
+        raise ValueError(f"{exc}. Train it with GraftConfig(backend='vllm') where vLLM runs this architecture (vLLM's "
+                         "own state handling; untested here with hybrid models), or with TRL's own generation: "
+                         "GRPOTrainer (the recipe's --backend hf)") from None
+
+
 def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
     """GRPOConfig settings the engine cannot honour, caught before TRL loads anything."""
     if on_vllm:
@@ -339,12 +353,9 @@ def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
     if args.repetition_penalty != 1.0:
         raise ValueError(f"repetition_penalty={args.repetition_penalty} is not supported by the rollout engine "
                          "(it would change the sampled distribution): set repetition_penalty=1.0")
-    if args.generation_kwargs:
-        raise ValueError(f"generation_kwargs {sorted(args.generation_kwargs)} are not used by the rollout engine: "
-                         "set the sampling fields of GRPOConfig (temperature, top_k, top_p, min_p) instead")
+    engine_sampling_overrides(args.generation_kwargs, args.max_completion_length)  # refuses what it cannot honour
     if args.temperature < MIN_TEMPERATURE:
         raise ValueError(f"temperature={args.temperature}: GRPO divides logits by the temperature, so it must be >= "
                          f"{MIN_TEMPERATURE} (smaller ones overflow float32 logits)")
-    if (args.loss_type == "vespo" and args.vllm_importance_sampling_correction
-            and args.vllm_importance_sampling_mode not in ("token_truncate", "token_mask")):
-        raise ValueError("loss_type='vespo' needs vllm_importance_sampling_mode 'token_truncate' or 'token_mask'")
+    # Every loss_type TRL trains on its own generate path trains here too (vespo included: TRL checks
+    # vllm_importance_sampling_mode on its vLLM path only, which backend="vllm" runs).
