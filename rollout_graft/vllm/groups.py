@@ -106,6 +106,11 @@ class Request:
         return self.group.texts[self.text_id]
 
 
+def _key(prompt) -> tuple[int, int]:
+    """A group's key in `RequestTracker.groups` (its prompt compared in full on a hit)."""
+    return len(prompt), hash(tuple(prompt))
+
+
 class RequestTracker:
     """Maps the rows of each `propose` call to `Request`s (by request id) and their `Group`s.
 
@@ -184,7 +189,7 @@ class RequestTracker:
         if not self.shared:  # a group of its own, not remembered
             group = self._new_group(prompt, [])
         else:
-            key = len(prompt), hash(tuple(prompt))
+            key = _key(prompt)
             group = self.groups.get(key)
             if group is None or group.prompt != prompt or group.last_seen < self.step - 1:
                 recalled = group.completions()[-self.recall :] if group is not None and self.recall else []
@@ -208,6 +213,6 @@ class RequestTracker:
         of one of these prompts starts a rollout that recalls them."""
         for prompt, completions in saved:
             recalled = [list(c) for c in completions][-self.recall :] if self.recall else []
-            self.groups[len(prompt), hash(tuple(prompt))] = self._new_group(list(prompt), recalled)
+            self.groups[_key(prompt)] = self._new_group(list(prompt), recalled)
         while len(self.groups) > self.max_groups:
             self.groups.popitem(last=False)
