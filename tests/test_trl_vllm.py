@@ -62,9 +62,8 @@ def test_rollout_metrics_and_importance_sampling_are_logged(run):
 def test_the_policy_update_reaches_vllm(run):
     """vLLM's greedy completions (our proposer on) follow the trained policy, not the initial one: along
     them, the trained HF model's own argmax almost everywhere, the initial model's rarely. Not token
-    for token: after this deliberately destabilising update (lr 2e-2) vLLM's CPU kernels and HF's
-    round differently enough to flip a few argmaxes (greedy identity with plain vLLM is
-    tests/test_vllm.py's)."""
+    for token: vLLM's CPU kernels and HF's round differently, which flips an argmax at a near-tie
+    now and then (greedy identity with plain vLLM is tests/test_vllm.py's)."""
     _, report = run
     assert_vllm_runs_the_trained_policy(report)
 
@@ -106,9 +105,8 @@ def test_vllms_own_draft_methods_train_through_the_same_path(tmp_path, method):
     steps = logged_steps(report)
     for h in steps:
         assert "rollout/budget_ratio" not in h  # our proposer's budget: not there
-    # vLLM's sampling logprobs are the trainer's (before the update: the huge first step can collapse the
-    # tiny model onto one token, whose rare alternatives' logprobs differ between vLLM's and HF's kernels)
-    assert 0.8 < steps[0]["sampling/importance_sampling_ratio/mean"] < 1.2
+    for h in steps:  # vLLM's sampling logprobs are the trainer's, before and after an update
+        assert 0.8 < h["sampling/importance_sampling_ratio/mean"] < 1.2
     assert report["speculative_config"] == (method != "ar")
     if method == "ar":
         assert all(h["rollout/mean_accepted_tokens"] == 1.0 and h["rollout/draft_tokens_per_step"] == 0 for h in steps)
