@@ -231,6 +231,8 @@ def vllm_clocks(args) -> dict:
         rec = json.loads(Path(path).read_text())
         if regime == "revisit" and rec["args"]["temperature"] != 0:
             raise SystemExit(f"{path}: a revisit replays a rollout as its own next epoch: only a greedy recording is one")
+        if (regime == "grpo") != (rec["args"].get("regime") == "grpo"):
+            raise SystemExit(f"{path}: the regime grpo is for recordings of GRPO epochs (lab/record_grpo.py), and only it")
         for batch in map(int, sizes.split(",")):
             for cell in clock_replay.cells(rec, regime, batch, timers):
                 cell.update(recording=Path(path).name, temperature=rec["args"]["temperature"],
@@ -313,8 +315,9 @@ def main(argv=None):
     u.set_defaults(func=vllm_run)
     c = chains.add_parser("clocks", help="plain, fixed arms and D-cut on modelled clocks (CPU-measured, rooflines)")
     c.add_argument("--cell", nargs="+", required=True, metavar="RECORDING:REGIME:BATCHES",
-                   help="a recording, `first` (each rollout once) or `revisit` (twice, timed the second time; greedy "
-                        "recordings only) and batch sizes, e.g. docs/bench/replay/rec_tiny_t1.json:first:8,64,256")
+                   help="a recording, `first` (each rollout once), `revisit` (twice, timed the second time; greedy "
+                        "recordings only) or `grpo` (GRPO epochs from lab/record_grpo.py, the revisits timed) and "
+                        "batch sizes, e.g. docs/bench/replay/rec_tiny_t1.json:first:8,64,256")
     c.add_argument("--cpu-steps", nargs="*", default=STEP_COST_RUNS,
                    help="lab/vllm_step_cost.py JSONs the CPU clock is fitted to")
     c.add_argument("--json", type=Path)

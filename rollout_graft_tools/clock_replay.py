@@ -99,13 +99,18 @@ def dcut_proposer(vocab: int, max_len: int, clock=None, **dcut_options):
 
 def cells(rec: dict, regime: str, batch: int, clocks: Sequence) -> list[dict]:
     """One cell per clock: every arm's modelled tokens/s, MAT and mean verified depth (draft tokens
-    per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once)
-    or "revisit" (each twice in a row, timed the second time). D-cut twice, each from a fresh
+    per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once),
+    "revisit" (each twice in a row, timed the second time: greedy recordings) or "grpo" (a
+    recording of GRPO epochs, `lab/record_grpo.py`: every rollout once, in order, the revisits —
+    epochs after the first — timed). D-cut twice, each from a fresh
     proposer: `ours-dcut` starting from the clock's profile (`dcut_proposer`), `ours-dcut-online`
     without one (the step time fitted online alone)."""
     rollouts = batches(rec["rollouts"], batch)
     timed = [True] * len(rollouts)
-    if regime == "revisit":
+    if regime == "grpo":
+        per = len(rollouts) // len(rec["rollouts"])  # chunks an epoch
+        timed = [i >= per for i in range(len(rollouts))]
+    elif regime == "revisit":
         rollouts, timed = [r for r in rollouts for _ in range(2)], [False, True] * len(rollouts)
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * DCUT_DEPTH + 2
     vocab = rec["vocab"]
