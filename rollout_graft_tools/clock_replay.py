@@ -97,6 +97,17 @@ def dcut_proposer(vocab: int, max_len: int, clock=None, **dcut_options):
     return prop
 
 
+def schedule(rec: dict, regime: str, batch: int) -> tuple[list[dict], list[bool]]:
+    """The rollouts of `batch` rows a regime replays, in order, and which of them are timed (`cells`)."""
+    rollouts = batches(rec["rollouts"], batch)
+    if regime == "grpo":  # one recorded rollout an epoch: the first epoch's chunks untimed
+        per = max(len(rollouts) // len(rec["rollouts"]), 1)
+        return rollouts, [i >= per for i in range(len(rollouts))]
+    if regime == "revisit":
+        return [r for r in rollouts for _ in range(2)], [False, True] * len(rollouts)
+    return rollouts, [True] * len(rollouts)
+
+
 def cells(rec: dict, regime: str, batch: int, clocks: Sequence) -> list[dict]:
     """One cell per clock: every arm's modelled tokens/s, MAT and mean verified depth (draft tokens
     per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once),
@@ -105,13 +116,7 @@ def cells(rec: dict, regime: str, batch: int, clocks: Sequence) -> list[dict]:
     epochs after the first — timed). D-cut twice, each from a fresh
     proposer: `ours-dcut` starting from the clock's profile (`dcut_proposer`), `ours-dcut-online`
     without one (the step time fitted online alone)."""
-    rollouts = batches(rec["rollouts"], batch)
-    timed = [True] * len(rollouts)
-    if regime == "grpo":
-        per = len(rollouts) // len(rec["rollouts"])  # chunks an epoch
-        timed = [i >= per for i in range(len(rollouts))]
-    elif regime == "revisit":
-        rollouts, timed = [r for r in rollouts for _ in range(2)], [False, True] * len(rollouts)
+    rollouts, timed = schedule(rec, regime, batch)
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * DCUT_DEPTH + 2
     vocab = rec["vocab"]
     fixed = {name: run_arm(make(), rollouts, timed, clocks) for name, make in fixed_arms(vocab, max_len).items()}

@@ -104,3 +104,17 @@ def test_measured_steps_override_a_profile_that_prices_drafts_too_cheap():
         plain = clock_replay.run_arm(plain_prop(), rollouts, timed, [poor])
         assert n > 0 or ours["drafted"] > 0  # it drafted on the profile's word
         assert ours["emitted"] / ours["ms"][poor.name] >= least * plain["emitted"] / plain["ms"][poor.name]
+
+
+
+def test_the_grpo_regime_times_the_revisits_only():
+    """A recording of GRPO epochs (`lab/record_grpo.py`, one rollout an epoch): every rollout replayed
+    in order at any batch size, the first epoch's untimed — the timed rows are the later epochs'."""
+    first, second = _recording(seed=3)["rollouts"][0], _recording(seed=4)["rollouts"][0]
+    second = {"prompts": first["prompts"], "completions": second["completions"]}  # the same prompts, revisited
+    rec = {"args": {"temperature": 1.0, "regime": "grpo"}, "vocab": VOCAB, "rollouts": [first, second]}
+    for batch in (8, 16):
+        rollouts, timed = clock_replay.schedule(rec, "grpo", batch)
+        assert [len(r["prompts"]) for r in rollouts] == [batch] * (32 // batch)
+        assert [c for r, t in zip(rollouts, timed) if t for c in r["completions"]] == second["completions"]
+        assert [c for r, t in zip(rollouts, timed) if not t for c in r["completions"]] == first["completions"]
