@@ -151,30 +151,39 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> int
 
 
 @njit(cache=True)
-def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out):
+def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out, words):
     """The chain continuing `win` (the last `hi` tokens, right-aligned, -1 before the text; shifted
     along the chain) in the table of `owner`: the most frequent successor of the longest known
-    context, at most `depth` tokens; contexts looked up shortest first (a table knows a known
-    context's suffixes: the first unknown one ends the search). Returns its length, `_touch`'s sum."""
-    m, score, acc = 0, 1.0, 0
+    context, at most `depth` tokens. A table knows a known context's suffixes down to `lo` tokens
+    (`_teach` counts each of a position's contexts; a cleared table is empty), so the known lengths
+    are lo…L: L is sought from the last token's L + 1 (the first token's: `hi`), then bisected.
+    `words` [hi + 1, 4]: scratch. Returns the chain's length, `_touch`'s sum."""
+    m, score, acc, guess = 0, 1.0, 0, hi
     while m < depth:
-        found, row = 0, 0
-        for touch in (True, False):  # first load every context's row: their misses overlap (`_teach`)
-            w0 = w1 = w2 = w3 = 0
-            for n in range(1, hi + 1):
-                t = win[hi - n]
-                if t < 0:
-                    break
-                w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, t)
-                if n >= lo and touch:
-                    acc += _touch(ctx, owner, w0, w1, w2, w3, 0)
-                elif n >= lo:
-                    i = _find(ctx, owner, w0, w1, w2, w3, 0, False)
-                    if i < 0:
-                        break
-                    found, row = n, i
-        if found == 0:
+        w0 = w1 = w2 = w3 = 0
+        top = 0  # tokens in the window
+        while top < hi and win[hi - 1 - top] >= 0:
+            w0, w1, w2, w3 = _put(w0, w1, w2, w3, top, win[hi - 1 - top])
+            top += 1
+            words[top, 0], words[top, 1], words[top, 2], words[top, 3] = w0, w1, w2, w3
+        a, b, row = lo, top, -1  # lengths below a are known, above b unknown
+        g = min(max(guess, a), b)
+        for n in range(max(g - 1, a), min(g + 1, b) + 1):  # the likely probes' rows load together
+            acc += _touch(ctx, owner, words[n, 0], words[n, 1], words[n, 2], words[n, 3], 0)
+        first = True
+        while a <= b:
+            i = _find(ctx, owner, words[g, 0], words[g, 1], words[g, 2], words[g, 3], 0, False)
+            if i >= 0:
+                a, row = g + 1, i
+                g = a if first else (a + b + 1) // 2
+            else:
+                b = g - 1
+                g = b if first else (a + b) // 2
+            first = False
+        if row < 0:
             break
+        found = guess = a - 1
+        guess += 1
         tok = ctx[row, BEST]
         score *= ctx[row, BEST_COUNT] / (ctx[row, TOTAL] + SHRINK) * found / (found + 1)
         tok_out[m] = tok
@@ -200,6 +209,7 @@ def _chains(ctx, gens, slots, prior_slot: int, tails, room, k: int, lo: int, hi:
     prior = _owner(gens, prior_slot)
     window = np.empty(hi, np.int64)
     win = np.empty(hi, np.int64)
+    words = np.empty((hi + 1, 4), np.int64)
     at, acc = 0, 0
     for j in range(len(slots)):
         size = tails[at]
@@ -210,11 +220,11 @@ def _chains(ctx, gens, slots, prior_slot: int, tails, room, k: int, lo: int, hi:
         if depth <= 0:
             continue
         win[:] = window
-        m, a = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j])
+        m, a = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j], words)
         acc += a
         if prior > 0:
             win[:] = window
-            m2, a = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score)
+            m2, a = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score, words)
             acc += a
             if other_score[:m2].sum() > score_out[j, :m].sum():
                 tok_out[j, :m2] = other_tok[:m2]
