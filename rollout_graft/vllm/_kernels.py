@@ -15,8 +15,8 @@ SHRINK = 0.5
 # ---------------------------------------------------------------------- compiled kernels
 # One open-addressing hash table per store holds every table's contexts: a row of `ctx` [capacity,
 # 8] is (OWNER, four context words from WORD, BEST successor, BEST_COUNT, the context's TOTAL); a
-# row of `pairs` [capacity, 7] is (OWNER, words, SUCC, COUNT), for contexts with ≥ 2 successors.
-# A row is one cache line: a lookup costs one miss. `owner` = (slot + 1) << 32 | generation: a
+# row of `pairs` [capacity, 8] is (OWNER, words, SUCC, COUNT, unused), for contexts with ≥ 2
+# successors. A row is one cache line (`ngrams._rows`): a lookup costs one miss. `owner` = (slot + 1) << 32 | generation: a
 # table starts over (collected, or past max_contexts) by taking a new generation, and the old
 # generation's rows are dropped when the arrays are next rebuilt (`_rehash`).
 OWNER, WORD = 0, 1  # both tables: the key's owner, and its first context word (four in a row)

@@ -37,6 +37,14 @@ def _unpack(words: np.ndarray, order: int) -> np.ndarray:
     return t[:, MAX_ORDER - order :]
 
 
+def _rows(capacity: int) -> np.ndarray:
+    """An empty hash table [capacity, 8] whose rows start on 64-byte cache lines (numpy's large
+    arrays start 16 bytes past one: every row then spans two lines, and a lookup misses twice)."""
+    buf = np.zeros(8 * capacity + 8, np.int64)
+    at = (-buf.ctypes.data % 64) // 8
+    return buf[at : at + 8 * capacity].reshape(capacity, 8)
+
+
 def _capacity(rows: int) -> int:
     """Rows of a table holding `rows` keys at most half full (a power of two, at least 1024)."""
     return max(1024, 1 << int(2 * rows - 1).bit_length())
@@ -57,8 +65,8 @@ class NgramStore:
 
         self.order, self.min_order = order, min_order
         self.kern = _kernels
-        self.ctx = np.zeros((1024, 8), np.int64)  # contexts: owner, words, best successor, its count, total
-        self.pairs = np.zeros((1024, 7), np.int64)  # owner, words, successor, count
+        self.ctx = _rows(1024)  # contexts: owner, words, best successor, its count, total
+        self.pairs = _rows(1024)  # owner, words, successor, count (and a column unused: a row per cache line)
         self.used = np.zeros(2, np.int64)  # rows taken in ctx and pairs, dead generations included
         self.gens = np.zeros(0, np.int64)  # slot → its table's generation
         self.sizes = np.zeros(0, np.int64)  # slot → contexts its table holds
@@ -112,7 +120,7 @@ class NgramStore:
                 continue
             live = self.kern._live(rows, self.gens)
             n = int(live.sum())
-            setattr(self, name, self.kern._rehash(rows, live, np.zeros((_capacity(n + extra), rows.shape[1]), np.int64), i == 1))
+            setattr(self, name, self.kern._rehash(rows, live, _rows(_capacity(n + extra)), i == 1))
             self.used[i] = n
 
     def teach(self, work: list[tuple[int, int, list[int], int, int]]) -> None:
