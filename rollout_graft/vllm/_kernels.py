@@ -196,9 +196,9 @@ def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out, wor
 
 
 @njit(cache=True)
-def _chains(ctx, gens, slots, prior_slot: int, tails, room, k: int, lo: int, hi: int):
+def _chains(ctx, gens, slots, prior_slot: int, sizes, tails, room, k: int, lo: int, hi: int):
     """Row j: the chain of the table of slots[j] continuing its text — whose last tokens are
-    tails[j] = (how many, up to `hi`) followed by them, rows one after the other — at most room[j]
+    the sizes[j] ≤ `hi` tokens of `tails` after the rows before — at most room[j]
     ≤ k tokens, or the prior's where its scores sum to more (prior_slot ≥ 0). Returns tokens
     [rows, k], scores [rows, k] (0 past a chain's end), lengths [rows] (and `_walk`'s sum)."""
     tok_out = np.zeros((len(slots), k), np.int64)
@@ -212,10 +212,10 @@ def _chains(ctx, gens, slots, prior_slot: int, tails, room, k: int, lo: int, hi:
     words = np.empty((hi + 1, 4), np.int64)
     at, acc = 0, 0
     for j in range(len(slots)):
-        size = tails[at]
+        size = sizes[j]
         window[:] = -1
-        window[hi - size :] = tails[at + 1 : at + 1 + size]
-        at += 1 + size
+        window[hi - size :] = tails[at : at + size]
+        at += size
         depth = min(room[j], k)
         if depth <= 0:
             continue

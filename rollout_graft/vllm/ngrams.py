@@ -145,8 +145,10 @@ class NgramStore:
         read; at most room[j] ≤ k tokens), or the prior's (-1: none) where its scores sum to more.
         Returns the chains and their scores [rows, k] (prefix products; 0 past a chain's end)."""
         hi = self.order
-        tails = np.fromiter(chain.from_iterable(chain((min(len(c), hi),), c[-hi:]) for c in contexts), dtype=np.int64)
-        tok, score, lens, _ = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, tails,
+        tails = [c[-hi:] for c in contexts]
+        sizes = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
+        tails = np.fromiter(chain.from_iterable(tails), dtype=np.int64, count=int(sizes.sum()))
+        tok, score, lens, _ = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, sizes, tails,
                                              np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, hi)
         return [row[:m] for row, m in zip(tok.tolist(), lens.tolist())], score
 

@@ -186,10 +186,11 @@ class RLDraftProposer:
             return None
         step, done, left = self.tracker.step, [], []
         for req in self._shadows:
-            chain = req.shadow
-            emitted = req.text[req.shadow_at : req.shadow_at + len(chain)]
-            n = next((j for j, (a, b) in enumerate(zip(chain, emitted)) if a != b), len(emitted))
-            if n < len(emitted) or n == len(chain):
+            chain, at = req.shadow, req.shadow_at
+            emitted = req.group.texts[req.text_id][at : at + len(chain)]
+            m = len(emitted)
+            n = m if chain[:m] == emitted else next(j for j, (a, b) in enumerate(zip(chain, emitted)) if a != b)
+            if n < m or n == len(chain):
                 done.append((req, len(chain), n))
             elif req.seen < step:
                 done.append((req, n, n))
@@ -273,10 +274,13 @@ def read_recall(path: str | Path, vocab: int | None = None) -> list[tuple[list[i
 def _evidence(chains: list[tuple[np.ndarray, int, int]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(raw scores [n, width], depths [n], accepted [n]) of chains given as (their raw scores, tokens
     verified, tokens accepted); 0 past a chain's verified tokens."""
+    lens, depths = np.array([len(c) for c, _, _ in chains]), np.array([d for _, d, _ in chains])
+    row = np.repeat(np.arange(len(chains)), lens)  # of each known score
+    col = np.arange(len(row)) - np.repeat(np.cumsum(lens) - lens, lens)
+    keep = col < depths[row]
     scores = np.zeros((len(chains), width))
-    for row, (known, depth, _) in enumerate(chains):
-        scores[row, : min(len(known), depth)] = known[:depth]
-    return scores, np.array([d for _, d, _ in chains]), np.array([n for _, _, n in chains])
+    scores[row[keep], col[keep]] = np.concatenate([c for c, _, _ in chains])[keep]
+    return scores, depths, np.array([n for _, _, n in chains])
 
 
 def __getattr__(name: str):
