@@ -157,8 +157,8 @@ def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out, wor
     context, at most `depth` tokens. A table knows a known context's suffixes down to `lo` tokens
     (`_teach` counts each of a position's contexts; a cleared table is empty), so the known lengths
     are lo…L: L is sought from the last token's L + 1 (the first token's: `hi`), then bisected.
-    `words` [hi + 1, 4]: scratch. Returns the chain's length, `_touch`'s sum."""
-    m, score, acc, guess = 0, 1.0, 0, hi
+    `words` [hi + 1, 4]: scratch. Returns the chain's length."""
+    m, score, guess = 0, 1.0, hi
     while m < depth:
         w0 = w1 = w2 = w3 = 0
         top = 0  # tokens in the window
@@ -168,8 +168,6 @@ def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out, wor
             words[top, 0], words[top, 1], words[top, 2], words[top, 3] = w0, w1, w2, w3
         a, b, row = lo, top, -1  # lengths below a are known, above b unknown
         g = min(max(guess, a), b)
-        for n in range(max(g - 1, a), min(g + 1, b) + 1):  # the likely probes' rows load together
-            acc += _touch(ctx, owner, words[n, 0], words[n, 1], words[n, 2], words[n, 3], 0)
         first = True
         while a <= b:
             i = _find(ctx, owner, words[g, 0], words[g, 1], words[g, 2], words[g, 3], 0, False)
@@ -192,7 +190,7 @@ def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out, wor
         for j in range(hi - 1):
             win[j] = win[j + 1]
         win[hi - 1] = tok
-    return m, acc
+    return m
 
 
 @njit(cache=True)
@@ -200,7 +198,7 @@ def _chains(ctx, gens, slots, prior_slot: int, sizes, tails, room, k: int, lo: i
     """Row j: the chain of the table of slots[j] continuing its text — whose last tokens are
     the sizes[j] ≤ `hi` tokens of `tails` after the rows before — at most room[j]
     ≤ k tokens, or the prior's where its scores sum to more (prior_slot ≥ 0). Returns tokens
-    [rows, k], scores [rows, k] (0 past a chain's end), lengths [rows] (and `_walk`'s sum)."""
+    [rows, k], scores [rows, k] (0 past a chain's end), lengths [rows]."""
     tok_out = np.zeros((len(slots), k), np.int64)
     score_out = np.zeros((len(slots), k), np.float64)
     lens = np.zeros(len(slots), np.int64)
@@ -210,7 +208,7 @@ def _chains(ctx, gens, slots, prior_slot: int, sizes, tails, room, k: int, lo: i
     window = np.empty(hi, np.int64)
     win = np.empty(hi, np.int64)
     words = np.empty((hi + 1, 4), np.int64)
-    at, acc = 0, 0
+    at = 0
     for j in range(len(slots)):
         size = sizes[j]
         window[:] = -1
@@ -220,19 +218,17 @@ def _chains(ctx, gens, slots, prior_slot: int, sizes, tails, room, k: int, lo: i
         if depth <= 0:
             continue
         win[:] = window
-        m, a = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j], words)
-        acc += a
+        m = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j], words)
         if prior > 0:
             win[:] = window
-            m2, a = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score, words)
-            acc += a
+            m2 = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score, words)
             if other_score[:m2].sum() > score_out[j, :m].sum():
                 tok_out[j, :m2] = other_tok[:m2]
                 score_out[j, :m2] = other_score[:m2]
                 score_out[j, m2:] = 0.0
                 m = m2
         lens[j] = m
-    return tok_out, score_out, lens, acc
+    return tok_out, score_out, lens
 
 
 @njit(cache=True)

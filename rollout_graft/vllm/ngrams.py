@@ -148,7 +148,7 @@ class NgramStore:
         tails = [c[-hi:] for c in contexts]
         sizes = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
         tails = np.fromiter(chain.from_iterable(tails), dtype=np.int64, count=int(sizes.sum()))
-        tok, score, lens, _ = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, sizes, tails,
+        tok, score, lens = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, sizes, tails,
                                              np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, hi)
         return [row[:m] for row, m in zip(tok.tolist(), lens.tolist())], score
 
