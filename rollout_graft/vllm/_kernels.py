@@ -180,12 +180,10 @@ def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out, wor
             first = False
         if row < 0:
             break
-        found = guess = a - 1
-        guess += 1
+        found, guess = a - 1, a
         tok = ctx[row, BEST]
         score *= ctx[row, BEST_COUNT] / (ctx[row, TOTAL] + SHRINK) * found / (found + 1)
-        tok_out[m] = tok
-        score_out[m] = score
+        tok_out[m], score_out[m] = tok, score
         m += 1
         for j in range(hi - 1):
             win[j] = win[j + 1]

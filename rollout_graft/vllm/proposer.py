@@ -274,13 +274,10 @@ def read_recall(path: str | Path, vocab: int | None = None) -> list[tuple[list[i
 def _evidence(chains: list[tuple[np.ndarray, int, int]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(raw scores [n, width], depths [n], accepted [n]) of chains given as (their raw scores, tokens
     verified, tokens accepted); 0 past a chain's verified tokens."""
-    lens, depths = np.array([len(c) for c, _, _ in chains]), np.array([d for _, d, _ in chains])
-    row = np.repeat(np.arange(len(chains)), lens)  # of each known score
-    col = np.arange(len(row)) - np.repeat(np.cumsum(lens) - lens, lens)
-    keep = col < depths[row]
     scores = np.zeros((len(chains), width))
-    scores[row[keep], col[keep]] = np.concatenate([c for c, _, _ in chains])[keep]
-    return scores, depths, np.array([n for _, _, n in chains])
+    for row, (known, depth, _) in enumerate(chains):
+        scores[row, : min(len(known), depth)] = known[:depth]
+    return scores, np.array([d for _, d, _ in chains]), np.array([n for _, _, n in chains])
 
 
 def __getattr__(name: str):
