@@ -228,8 +228,8 @@ def test_chains_take_the_most_frequent_successor_of_the_longest_known_context():
 
 
 def test_compiled_tables_count_and_chain_as_the_python_rule():
-    """The compiled tables (numba: contexts packed two tokens per int64 word, chains looked up
-    shortest context first, one call for a batch) hold exactly the counts of the plain-Python rule
+    """The compiled tables (numba: contexts packed two tokens per int64 word, chains' longest
+    known context searched from the last one's, one call for a batch) hold exactly the counts of the plain-Python rule
     (tests/ngram_reference.py) and draft exactly its chains and scores: every context length
     1…8, contexts shorter than the order, token ids up to 2^31, a table and the one it also teaches,
     chains of several tables and a prior in one call."""
@@ -240,11 +240,12 @@ def test_compiled_tables_count_and_chain_as_the_python_rule():
         store = NgramStore(order, lo)
         mine, prior = store.slot(), store.slot()
         ref, ref_prior = PyNgramCounts(order, lo), PyNgramCounts(order, lo)
-        vocab = int(rng.integers(2, 12))
+        vocab, texts = int(rng.integers(2, 12)), []
         for _ in range(12):
             text = rng.integers(0, vocab, int(rng.integers(0, 40))).tolist()
             if trial % 3 == 0:
                 text = [t + 2**31 - 20 for t in text]
+            texts.append(text)
             start = int(rng.integers(0, len(text) + 1))
             store.teach([(mine, prior, text, start, len(text))])
             ref.teach(text, start, also=ref_prior)
@@ -253,6 +254,7 @@ def test_compiled_tables_count_and_chain_as_the_python_rule():
         contexts = [rng.integers(0, vocab, int(rng.integers(0, 10))).tolist() for _ in range(30)]
         if trial % 3 == 0:
             contexts = [[t + 2**31 - 20 for t in c] for c in contexts]
+        contexts += [t[: int(rng.integers(0, len(t) + 1))] for t in texts for _ in range(3)]  # known long ones
         room = rng.integers(-1, 9, len(contexts))
         chains, scores = store.chains([mine] * len(contexts), prior, contexts, room, 8)
         for c, r, chain, row in zip(contexts, room.tolist(), chains, scores):

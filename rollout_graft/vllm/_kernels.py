@@ -15,8 +15,8 @@ SHRINK = 0.5
 # ---------------------------------------------------------------------- compiled kernels
 # One open-addressing hash table per store holds every table's contexts: a row of `ctx` [capacity,
 # 8] is (OWNER, four context words from WORD, BEST successor, BEST_COUNT, the context's TOTAL); a
-# row of `pairs` [capacity, 7] is (OWNER, words, SUCC, COUNT), for contexts with ≥ 2 successors.
-# A row is one cache line: a lookup costs one miss. `owner` = (slot + 1) << 32 | generation: a
+# row of `pairs` [capacity, 8] is (OWNER, words, SUCC, COUNT, unused), for contexts with ≥ 2
+# successors. A row is one cache line (`ngrams._rows`): a lookup costs one miss. `owner` = (slot + 1) << 32 | generation: a
 # table starts over (collected, or past max_contexts) by taking a new generation, and the old
 # generation's rows are dropped when the arrays are next rebuilt (`_rehash`).
 OWNER, WORD = 0, 1  # both tables: the key's owner, and its first context word (four in a row)
@@ -151,47 +151,52 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> int
 
 
 @njit(cache=True)
-def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out):
+def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out, words):
     """The chain continuing `win` (the last `hi` tokens, right-aligned, -1 before the text; shifted
     along the chain) in the table of `owner`: the most frequent successor of the longest known
-    context, at most `depth` tokens; contexts looked up shortest first (a table knows a known
-    context's suffixes: the first unknown one ends the search). Returns its length, `_touch`'s sum."""
-    m, score, acc = 0, 1.0, 0
+    context, at most `depth` tokens. A table knows a known context's suffixes down to `lo` tokens
+    (`_teach` counts each of a position's contexts; a cleared table is empty), so the known lengths
+    are lo…L: L is sought from the last token's L + 1 (the first token's: `hi`), then bisected.
+    `words` [hi + 1, 4]: scratch. Returns the chain's length."""
+    m, score, guess = 0, 1.0, hi
     while m < depth:
-        found, row = 0, 0
-        for touch in (True, False):  # first load every context's row: their misses overlap (`_teach`)
-            w0 = w1 = w2 = w3 = 0
-            for n in range(1, hi + 1):
-                t = win[hi - n]
-                if t < 0:
-                    break
-                w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, t)
-                if n >= lo and touch:
-                    acc += _touch(ctx, owner, w0, w1, w2, w3, 0)
-                elif n >= lo:
-                    i = _find(ctx, owner, w0, w1, w2, w3, 0, False)
-                    if i < 0:
-                        break
-                    found, row = n, i
-        if found == 0:
+        w0 = w1 = w2 = w3 = 0
+        top = 0  # tokens in the window
+        while top < hi and win[hi - 1 - top] >= 0:
+            w0, w1, w2, w3 = _put(w0, w1, w2, w3, top, win[hi - 1 - top])
+            top += 1
+            words[top, 0], words[top, 1], words[top, 2], words[top, 3] = w0, w1, w2, w3
+        a, b, row = lo, top, -1  # lengths below a are known, above b unknown
+        g = min(max(guess, a), b)
+        first = True
+        while a <= b:
+            i = _find(ctx, owner, words[g, 0], words[g, 1], words[g, 2], words[g, 3], 0, False)
+            if i >= 0:
+                a, row = g + 1, i
+                g = a if first else (a + b + 1) // 2
+            else:
+                b = g - 1
+                g = b if first else (a + b) // 2
+            first = False
+        if row < 0:
             break
+        found, guess = a - 1, a
         tok = ctx[row, BEST]
         score *= ctx[row, BEST_COUNT] / (ctx[row, TOTAL] + SHRINK) * found / (found + 1)
-        tok_out[m] = tok
-        score_out[m] = score
+        tok_out[m], score_out[m] = tok, score
         m += 1
         for j in range(hi - 1):
             win[j] = win[j + 1]
         win[hi - 1] = tok
-    return m, acc
+    return m
 
 
 @njit(cache=True)
-def _chains(ctx, gens, slots, prior_slot: int, tails, room, k: int, lo: int, hi: int):
+def _chains(ctx, gens, slots, prior_slot: int, sizes, tails, room, k: int, lo: int, hi: int):
     """Row j: the chain of the table of slots[j] continuing its text — whose last tokens are
-    tails[j] = (how many, up to `hi`) followed by them, rows one after the other — at most room[j]
+    the sizes[j] ≤ `hi` tokens of `tails` after the rows before — at most room[j]
     ≤ k tokens, or the prior's where its scores sum to more (prior_slot ≥ 0). Returns tokens
-    [rows, k], scores [rows, k] (0 past a chain's end), lengths [rows] (and `_walk`'s sum)."""
+    [rows, k], scores [rows, k] (0 past a chain's end), lengths [rows]."""
     tok_out = np.zeros((len(slots), k), np.int64)
     score_out = np.zeros((len(slots), k), np.float64)
     lens = np.zeros(len(slots), np.int64)
@@ -200,29 +205,28 @@ def _chains(ctx, gens, slots, prior_slot: int, tails, room, k: int, lo: int, hi:
     prior = _owner(gens, prior_slot)
     window = np.empty(hi, np.int64)
     win = np.empty(hi, np.int64)
-    at, acc = 0, 0
+    words = np.empty((hi + 1, 4), np.int64)
+    at = 0
     for j in range(len(slots)):
-        size = tails[at]
+        size = sizes[j]
         window[:] = -1
-        window[hi - size :] = tails[at + 1 : at + 1 + size]
-        at += 1 + size
+        window[hi - size :] = tails[at : at + size]
+        at += size
         depth = min(room[j], k)
         if depth <= 0:
             continue
         win[:] = window
-        m, a = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j])
-        acc += a
+        m = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j], words)
         if prior > 0:
             win[:] = window
-            m2, a = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score)
-            acc += a
+            m2 = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score, words)
             if other_score[:m2].sum() > score_out[j, :m].sum():
                 tok_out[j, :m2] = other_tok[:m2]
                 score_out[j, :m2] = other_score[:m2]
                 score_out[j, m2:] = 0.0
                 m = m2
         lens[j] = m
-    return tok_out, score_out, lens, acc
+    return tok_out, score_out, lens
 
 
 @njit(cache=True)

@@ -37,6 +37,14 @@ def _unpack(words: np.ndarray, order: int) -> np.ndarray:
     return t[:, MAX_ORDER - order :]
 
 
+def _rows(capacity: int) -> np.ndarray:
+    """An empty hash table [capacity, 8] whose rows start on 64-byte cache lines (numpy's large
+    arrays start 16 bytes past one: every row then spans two lines, and a lookup misses twice)."""
+    buf = np.zeros(8 * capacity + 8, np.int64)
+    at = (-buf.ctypes.data % 64) // 8
+    return buf[at : at + 8 * capacity].reshape(capacity, 8)
+
+
 def _capacity(rows: int) -> int:
     """Rows of a table holding `rows` keys at most half full (a power of two, at least 1024)."""
     return max(1024, 1 << int(2 * rows - 1).bit_length())
@@ -57,8 +65,8 @@ class NgramStore:
 
         self.order, self.min_order = order, min_order
         self.kern = _kernels
-        self.ctx = np.zeros((1024, 8), np.int64)  # contexts: owner, words, best successor, its count, total
-        self.pairs = np.zeros((1024, 7), np.int64)  # owner, words, successor, count
+        self.ctx = _rows(1024)  # contexts: owner, words, best successor, its count, total
+        self.pairs = _rows(1024)  # owner, words, successor, count (and a column unused: a row per cache line)
         self.used = np.zeros(2, np.int64)  # rows taken in ctx and pairs, dead generations included
         self.gens = np.zeros(0, np.int64)  # slot → its table's generation
         self.sizes = np.zeros(0, np.int64)  # slot → contexts its table holds
@@ -112,7 +120,7 @@ class NgramStore:
                 continue
             live = self.kern._live(rows, self.gens)
             n = int(live.sum())
-            setattr(self, name, self.kern._rehash(rows, live, np.zeros((_capacity(n + extra), rows.shape[1]), np.int64), i == 1))
+            setattr(self, name, self.kern._rehash(rows, live, _rows(_capacity(n + extra)), i == 1))
             self.used[i] = n
 
     def teach(self, work: list[tuple[int, int, list[int], int, int]]) -> None:
@@ -137,8 +145,10 @@ class NgramStore:
         read; at most room[j] ≤ k tokens), or the prior's (-1: none) where its scores sum to more.
         Returns the chains and their scores [rows, k] (prefix products; 0 past a chain's end)."""
         hi = self.order
-        tails = np.fromiter(chain.from_iterable(chain((min(len(c), hi),), c[-hi:]) for c in contexts), dtype=np.int64)
-        tok, score, lens, _ = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, tails,
+        tails = [c[-hi:] for c in contexts]
+        sizes = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
+        tails = np.fromiter(chain.from_iterable(tails), dtype=np.int64, count=int(sizes.sum()))
+        tok, score, lens = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, sizes, tails,
                                              np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, hi)
         return [row[:m] for row, m in zip(tok.tolist(), lens.tolist())], score
 

@@ -186,10 +186,11 @@ class RLDraftProposer:
             return None
         step, done, left = self.tracker.step, [], []
         for req in self._shadows:
-            chain = req.shadow
-            emitted = req.text[req.shadow_at : req.shadow_at + len(chain)]
-            n = next((j for j, (a, b) in enumerate(zip(chain, emitted)) if a != b), len(emitted))
-            if n < len(emitted) or n == len(chain):
+            chain, at = req.shadow, req.shadow_at
+            emitted = req.group.texts[req.text_id][at : at + len(chain)]
+            m = len(emitted)
+            n = m if chain[:m] == emitted else next(j for j, (a, b) in enumerate(zip(chain, emitted)) if a != b)
+            if n < m or n == len(chain):
                 done.append((req, len(chain), n))
             elif req.seen < step:
                 done.append((req, n, n))
