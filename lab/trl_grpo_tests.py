@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 FILES = ("__init__.py", "conftest.py", "testing_utils.py", "testing_constants.py", "test_grpo_trainer.py")
 DEFAULT_JSON = REPO / "docs" / "bench" / "trl_grpo_tests.json"
-HUB_CACHE = Path(os.environ.get("ROLLOUT_GRAFT_CACHE", Path.home() / ".cache" / "rollout_graft")) / "trl_standins" / "hub"
+HUB_CACHE = Path(os.environ.get("ROLLOUT_GRAFT_CACHE", Path.home() / ".cache" / "rollout_graft")) / "trl_standins" / "hub-v2"  # v2: Qwen3 tool template
 
 
 def copy_tests(trl: Path, out: Path) -> str:

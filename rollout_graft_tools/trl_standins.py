@@ -5,7 +5,9 @@ model); every other causal LM and sequence classifier is a random tiny model of 
 architecture built from its config, with the tiny-math tokenizer. They are written as a
 Hugging Face hub cache (`models--trl-internal-testing--<name>/snapshots/<rev>/`), so every
 `from_pretrained("trl-internal-testing/...")` inside TRL and the tests resolves them with
-`HF_HUB_OFFLINE=1` and `HF_HUB_CACHE` pointing there. The `zen` datasets are rows of the
+`HF_HUB_OFFLINE=1` and `HF_HUB_CACHE` pointing there. The Qwen3 stand-ins (`TOOL_TEMPLATE`) carry
+TRL's Qwen3 chat template (`trl/chat_templates/qwen3.jinja`, as the Hub models do), which renders
+tool calls, so TRL's `tools=` / `environment_factory` tests get past TRL's template check. The `zen` datasets are rows of the
 embedded tiny-math prompts (`zen_dataset`). Ids without a stand-in (vision models, remote code)
 are left out: their tests are deselected and listed as such.
 """
@@ -48,6 +50,7 @@ RANDOM_MODELS = {
                                         "mamba_n_groups": 1, "chunk_size": 16}),
 }
 EMBEDDED = {"tiny-Qwen2ForCausalLM-2.5": TINY_TARGET}
+TOOL_TEMPLATE = ("tiny-Qwen3ForCausalLM", "tiny-Qwen3MoeForCausalLM")  # given TRL's tool-capable Qwen3 template
 DATASETS = ("zen",)
 
 
@@ -79,6 +82,8 @@ def _random_model(name: str, model_type: str, architecture: str, overrides: dict
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(TINY_TARGET)
+    if name in TOOL_TEMPLATE:
+        tokenizer.chat_template = qwen3_chat_template()
     config = AutoConfig.for_model(model_type, **_SMALL, **overrides, vocab_size=len(tokenizer),
                                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                                   bos_token_id=tokenizer.eos_token_id)
@@ -88,6 +93,13 @@ def _random_model(name: str, model_type: str, architecture: str, overrides: dict
     model = getattr(transformers, architecture)(config)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def qwen3_chat_template() -> str:
+    """TRL's Qwen3 chat template (renders tool calls; TRL's response parser knows it)."""
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
 
 
 def zen_dataset(name: str, config: str, split: str | None = None, streaming: bool = False):

@@ -394,9 +394,12 @@ SECTIONS: list[Section] = [
             "TRL's `tests/test_grpo_trainer.py` run offline once with `GRPOTrainer` and once with `GraftGRPOTrainer` "
             "in its place (`lab/trl_grpo_tests.py`): Hub models mapped to the embedded tiny target and random tiny "
             "models of the other architectures, the `zen` prompts to tiny-math prompts; Hub ids without a local "
-            "stand-in (vision models, remote code) fail with both. Tests that mock `generate` with Qwen token ids "
-            "fail with both on the tiny tokenizer (tool calling through both backends is tested in "
-            "`tests/test_trl_tools.py`).",
+            "stand-in (vision models, remote code) fail with both. The Qwen3 stand-ins carry TRL's tool-capable Qwen3 "
+            "chat template, so the `tools=` / `environment_factory` tests build their trainers; those that script the "
+            "policy by patching `model.generate` with Qwen token ids fail with `GRPOTrainer` (the ids are past the tiny "
+            "tokenizer's vocabulary), and `GraftGRPOTrainer` never calls `model.generate` (the engine samples from the "
+            "model), so they cannot judge it: TRL's tool loop through both backends is tested in "
+            "`tests/test_trl_tools.py`.",
             ("trl_grpo_tests.json",), render_trl_tests),
 ]
 

@@ -117,3 +117,19 @@ def test_recurrent_architectures_are_recognised(model_type):
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "llama", "gemma2", "cohere2", "gpt_oss", "qwen3_moe", "glm4_moe"])
 def test_attention_architectures_are_not_refused(model_type):
     assert recurrent_layers(AutoConfig.for_model(model_type)) == []
+
+
+# ---------------------------------------------------------------------------- the lab's stand-ins
+def test_the_qwen3_standins_carry_a_tool_capable_chat_template(tmp_path):
+    """TRL's tools= / environment_factory tests build the trainer on its Qwen3 ids: their stand-ins must
+    pass TRL's tool-calling template check (the tiny-math template renders no tool calls)."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import supports_tool_calling
+
+    from rollout_graft.assets import TINY_TARGET
+    from rollout_graft_tools.trl_standins import RANDOM_MODELS, TOOL_TEMPLATE, _random_model
+
+    assert not supports_tool_calling(AutoTokenizer.from_pretrained(TINY_TARGET))
+    for name in TOOL_TEMPLATE:
+        _random_model(name, *RANDOM_MODELS[name], tmp_path / name)
+        assert supports_tool_calling(AutoTokenizer.from_pretrained(tmp_path / name)), name
