@@ -106,6 +106,27 @@ def test_measured_steps_override_a_profile_that_prices_drafts_too_cheap():
         assert ours["emitted"] / ours["ms"][poor.name] >= least * plain["emitted"] / plain["ms"][poor.name]
 
 
+def test_dcut_credits_a_drained_batch_by_its_slowest_rows():
+    """A batch that drains ends with its slowest rows: where a step's fixed part dominates (the
+    CPU clock's shape: 3 ms a step, 0.06 ms a row), confident chains on 2 of 8 rows would pay by the
+    rate model (every gain at the batch's mean price per token), but leave 6 rows to set the steps:
+    D-cut with a profile (`spread`) decodes plainly there, and drafts the same chains on every row."""
+    from rollout_graft.dcut.chains import ChainDCut
+
+    clock = clocks.LinearClock(3.0, 0.06, 0.02, 1.0)
+    def profile(rows, k):
+        return clock.profile_ms(rows, k)
+    chain = 0.9 ** np.arange(1, 9)  # raw scores, prefix products; no evidence yet: calibrated ≈ raw
+    few = np.zeros((8, 8))
+    few[:2] = chain
+    every = np.tile(chain, (8, 1))
+    tokens = lambda s: [list(range(1, int((r > 0).sum()) + 1)) for r in s]  # noqa: E731
+    rate_model = ChainDCut(8, profile=profile, spread=0.0)
+    assert rate_model.cut(tokens(few), few)[0].sum() > 0
+    for scores, drafts in ((few, False), (every, True)):
+        depths, _ = ChainDCut(8, profile=profile).cut(tokens(scores), scores)
+        assert (depths.sum() > 0) == drafts
+
 
 def test_the_grpo_regime_times_the_revisits_only():
     """A recording of GRPO epochs (`lab/record_grpo.py`, one rollout an epoch): every rollout replayed

@@ -11,7 +11,8 @@ each chain: `selection.global_top_k_depths`) and picks K to maximise
 with the step time fitted online to vLLM's measured steps (`step_cost_fit`) — or, given a step-cost
 profile (what a profile at start measured: an accelerator's step is flat while memory-bound, then
 linear, a shape no line through the first draft token has), the profile corrected online by that
-same fit of what the measured steps took beyond it; K = 0 is always a
+same fit of what the measured steps took beyond it, and then (`spread`) the rows' gains credited
+against the step's fixed part below their mean, a batch that drains ending with its slowest rows; K = 0 is always a
 candidate, and after it the next draft is a probe paid from `core.ProbeCredit`. The chains, sent or
 cut away, teach the calibration as shadows (`ChainStep.shadowed`). Why each mechanism is there, and what
 was raced out: docs/DESIGN.md, "The vLLM backend", step 4.
@@ -154,6 +155,15 @@ class ChainDCut(ChainPolicy):
             profiled defaults are chosen on modelled clocks only, not yet raced on the real CPU.
         step_forget: the step-cost fit's memory per step measured (`step_cost_fit`).
         draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
+        spread: how far below the mean the rows' gains count towards the step's fixed part
+            (`drained_rates`: mean − spread·std over rows; 0: the rate model, every gain at the mean).
+            A GRPO rollout's batch only drains, so a gain on a row that is not the slowest saves that
+            row's share of later steps, not the steps themselves: on modelled-clock replays of SmolLM2
+            at T = 1 the rate model drafted at break-even and fell to 0.94–0.985× plain (rows
+            finished apart, the last ones paying whole steps). Default 0 (the online fit cannot
+            tell a step's fixed part from its per-row part at one batch size); with a `profile`
+            0.75, the largest of 0.5–1.5 that left no modelled-clock cell worse (docs/DESIGN.md,
+            "Modelled clocks"); not yet raced on the real CPU.
         profile: profile(rows, draft_tokens) → ms of a vLLM step of `rows` rows verifying each total
             of draft tokens (an array), as profiled before the rollout (None: none, the step time is
             the online fit alone). The fit then learns only the profile's error (its priors: none),
@@ -165,7 +175,10 @@ class ChainDCut(ChainPolicy):
 
     def __init__(self, depth: int, *, explore_every: int | None = None, probe_share: float = 0.01,
                  forget: float | None = None, step_forget: float = 0.97, draft_forget: float = 0.9,
-                 profile: Callable[[int, np.ndarray], np.ndarray] | None = None):
+                 profile: Callable[[int, np.ndarray], np.ndarray] | None = None, spread: float | None = None):
+        if spread is None:
+            spread = 0.0 if profile is None else 0.75
+        self.spread = float(spread)
         if explore_every is None:
             explore_every = 16 if profile is None else 0
         if forget is None:
@@ -209,7 +222,10 @@ class ChainDCut(ChainPolicy):
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
         gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
-        rates = (rows + gains) / np.maximum(self.predict_ms(rows, np.arange(proposed + 1)), 1e-6)
+        if self.spread and rows > 1 and proposed:
+            rates = self.drained_rates(cal, rows, gains)
+        else:
+            rates = (rows + gains) / np.maximum(self.predict_ms(rows, np.arange(proposed + 1)), 1e-6)
         k = int(np.argmax(rates))
         self.plain = k == 0
         if not self.plain and self.explore_every and self.plain_share() * self.explore_every <= 1.0:
@@ -217,6 +233,25 @@ class ChainDCut(ChainPolicy):
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
         return global_top_k_depths(cal, k), decision
+
+    def drained_rates(self, cal: np.ndarray, rows: int, gains: np.ndarray) -> np.ndarray:
+        """Each K's rate in a batch that drains (`spread`): a step's time is a part per row m (what
+        one row more costs: C(rows) − C(rows − 1) of a plain step) and a fixed part F = C(rows) − m·rows.
+        The K tokens' gain G saves m per token (a row that finishes sooner leaves later steps), but F
+        only as the batch's remaining steps shrink, and those are the slowest rows': F is credited
+        with the rows' gains g_i (the global top K's per row) at mean − spread·std over all rows,
+        not at their mean. (rows·m + G·m + F·(1 + that)) / C(K); with spread 0 it is the plain
+        rate model, (rows + G) · C(rows) / rows / C(K)."""
+        order = np.lexsort((np.tile(np.arange(cal.shape[1]), rows), -cal.reshape(-1)))[: len(gains) - 1]
+        prefix = np.cumsum(cal, axis=1, dtype=np.float64)  # a row's gain at each depth kept (top K keeps prefixes)
+        squares = prefix**2 - np.concatenate([np.zeros((rows, 1)), prefix[:, :-1] ** 2], axis=1)
+        sum_sq = np.concatenate([[0.0], np.cumsum(squares.reshape(-1)[order])])  # Σ_i g_i² at each K
+        mean = gains / rows
+        lagging = np.maximum(mean - self.spread * np.sqrt(np.maximum(sum_sq / rows - mean**2, 0.0)), 0.0)
+        plain = float(self.predict_ms(rows, 0))
+        m = min(max(plain - float(self.predict_ms(rows - 1, 0)), 0.0), plain / rows)
+        value = m * (rows + gains) + (plain - m * rows) * (1.0 + lagging)
+        return value / np.maximum(self.predict_ms(rows, np.arange(len(gains))), 1e-6)
 
     def predict_ms(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
         """A vLLM step's predicted ms at `rows` rows, for each draft token count: the online fit,

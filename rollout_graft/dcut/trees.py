@@ -99,10 +99,17 @@ class TreeStepCost:
     best-of, profiled once and cached, possibly on a busier or idler machine than now; a rollout's
     forwards run in its caches, allocator and neighbours. For each of the table's token counts q
     (1: a plain step), `scale(q)` is the mean of measured / profiled over the forwards of about q
-    tokens per row, the table counting as `PRIOR_FORWARDS` such forwards, every weight aged by
-    `AGE` per step: evidence ages with the steps that pass, not with its own count, so a width
-    measured rarely (D-cut's probes while it decodes plainly, its reference steps while it drafts)
-    is priced by its latest measurement, and no stale figure — the table's included — stands for good.
+    tokens per row, with a prior of `PRIOR_FORWARDS` such forwards at the common scale: measured /
+    profiled over every forward the rollout measured, whatever its width (the table itself
+    counting as `PRIOR_FORWARDS` forwards at 1.0). Every weight ages by `AGE` per step: evidence
+    ages with the steps that pass, not with its own count, so a width measured rarely (D-cut's
+    probes while it decodes plainly, its reference steps while it drafts) is priced by its latest
+    measurement, and no stale figure — the table's included — stands for good. The common scale is
+    there for a table profiled while the machine was busier (or idler) than now: its figures are off
+    by about one factor (`cost.CostModel.profile` keeps its shape), and a width the rollout has not
+    measured — the plain forward, while D-cut drafts — is priced by the table's shape at the speed
+    the rollout measures, not at the table's (a plain forward profiled under two CPU burners at 7×
+    what it took an hour later made D-cut draft through a whole rollout at 0.67× `ar`).
     Outside the forward: for steps that proposed, a `RowCost` per proposal width (nodes per row the
     proposer was asked for: building, cutting, walking and learning from the tree; a step that
     proposed pays for its tree also when D-cut then verified none of it; `outside_ms` prices a width
@@ -115,14 +122,19 @@ class TreeStepCost:
     forget: float = 0.9  # the outside fits' `CostFit.forget`
     trees: dict[int, RowCost] = field(default_factory=dict, init=False)  # proposal width → ms outside the forward
     plain: RowCost = field(init=False)  # ms outside the forward of plain steps
-    # per profiled token count q: Σ aged weight, and Σ aged weight · measured / profiled
+    # per profiled token count q: its prior's aged weight, the measured forwards' Σ aged weight and Σ aged
+    # weight · measured / profiled; and over every forward (the common scale), the table's counting as one at 1.0
+    _prior: list[float] = field(init=False, repr=False)
     _weight: list[float] = field(init=False, repr=False)
     _sum: list[float] = field(init=False, repr=False)
+    _common: list[float] = field(init=False, repr=False)  # [Σ aged weight, Σ aged weight · ratio]
 
     def __post_init__(self) -> None:
         self.plain = RowCost(self.forget)
-        self._weight = [self.PRIOR_FORWARDS] * len(self.table.tokens)
-        self._sum = [self.PRIOR_FORWARDS] * len(self.table.tokens)
+        self._prior = [self.PRIOR_FORWARDS] * len(self.table.tokens)
+        self._weight = [0.0] * len(self.table.tokens)
+        self._sum = [0.0] * len(self.table.tokens)
+        self._common = [self.PRIOR_FORWARDS, self.PRIOR_FORWARDS]
 
     def observe(self, rows: int, forward_tokens: int, proposed: int, timing: StepTiming) -> None:
         """A step measured by the engine: `proposed` nodes per row asked of the proposer (0: none)."""
@@ -133,15 +145,23 @@ class TreeStepCost:
             self.plain.observe(rows, timing.rest_ms)
 
     def _observe_forward(self, rows: int, tokens_per_row: int, ms: float) -> None:
+        # measured evidence aged and floored (a scale keeps its mean however long ago it was measured); the
+        # prior aged to nothing, so a width measured once outweighs it for good
+        self._prior = [w * self.AGE for w in self._prior]
         for k, (weight, total) in enumerate(zip(self._weight, self._sum)):
-            self._weight[k] = max(weight * self.AGE, 1e-9)  # floored: a width never measured keeps its mean
-            self._sum[k] = total / weight * self._weight[k]
+            if weight > 0:
+                self._weight[k] = max(weight * self.AGE, 1e-9)
+                self._sum[k] = total / weight * self._weight[k]
+        weight, total = self._common
+        self._common = [max(weight * self.AGE, 1e-9), total / weight * max(weight * self.AGE, 1e-9)]
         if ms <= 0:
             return
         ratio = ms / self.table.predict(rows, tokens_per_row)
         for k, share in self._neighbours(tokens_per_row):  # the profiled token counts around it, by nearness
             self._weight[k] += share
             self._sum[k] += share * ratio
+        self._common[0] += 1.0
+        self._common[1] += ratio
 
     def _neighbours(self, tokens_per_row: float) -> list[tuple[int, float]]:
         i, j, w = neighbours(self.table.tokens, tokens_per_row)
@@ -150,7 +170,10 @@ class TreeStepCost:
 
     def scale(self, tokens_per_row: float) -> float:
         """Measured / profiled for forwards of `tokens_per_row` tokens per row (1.0: as profiled)."""
-        return sum(share * self._sum[k] / self._weight[k] for k, share in self._neighbours(tokens_per_row))
+        common = self._common[1] / self._common[0]
+        return sum(share * ((self._sum[k] + self._prior[k] * common) / (self._weight[k] + self._prior[k])
+                            if self._weight[k] + self._prior[k] > 0 else common)
+                   for k, share in self._neighbours(tokens_per_row))
 
     def forward_ms(self, rows: int, tokens_per_row: int) -> float:
         """Predicted verify forward: the table × the measured scale of such forwards."""
