@@ -379,10 +379,13 @@ SECTIONS: list[Section] = [
             "(`fixed-tau*`), ours with D-cut from a fresh proposer: `ours-dcut` starts from the clock's step-cost "
             "profile at a 256-token context (what a profile at server start measures), `ours-dcut-online` fits the step "
             "time online alone (as shipped). Batches below or above a recording's rows are its rollouts split or "
-            "fused; `revisit`: each rollout twice, timed the second time. Meets: ours-dcut ≥ 0.95× the best fixed "
+            "fused; `revisit`: each rollout twice, timed the second time; `grpo`: a recording of three real GRPO epochs "
+            "(`lab/record_grpo.py`: plain vLLM inside TRL, the policy trained between them), replayed in order, the two "
+            "revisits timed. Meets: ours-dcut ≥ 0.95× the best fixed "
             "arm, and ≥ 0.99× plain where no fixed arm beats plain. Verified depth: draft tokens per request-step.",
             ("dcut_clocks.json",), render_dcut_clocks,
-            inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1.json", "replay/rec_smollm2_t0_b8.json")),
+            inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1_r4.json", "replay/rec_tiny_grpo_t1.json",
+                    "replay/rec_smollm2_t0_b8.json")),
     Section("GRPO training: the recipe on each backend (CPU)",
             "`accelerate launch recipes/grpo_qwen3.py --backend graft|vllm|hf`, 60 steps on the embedded demo; "
             "the plot is `scripts/plot_training.py` over the three `log_history` files, each in a folder named by its "
