@@ -303,6 +303,15 @@ SECTIONS: list[Section] = [
             "As above, but each repeat's prompts were first run once, untimed (`--revisit`: a later GRPO epoch, so "
             "`recall` has the earlier completions). Fixed budgets show what drafting everything gives.",
             ("engine_tiny_revisit.json",), render_speed),
+    Section("Engine, tiny target: D-cut from a cost table profiled under load (CPU)",
+            "64 rows (8 prompts × 8), T = 1, at most 192 new tokens, `ar`, its A/A twin and `retrieval+dcut` "
+            "interleaved, fresh prompts every repeat. D-cut reads a cost table from `ROLLOUT_GRAFT_CACHE`: first one "
+            "profiled while two CPU busy-loops ran, stopped ahead of the rollouts (`engine_cost_table_loaded.json`: "
+            "its `loadavg` says the load), then, as the control, one profiled at the machine's present load without "
+            "them (`engine_cost_table_present.json`). The machine is shared (load average 3–4 on 2 cores from other "
+            "jobs during both runs): the twin's spread is the run's noise.",
+            ("engine_tiny_loaded_profile.json", "engine_tiny_present_profile.json"), render_speed,
+            inputs=("engine_cost_table_loaded.json", "engine_cost_table_present.json")),
     Section("Engine, Graft on a real pair: Qwen2.5-Coder 0.5B drafting for 1.5B (CPU)",
             "Opt-in models (`scripts/prepare_models.py --qwen-coder`).",
             ("qwen_coder_graft.json",), render_speed),
