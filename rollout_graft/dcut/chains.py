@@ -162,8 +162,9 @@ class ChainDCut(ChainPolicy):
             at T = 1 the rate model drafted at break-even and fell to 0.94–0.985× plain (rows
             finished apart, the last ones paying whole steps). Default 0 (the online fit cannot
             tell a step's fixed part from its per-row part at one batch size); with a `profile`
-            0.75, the largest of 0.5–1.5 that left no modelled-clock cell worse (docs/DESIGN.md,
-            "Modelled clocks"); not yet raced on the real CPU.
+            0.75, the largest of 0.5–1.5 under which no modelled-clock cell that met the bar fell
+            below it (some moved down within it; docs/DESIGN.md, "Modelled clocks"); not yet raced
+            on the real CPU.
         profile: profile(rows, draft_tokens) → ms of a vLLM step of `rows` rows verifying each total
             of draft tokens (an array), as profiled before the rollout (None: none, the step time is
             the online fit alone). The fit then learns only the profile's error (its priors: none),
