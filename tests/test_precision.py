@@ -90,5 +90,7 @@ def test_bf16_rollout_logprobs_are_the_bf16_policys_on_the_tiny_target():
 
     assert gaps(rollouts[False], False).max() < 1e-5  # fp32: TRL's recomputation, exactly
     bf16, vs_fp32 = gaps(rollouts[True], True), gaps(rollouts[True], False)
-    assert bf16.max() < 0.1 and bf16.mean() < 5e-3  # measured: max 0.03, mean ~4e-4 (attention rounding)
-    assert bf16.mean() < 0.5 * vs_fp32.mean()  # the bf16 policy's logprobs, not the fp32 one's
+    assert bf16.max() < 0.1 and bf16.mean() < 5e-3  # measured: max 0.03–0.06, mean 4e-4–1.4e-3 (attention rounding)
+    # the bf16 policy's logprobs, not the fp32 one's: compared by the median, since the mean is a few
+    # near-tie tokens' (on a CPU with AMX bf16 units the means were equal, the medians 7e-7 against 3e-6)
+    assert bf16.median() < 0.5 * vs_fp32.median()
