@@ -44,14 +44,21 @@ def keep_best(draft: Draft, quota: int | torch.Tensor) -> Draft:
     return _keep(draft, draft.valid & (_rank(score, draft.depth) < quota))
 
 
-def global_top_k_depths(scores: np.ndarray, k: int) -> np.ndarray:
+def global_top_k_order(scores: np.ndarray) -> np.ndarray:
+    """The batch's draft tokens with a score > 0, best first, as flat indices into scores [rows,
+    depth] (non-increasing along each row): a shallower token wins a tie (its child cannot be kept
+    without it), so every prefix of the order keeps each row's leading tokens."""
+    rows, depth = scores.shape
+    flat = scores.reshape(-1)
+    return np.lexsort((np.tile(np.arange(depth), rows), -flat))[: int((flat > 0).sum())]
+
+
+def global_top_k_depths(scores: np.ndarray, k: int, order: np.ndarray | None = None) -> np.ndarray:
     """Depth per row of the batch's k best draft tokens. scores: [rows, depth], non-increasing
-    along each row (0 where a row has no token). Returns [rows] int: how many of each row's
-    leading tokens are among the global top k (ties broken towards shallower tokens)."""
+    along each row (0 where a row has no token); `order`: its `global_top_k_order`, where the caller
+    has it. Returns [rows] int: how many of each row's leading tokens are among the global top k."""
     rows, depth = scores.shape
     if k <= 0 or scores.size == 0:
         return np.zeros(rows, dtype=np.int64)
-    flat = scores.reshape(-1)
-    # a shallower token wins a tie (its child cannot be kept without it)
-    order = np.lexsort((np.tile(np.arange(depth), rows), -flat))[: min(k, int((flat > 0).sum()))]
-    return np.bincount(order // depth, minlength=rows).astype(np.int64)
+    order = global_top_k_order(scores) if order is None else order
+    return np.bincount(order[:k] // depth, minlength=rows).astype(np.int64)

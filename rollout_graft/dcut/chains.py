@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..selection import global_top_k_depths
+from ..selection import global_top_k_depths, global_top_k_order
 from .core import RIDGE, BudgetDecision, CostFit, ProbeCredit, RowCost, ScoreCalibration
 
 
@@ -222,9 +222,10 @@ class ChainDCut(ChainPolicy):
         probe = self.plain  # proposed after a plain decision
         proposed = int((scores > 0).sum())
         cal = self.calibrated(scores)
-        gains = np.concatenate([[0.0], np.cumsum(np.sort(cal[cal > 0])[::-1])])  # [proposed + 1]
+        order = global_top_k_order(cal)  # the calibrated tokens, best first
+        gains = np.concatenate([[0.0], np.cumsum(cal.reshape(-1)[order])])  # [proposed + 1]
         if self.spread and rows > 1 and proposed:
-            rates = self.drained_rates(cal, rows, gains)
+            rates = self.drained_rates(cal, order, gains)
         else:
             rates = (rows + gains) / np.maximum(self.predict_ms(rows, np.arange(proposed + 1)), 1e-6)
         k = int(np.argmax(rates))
@@ -233,9 +234,9 @@ class ChainDCut(ChainPolicy):
             k = 0  # a plain step (not a plain decision): the fit keeps measuring plain steps
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
-        return global_top_k_depths(cal, k), decision
+        return global_top_k_depths(cal, k, order), decision
 
-    def drained_rates(self, cal: np.ndarray, rows: int, gains: np.ndarray) -> np.ndarray:
+    def drained_rates(self, cal: np.ndarray, order: np.ndarray, gains: np.ndarray) -> np.ndarray:
         """Each K's rate in a batch that drains (`spread`): a step's time is a part per row m (what
         one row more costs: C(rows) − C(rows − 1) of a plain step) and a fixed part F = C(rows) − m·rows.
         The K tokens' gain G saves m per token (a row that finishes sooner leaves later steps), but F
@@ -243,7 +244,7 @@ class ChainDCut(ChainPolicy):
         with the rows' gains g_i (the global top K's per row) at mean − spread·std over all rows,
         not at their mean. (rows·m + G·m + F·(1 + that)) / C(K); with spread 0 it is the plain
         rate model, (rows + G) · C(rows) / rows / C(K)."""
-        order = np.lexsort((np.tile(np.arange(cal.shape[1]), rows), -cal.reshape(-1)))[: len(gains) - 1]
+        rows = cal.shape[0]
         prefix = np.cumsum(cal, axis=1, dtype=np.float64)  # a row's gain at each depth kept (top K keeps prefixes)
         squares = prefix**2 - np.concatenate([np.zeros((rows, 1)), prefix[:, :-1] ** 2], axis=1)
         sum_sq = np.concatenate([[0.0], np.cumsum(squares.reshape(-1)[order])])  # Σ_i g_i² at each K
