@@ -108,8 +108,8 @@ class TreeStepCost:
     there for a table profiled while the machine was busier (or idler) than now: its figures are off
     by about one factor (`cost.CostModel.profile` keeps its shape), and a width the rollout has not
     measured — the plain forward, while D-cut drafts — is priced by the table's shape at the speed
-    the rollout measures, not at the table's (a plain forward profiled under two CPU burners at 7×
-    what it took an hour later made D-cut draft through a whole rollout at 0.67× `ar`).
+    the rollout measures, not at the table's (docs/RESULTS.md, "Engine, tiny target: D-cut from a
+    cost table profiled under load").
     Outside the forward: for steps that proposed, a `RowCost` per proposal width (nodes per row the
     proposer was asked for: building, cutting, walking and learning from the tree; a step that
     proposed pays for its tree also when D-cut then verified none of it; `outside_ms` prices a width
@@ -122,16 +122,17 @@ class TreeStepCost:
     forget: float = 0.9  # the outside fits' `CostFit.forget`
     trees: dict[int, RowCost] = field(default_factory=dict, init=False)  # proposal width → ms outside the forward
     plain: RowCost = field(init=False)  # ms outside the forward of plain steps
-    # per profiled token count q: its prior's aged weight, the measured forwards' Σ aged weight and Σ aged
-    # weight · measured / profiled; and over every forward (the common scale), the table's counting as one at 1.0
-    _prior: list[float] = field(init=False, repr=False)
+    # per profiled token count q: the measured forwards' Σ aged weight and Σ aged weight · measured / profiled;
+    # the prior's aged weight (every q's alike); over every forward (the common scale), the table's counting as
+    # PRIOR_FORWARDS at 1.0
+    _prior: float = field(init=False, repr=False)
     _weight: list[float] = field(init=False, repr=False)
     _sum: list[float] = field(init=False, repr=False)
     _common: list[float] = field(init=False, repr=False)  # [Σ aged weight, Σ aged weight · ratio]
 
     def __post_init__(self) -> None:
         self.plain = RowCost(self.forget)
-        self._prior = [self.PRIOR_FORWARDS] * len(self.table.tokens)
+        self._prior = self.PRIOR_FORWARDS
         self._weight = [0.0] * len(self.table.tokens)
         self._sum = [0.0] * len(self.table.tokens)
         self._common = [self.PRIOR_FORWARDS, self.PRIOR_FORWARDS]
@@ -147,13 +148,14 @@ class TreeStepCost:
     def _observe_forward(self, rows: int, tokens_per_row: int, ms: float) -> None:
         # measured evidence aged and floored (a scale keeps its mean however long ago it was measured); the
         # prior aged to nothing, so a width measured once outweighs it for good
-        self._prior = [w * self.AGE for w in self._prior]
+        self._prior *= self.AGE
         for k, (weight, total) in enumerate(zip(self._weight, self._sum)):
             if weight > 0:
                 self._weight[k] = max(weight * self.AGE, 1e-9)
                 self._sum[k] = total / weight * self._weight[k]
         weight, total = self._common
-        self._common = [max(weight * self.AGE, 1e-9), total / weight * max(weight * self.AGE, 1e-9)]
+        aged = max(weight * self.AGE, 1e-9)
+        self._common = [aged, total / weight * aged]
         if ms <= 0:
             return
         ratio = ms / self.table.predict(rows, tokens_per_row)
@@ -171,8 +173,8 @@ class TreeStepCost:
     def scale(self, tokens_per_row: float) -> float:
         """Measured / profiled for forwards of `tokens_per_row` tokens per row (1.0: as profiled)."""
         common = self._common[1] / self._common[0]
-        return sum(share * ((self._sum[k] + self._prior[k] * common) / (self._weight[k] + self._prior[k])
-                            if self._weight[k] + self._prior[k] > 0 else common)
+        return sum(share * ((self._sum[k] + self._prior * common) / (self._weight[k] + self._prior)
+                            if self._weight[k] + self._prior > 0 else common)
                    for k, share in self._neighbours(tokens_per_row))
 
     def forward_ms(self, rows: int, tokens_per_row: int) -> float:
