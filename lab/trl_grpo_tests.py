@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 FILES = ("__init__.py", "conftest.py", "testing_utils.py", "testing_constants.py", "test_grpo_trainer.py")
 DEFAULT_JSON = REPO / "docs" / "bench" / "trl_grpo_tests.json"
-HUB_CACHE = Path(os.environ.get("ROLLOUT_GRAFT_CACHE", Path.home() / ".cache" / "rollout_graft")) / "trl_standins" / "hub-v2"  # v2: Qwen3 tool template
+HUB_CACHE = Path(os.environ.get("ROLLOUT_GRAFT_CACHE", Path.home() / ".cache" / "rollout_graft")) / "trl_standins" / "hub"
 
 
 def copy_tests(trl: Path, out: Path) -> str:
@@ -59,10 +59,10 @@ def copy_tests(trl: Path, out: Path) -> str:
 def run_pytest(work: Path, results: Path, pytest_args: list[str], **kwargs) -> subprocess.CompletedProcess:
     from rollout_graft_tools.trl_standins import build_hub_cache
 
-    build_hub_cache(HUB_CACHE)
+    hub = build_hub_cache(HUB_CACHE)
     (work / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_HUB_CACHE=str(HUB_CACHE), GRAFT_TRL_RESULTS=str(results), TOKENIZERS_PARALLELISM="false",
+               HF_HUB_CACHE=str(hub), GRAFT_TRL_RESULTS=str(results), TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(REPO), str(work)]), WANDB_DISABLED="true")
     cmd = [sys.executable, "-m", "pytest", str(work / "trl_tests" / "test_grpo_trainer.py"), "-p", "rollout_graft_tools.trl_grpo_plugin",
            "-q", "-rN", "--tb=line", "-c", str(work / "pytest.ini"), "--rootdir", str(work), *pytest_args]

@@ -24,6 +24,8 @@ from rollout_graft.assets import TINY_TARGET, load_tiny_prompts
 
 ORG = "trl-internal-testing"
 REVISION = "0" * 40
+VERSION = 2
+"""Of the stand-ins' files (2: the Qwen3 ones carry `TOOL_TEMPLATE`): a cache built by another version is not reused."""
 _SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
 
@@ -59,7 +61,9 @@ def standin_ids() -> list[str]:
 
 
 def build_hub_cache(root: Path) -> Path:
-    """Write every stand-in into a hub cache under `root` (kept: rebuilt only when missing)."""
+    """Write every stand-in into a hub cache under `root` (kept: rebuilt only when missing or of
+    another `VERSION`); returns the cache's folder, for HF_HUB_CACHE."""
+    root = root / f"v{VERSION}"
     root.mkdir(parents=True, exist_ok=True)
     for name in (*EMBEDDED, *RANDOM_MODELS):
         snapshot = root / f"models--{ORG}--{name}" / "snapshots" / REVISION
