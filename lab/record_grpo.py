@@ -42,7 +42,12 @@ def record(args) -> dict:
     gen_rows = args.prompts_per_epoch * args.group
     if gen_rows % args.steps_per_generation:
         raise SystemExit(f"{gen_rows} rows an epoch do not split into {args.steps_per_generation} steps")
-    out_dir = tempfile.mkdtemp(prefix="record_grpo_")
+    with tempfile.TemporaryDirectory(prefix="record_grpo_") as out_dir:  # no checkpoints: nothing kept there
+        return _train(args, rows, gen_rows, out_dir)
+
+
+def _train(args, rows: list[dict], gen_rows: int, out_dir: str) -> dict:
+    """`record`'s run: the trainer on plain vLLM, its `LLM.generate` wrapped to keep every rollout."""
     config = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=gen_rows // args.steps_per_generation,
                         steps_per_generation=args.steps_per_generation, num_generations=args.group,
                         max_completion_length=args.max_tokens, temperature=1.0, learning_rate=args.learning_rate,
