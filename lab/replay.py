@@ -234,7 +234,7 @@ def vllm_clocks(args) -> dict:
         if (regime == "grpo") != (rec["args"].get("regime") == "grpo"):
             raise SystemExit(f"{path}: the regime grpo is for recordings of GRPO epochs (lab/record_grpo.py), and only it")
         for batch in map(int, sizes.split(",")):
-            for cell in clock_replay.cells(rec, regime, batch, timers):
+            for cell in clock_replay.cells(rec, regime, batch, timers, dict(args.dcut)):
                 cell.update(recording=Path(path).name, temperature=rec["args"]["temperature"],
                             **clock_replay.verdict(cell))
                 out["cells"].append(cell)
@@ -246,6 +246,11 @@ def vllm_clocks(args) -> dict:
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out
+
+
+def _dcut_option(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    return name, float(value)
 
 
 def main(argv=None):
@@ -318,6 +323,8 @@ def main(argv=None):
                    help="a recording, `first` (each rollout once), `revisit` (twice, timed the second time; greedy "
                         "recordings only) or `grpo` (GRPO epochs from lab/record_grpo.py, the revisits timed) and "
                         "batch sizes, e.g. docs/bench/replay/rec_tiny_t1.json:first:8,64,256")
+    c.add_argument("--dcut", nargs="*", default=[], metavar="NAME=VALUE", type=_dcut_option,
+                   help="a ChainDCut setting of ours-dcut (e.g. spread=0: the rate model), to compare settings")
     c.add_argument("--cpu-steps", nargs="*", default=STEP_COST_RUNS,
                    help="lab/vllm_step_cost.py JSONs the CPU clock is fitted to")
     c.add_argument("--json", type=Path)

@@ -108,21 +108,23 @@ def schedule(rec: dict, regime: str, batch: int) -> tuple[list[dict], list[bool]
     return rollouts, [True] * len(rollouts)
 
 
-def cells(rec: dict, regime: str, batch: int, clocks: Sequence) -> list[dict]:
+def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: dict | None = None) -> list[dict]:
     """One cell per clock: every arm's modelled tokens/s, MAT and mean verified depth (draft tokens
     per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once),
     "revisit" (each twice in a row, timed the second time: greedy recordings) or "grpo" (a
     recording of GRPO epochs, `lab/record_grpo.py`: every rollout once, in order, the revisits —
     epochs after the first — timed). D-cut twice, each from a fresh
     proposer: `ours-dcut` starting from the clock's profile (`dcut_proposer`), `ours-dcut-online`
-    without one (the step time fitted online alone)."""
+    without one (the step time fitted online alone); `dcut_options`: `ChainDCut` settings of the
+    profiled one (e.g. {"spread": 0.0}, what DESIGN's "Modelled clocks" compares)."""
     rollouts, timed = schedule(rec, regime, batch)
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * DCUT_DEPTH + 2
     vocab = rec["vocab"]
     fixed = {name: run_arm(make(), rollouts, timed, clocks) for name, make in fixed_arms(vocab, max_len).items()}
     out = []
     for clock in clocks:
-        runs = {**fixed, "ours-dcut": run_arm(dcut_proposer(vocab, max_len, clock), rollouts, timed, [clock]),
+        runs = {**fixed, "ours-dcut": run_arm(dcut_proposer(vocab, max_len, clock, **(dcut_options or {})), rollouts, timed,
+                                                 [clock]),
                 "ours-dcut-online": run_arm(dcut_proposer(vocab, max_len), rollouts, timed, [clock])}
         out.append({"clock": clock.name, "regime": regime, "batch": len(rollouts[0]["prompts"]),
                     "arms": {n: 1000.0 * r["emitted"] / r["ms"][clock.name] for n, r in runs.items()},
