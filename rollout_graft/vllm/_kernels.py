@@ -192,29 +192,28 @@ def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out, wor
 
 
 @njit(cache=True)
-def _chains(ctx, gens, slots, prior_slot: int, sizes, tails, room, k: int, lo: int, hi: int):
-    """Row j: the chain of the table of slots[j] continuing its text — whose last tokens are
-    the sizes[j] ≤ `hi` tokens of `tails` after the rows before — at most room[j]
-    ≤ k tokens, or the prior's where its scores sum to more (prior_slot ≥ 0). Returns tokens
-    [rows, k], scores [rows, k] (0 past a chain's end), lengths [rows]."""
+def _chains(ctx, gens, slots, prior_slot: int, token_ids, rows, lens, room, k: int, lo: int, hi: int):
+    """Row j: the chain of the table of slots[j] continuing its text — token_ids[rows[j], :lens[j]],
+    of which the last `hi` tokens are read (-1: before the text) — at most room[j] ≤ k tokens, or
+    the prior's where its scores sum to more (prior_slot ≥ 0). Returns tokens [rows, k], scores
+    [rows, k] (0 past a chain's end), lengths [rows]."""
     tok_out = np.zeros((len(slots), k), np.int64)
     score_out = np.zeros((len(slots), k), np.float64)
-    lens = np.zeros(len(slots), np.int64)
+    out_lens = np.zeros(len(slots), np.int64)
     other_tok = np.zeros(k, np.int64)
     other_score = np.zeros(k, np.float64)
     prior = _owner(gens, prior_slot)
     window = np.empty(hi, np.int64)
     win = np.empty(hi, np.int64)
     words = np.empty((hi + 1, 4), np.int64)
-    at = 0
     for j in range(len(slots)):
-        size = sizes[j]
-        window[:] = -1
-        window[hi - size :] = tails[at : at + size]
-        at += size
         depth = min(room[j], k)
         if depth <= 0:
             continue
+        size, end = min(lens[j], hi), lens[j]
+        window[:] = -1
+        for q in range(size):
+            window[hi - size + q] = token_ids[rows[j], end - size + q]
         win[:] = window
         m = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j], words)
         if prior > 0:
@@ -225,8 +224,8 @@ def _chains(ctx, gens, slots, prior_slot: int, sizes, tails, room, k: int, lo: i
                 score_out[j, :m2] = other_score[:m2]
                 score_out[j, m2:] = 0.0
                 m = m2
-        lens[j] = m
-    return tok_out, score_out, lens
+        out_lens[j] = m
+    return tok_out, score_out, out_lens
 
 
 @njit(cache=True)

@@ -80,7 +80,8 @@ class NgramStore:
         (the first growth of the table, seconds on a fresh install) would feed D-cut's step-cost
         fit and guard an outlier of that size."""
         self.teach([])
-        self.chains([], -1, [], np.zeros(0, np.int64), 1)
+        for ids in (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int32)):  # lists' tokens; vLLM's token_ids_cpu
+            self.chains_at([], -1, ids, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 1)
         for rows, wide in ((self.ctx, False), (self.pairs, True)):
             self.kern._rehash(rows, self.kern._live(rows, self.gens), np.zeros_like(rows), wide)
         self.kern._import(self.ctx, self.pairs, self.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), *np.zeros((2, 0), np.int64))
@@ -145,12 +146,21 @@ class NgramStore:
         read; at most room[j] ≤ k tokens), or the prior's (-1: none) where its scores sum to more.
         Returns the chains and their scores [rows, k] (prefix products; 0 past a chain's end)."""
         hi = self.order
-        tails = [c[-hi:] for c in contexts]
-        sizes = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
-        tails = np.fromiter(chain.from_iterable(tails), dtype=np.int64, count=int(sizes.sum()))
-        tok, score, lens = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, sizes, tails,
-                                             np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, hi)
-        return [row[:m] for row, m in zip(tok.tolist(), lens.tolist())], score
+        tails = np.full((len(contexts), hi), -1, np.int64)  # right-aligned: -1 before a short text
+        for j, c in enumerate(contexts):
+            if len(c):
+                tails[j, -min(len(c), hi) :] = c[-hi:]
+        n = len(contexts)
+        return self.chains_at(slots, prior, tails, np.arange(n), np.full(n, hi), room, k)
+
+    def chains_at(self, slots, prior: int, token_ids: np.ndarray, rows: np.ndarray, lens: np.ndarray,
+                  room: np.ndarray, k: int) -> tuple[list[list[int]], np.ndarray]:
+        """`chains` over texts held in an array (vLLM's `token_ids_cpu`): row j's text is
+        token_ids[rows[j], :lens[j]]."""
+        tok, score, m = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, token_ids,
+                                          np.asarray(rows, dtype=np.int64), np.asarray(lens, dtype=np.int64),
+                                          np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, self.order)
+        return [row[:n] for row, n in zip(tok.tolist(), m.tolist())], score
 
     def chain(self, slot: int, context: list[int], depth: int) -> tuple[list[int], list[float]]:
         """Up to `depth` tokens of the table of `slot` continuing `context` and their scores (prefix

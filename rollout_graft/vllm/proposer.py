@@ -106,7 +106,7 @@ class RLDraftProposer:
         planned, drafted, decision = self.policy.plan(len(active)), 0, None
         draft_start = time.perf_counter()
         if planned:
-            chains, scores = self._draft(active)
+            chains, scores = self._draft(active, token_ids_cpu)
             depths, decision = self.policy.cut(chains, scores)
             learns = self.policy.learns
             for j, (i, req, chain, kept) in enumerate(zip(self.tracker.active.tolist(), active, chains, cut(chains, depths))):
@@ -208,15 +208,16 @@ class RLDraftProposer:
         self.stats.shadow_accepted += int(accepted.sum())
         return evidence
 
-    def _draft(self, reqs: list[Request]) -> tuple[list[list[int]], np.ndarray]:
+    def _draft(self, reqs: list[Request], token_ids: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
         """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
-        the chain from the group's counts or the one from the prior's (`NgramStore.chains`),
-        whichever expects more accepted tokens (the larger sum of scores; suffix decoding chooses
-        between its prompt's tree and its global tree so). First every group's new text is counted
-        (`groups.catch_up`)."""
+        the chain from the group's counts or the one from the prior's (`NgramStore.chains_at`, read
+        from vLLM's `token_ids` rows, each request's text), whichever expects more accepted tokens
+        (the larger sum of scores; suffix decoding chooses between its prompt's tree and its global
+        tree so). First every group's new text is counted (`groups.catch_up`)."""
         catch_up(self.tracker.pending)
         room = np.minimum(self.k, self.max_model_len - self.tracker.num - 1)  # the context left (max_model_len)
-        return self.store.chains([req.group.slot for req in reqs], self.prior, [req.text for req in reqs], room, self.k)
+        return self.store.chains_at([req.group.slot for req in reqs], self.prior, token_ids, self.tracker.active,
+                                    self.tracker.num, room, self.k)
 
     # ------------------------------------------------------------------ state
     def summary(self) -> dict:
