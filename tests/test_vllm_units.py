@@ -974,3 +974,47 @@ def test_proposer_reproduces_its_golden_drafts():
         first = next((i for i, (a, b) in enumerate(zip(got["steps"], want["steps"])) if a != b), None)
         assert first is None and len(got["steps"]) == len(want["steps"]), f"{name}: drafts differ from step {first}"
         assert got == want, name
+
+
+def test_dcut_kernel_is_the_numpy_calibration_and_order():
+    """`dcut._kernels.calibrated_order` (ChainDCut.cut's compiled pass) gives exactly what the numpy
+    definition does — `ChainDCut.calibrated` and `selection.global_top_k_order` of it, dtype
+    included — on chains of every length, rows without a draft, and many tied scores and rates."""
+    from rollout_graft.dcut._kernels import calibrated_order
+    from rollout_graft.selection import global_top_k_order
+
+    rng = np.random.default_rng(1)
+    policy = ChainDCut(8)
+    for trial in range(200):
+        rows = int(rng.integers(1, 200))
+        scores = np.sort(rng.random((rows, 8)), axis=1)[:, ::-1].cumprod(1)
+        if trial % 3 == 0:
+            scores = np.round(scores, 2)  # ties
+        scores[np.arange(8)[None, :] >= rng.integers(0, 9, rows)[:, None]] = 0.0
+        seen = (rng.random(24) * rng.integers(0, 50)).astype(np.float32)
+        policy.calibration.seen, policy.calibration.accepted = seen, (seen * rng.random(24)).astype(np.float32)
+        want = policy.calibrated(scores)
+        got, order = calibrated_order(scores, policy.calibration.edges, policy.calibration.rates())
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+        assert np.array_equal(order, global_top_k_order(want))
+
+
+def test_dcut_kernel_counts_what_the_calibration_observes():
+    """`dcut._kernels.bin_counts` (ChainDCut.observe's compiled count) adds exactly what
+    `ScoreCalibration.observe` adds, for chains verified and accepted to every depth."""
+    from rollout_graft.dcut._kernels import bin_counts
+    from rollout_graft.dcut.core import ScoreCalibration
+
+    rng = np.random.default_rng(2)
+    for trial in range(100):
+        rows = int(rng.integers(1, 100))
+        scores = np.sort(rng.random((rows, 8)), axis=1)[:, ::-1].cumprod(1)
+        depths = rng.integers(0, 9, rows)
+        accepted = np.minimum(rng.integers(0, 9, rows), depths)
+        want, got = ScoreCalibration(), ScoreCalibration()
+        for cal in (want, got):  # earlier counts, so float32 rounding of the sums is compared too
+            cal.seen[:], cal.accepted[:] = 1000.3, 400.7
+        pos = np.arange(8).reshape(1, -1)
+        want.observe(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
+        got.add(*bin_counts(scores, depths, accepted, got.edges))
+        assert np.array_equal(got.seen, want.seen) and np.array_equal(got.accepted, want.accepted)

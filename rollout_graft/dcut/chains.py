@@ -202,6 +202,10 @@ class ChainDCut(ChainPolicy):
         self.credit = ProbeCredit(probe_share)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
         self.rows = 0  # rows of the last decision (for `explain`)
+        from . import _kernels  # numba: imported when a ChainDCut is built, not with this module (see there)
+
+        self._kernels = _kernels
+        self._warm()
 
     def plain_share(self) -> float:
         """The share of plain steps among the steps the step-cost fit measured, weighted as it weighs
@@ -221,8 +225,8 @@ class ChainDCut(ChainPolicy):
         rows = self.rows = scores.shape[0]
         probe = self.plain  # proposed after a plain decision
         proposed = int((scores > 0).sum())
-        cal = self.calibrated(scores)
-        order = global_top_k_order(cal)  # the calibrated tokens, best first
+        # as self.calibrated(scores) and global_top_k_order of it (the calibrated tokens, best first), compiled
+        cal, order = self._kernels.calibrated_order(scores, self.calibration.edges, self.calibration.rates())
         gains = np.concatenate([[0.0], np.cumsum(cal.reshape(-1)[order])])  # [proposed + 1]
         if self.spread and rows > 1 and proposed:
             rates = self.drained_rates(cal, order, gains)
@@ -235,6 +239,13 @@ class ChainDCut(ChainPolicy):
         # the global top-k of the calibrated scores: Σ of the kept = gains[k]
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
         return global_top_k_depths(cal, k, order), decision
+
+    def _warm(self) -> None:
+        """Compile (or load from numba's cache) the kernels now, not in the first step vLLM times
+        (its step-cost fit would take the compile for a step; `ngrams.NgramStore._warm` alike)."""
+        one = np.zeros((1, 1))
+        self._kernels.calibrated_order(one, self.calibration.edges, self.calibration.rates())
+        self._kernels.bin_counts(one, np.zeros(1, np.int64), np.zeros(1, np.int64), self.calibration.edges)
 
     def drained_rates(self, cal: np.ndarray, order: np.ndarray, gains: np.ndarray) -> np.ndarray:
         """Each K's rate in a batch that drains (`spread`): a step's time is a part per row m (what
@@ -269,9 +280,9 @@ class ChainDCut(ChainPolicy):
         evidence = [e for e in (step.verified, step.shadowed) if e is not None]
         if evidence:
             self.calibration.age(self.forget)  # per step with evidence, not per source
-        for scores, depths, accepted in evidence:
-            pos = np.arange(scores.shape[1]).reshape(1, -1)
-            self.calibration.observe(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
+        for scores, depths, accepted in evidence:  # as calibration.observe(scores, pos < depths, pos < accepted), compiled
+            self.calibration.add(*self._kernels.bin_counts(scores, np.asarray(depths, np.int64),
+                                                               np.asarray(accepted, np.int64), self.calibration.edges))
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
         probe = step.decision is not None and step.decision.probe  # cut to nothing: it cost our drafting

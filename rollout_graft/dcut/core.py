@@ -71,6 +71,11 @@ class ScoreCalibration:
         self.seen += np.bincount(b, minlength=self.bins).astype(np.float32)
         self.accepted += np.bincount(b, weights=accepted[verified].astype(np.float64), minlength=self.bins).astype(np.float32)
 
+    def add(self, seen: np.ndarray, accepted: np.ndarray) -> None:
+        """Count per bin what `observe` would ([bins] float64 each: verified nodes, accepted ones)."""
+        self.seen += seen.astype(np.float32)
+        self.accepted += accepted.astype(np.float32)
+
     def age(self, factor: float) -> None:
         """Scale the counts by `factor` (< 1: older evidence weighs less)."""
         self.seen *= np.float32(factor)
