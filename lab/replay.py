@@ -214,6 +214,7 @@ def vllm_run(args) -> dict:
     return out
 
 
+PROPOSER_COST = "docs/bench/vllm_proposer_vs_ngram.json"  # our proposer's own µs per request-step (this CPU)
 STEP_COST_RUNS = ["docs/bench/vllm_step_cost_b8.json", "docs/bench/vllm_step_cost_b64.json"]  # the tiny target's
 
 
@@ -224,8 +225,12 @@ def vllm_clocks(args) -> dict:
 
     steps = [c for c in args.cpu_steps if Path(c).exists()]
     timers = ([clocks.measured_clock(steps, "cpu-measured/tiny")] if steps else []) + list(clocks.rooflines().values())
+    cost = clocks.ProposerCost.from_json(args.proposer_cost) if args.proposer_cost else None
     out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
-           "clocks": {c.name: repr(c) for c in timers}, "cells": []}
+           "clocks": {c.name: repr(c) for c in timers}, "proposer_cost": None if cost is None else {
+               "source": args.proposer_cost, "batches": cost.batches,
+               **{kind: {p: [round(u, 2) for u in us] for p, us in getattr(cost, kind).items()} for kind in ("drafting", "plain")}},
+           "cells": []}
     for spec in args.cell:
         path, regime, sizes = spec.split(":")
         rec = json.loads(Path(path).read_text())
@@ -234,7 +239,7 @@ def vllm_clocks(args) -> dict:
         if (regime == "grpo") != (rec["args"].get("regime") == "grpo"):
             raise SystemExit(f"{path}: the regime grpo is for recordings of GRPO epochs (lab/record_grpo.py), and only it")
         for batch in map(int, sizes.split(",")):
-            for cell in clock_replay.cells(rec, regime, batch, timers, dict(args.dcut)):
+            for cell in clock_replay.cells(rec, regime, batch, timers, dict(args.dcut), cost):
                 cell.update(recording=Path(path).name, temperature=rec["args"]["temperature"],
                             **clock_replay.verdict(cell))
                 out["cells"].append(cell)
@@ -242,7 +247,8 @@ def vllm_clocks(args) -> dict:
                 print(f"{Path(path).stem:<20} {regime:<8} {cell['clock']:<18} b{cell['batch']:<4} "
                       f"best {cell['best_fixed']:<13} {a[cell['best_fixed']] / a['plain']:.3f}× plain; ours "
                       f"{cell['vs_plain']:.3f}× plain, {cell['vs_best']:.3f}× best; depth ours "
-                      f"{cell['mean_verified_depth']['ours-dcut']:.2f}{'' if cell['meets'] else '  MISS'}", flush=True)
+                      f"{cell['mean_verified_depth']['ours-dcut']:.2f}{'' if cell['meets'] else '  MISS'}"
+                      + (f"; {cell['vs_suffix']:.3f}× suffix" if "vs_suffix" in cell else ""), flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out
@@ -325,6 +331,10 @@ def main(argv=None):
                         "batch sizes, e.g. docs/bench/replay/rec_tiny_t1.json:first:8,64,256")
     c.add_argument("--dcut", nargs="*", default=[], metavar="NAME=VALUE", type=_dcut_option,
                    help="a ChainDCut setting of ours-dcut (e.g. spread=0: the rate model), to compare settings")
+    c.add_argument("--proposer-cost", nargs="?", const=PROPOSER_COST, metavar="JSON",
+                   help="add our proposer's own time per request-step to the rooflines' steps of the arms that run it, "
+                        f"from this lab/profile_vllm_proposer.py --compare JSON (default {PROPOSER_COST}; "
+                        "without the flag: the forward alone)")
     c.add_argument("--cpu-steps", nargs="*", default=STEP_COST_RUNS,
                    help="lab/vllm_step_cost.py JSONs the CPU clock is fitted to")
     c.add_argument("--json", type=Path)

@@ -1,8 +1,12 @@
 """Budget policies replayed on modelled clocks (`lab/replay.py vllm clocks`): each arm — plain,
-fixed depths, fixed score thresholds, our D-cut — drives the real chain proposer through recorded
-rollouts (`chain_replay.replay_rows`: acceptance as vLLM's rejection sampler gives it for drafts
-without probabilities) with a `clocks.StepClock` as its only time source (`ModelledClock`:
-deterministic). Modelled throughput = tokens emitted / Σ modelled step ms.
+fixed depths, fixed score thresholds, our D-cut, vLLM's suffix decoding where arctic-inference is
+installed — drives a real proposer through recorded rollouts (`chain_replay.replay_rows`:
+acceptance as vLLM's rejection sampler gives it for drafts without probabilities) with a
+`clocks.StepClock` as its only time source (`ModelledClock`: deterministic). On a clock that
+prices the forward alone (the rooflines) every arm running our proposer also pays its own time
+per step (`clocks.ProposerCost`, modelled from the micro-benchmark); plain vLLM runs no proposer,
+and suffix decoding's own time is not modelled (priced at 0, in its favour). Modelled throughput =
+tokens emitted / Σ modelled step ms.
 
 A fixed arm's drafts do not depend on time, so one replay prices it on every clock at once
 (`TotalClock`); D-cut decides on the clock, so it is replayed once per clock.
@@ -10,11 +14,13 @@ A fixed arm's drafts do not depend on time, so one replay prices it on every clo
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 
 from rollout_graft.dcut.chains import ChainDCut, FixedDepth
 
-from .chain_replay import ScoreThreshold, fake_clock, ours_proposer, replay_rows
+from .chain_replay import ScoreThreshold, SuffixReplay, fake_clock, ours_proposer, replay_rows
+from .clocks import ProposerCost
 
 DEPTHS = (1, 2, 3, 4, 6, 8)  # the fixed-depth arms
 TAUS = (0.1, 0.3, 0.5)  # the fixed score-threshold arms (chains of at most DCUT_DEPTH tokens)
@@ -26,12 +32,14 @@ class TotalClock:
 
     name = "total"
 
-    def __init__(self, clocks: Sequence):
+    def __init__(self, clocks: Sequence, proposer_ms: Callable[[int], float] | None = None):
         self.clocks = list(clocks)
+        self.proposer_ms = proposer_ms  # rows → the proposer's own ms, on clocks without it (None: no proposer)
         self.ms = {c.name: 0.0 for c in self.clocks}
 
     def step_ms(self, drafts, contexts) -> float:
-        times = [c.step_ms(drafts, contexts) for c in self.clocks]
+        own = 0.0 if self.proposer_ms is None else self.proposer_ms(len(drafts))
+        times = [c.step_ms(drafts, contexts) + (0.0 if c.includes_proposer else own) for c in self.clocks]
         for c, t in zip(self.clocks, times):
             self.ms[c.name] += t
         return times[0]
@@ -50,11 +58,24 @@ def batches(rollouts: list[dict], batch: int) -> list[dict]:
             for i in range(0, len(rollouts), per)]
 
 
-def run_arm(prop, rollouts: list[dict], timed: Sequence[bool], clocks: Sequence) -> dict:
+def run_arm(prop, rollouts: list[dict], timed: Sequence[bool], clocks: Sequence,
+            cost: tuple[ProposerCost, str] | None = None) -> dict:
     """One proposer through the rollouts in order on the clocks' modelled time (the first clock
-    is the one the proposer reads): {"ms": {clock: Σ ms of the timed rollouts}, "emitted",
+    is the one the proposer reads; `cost`: our proposer's own time and its policy kind, added on
+    clocks without it: `TotalClock`): {"ms": {clock: Σ ms of the timed rollouts}, "emitted",
     "drafted", "steps", "accepted"}."""
-    total = TotalClock(clocks)
+    def own_ms(rows: int) -> float:
+        """The last call's own time: it drafted, or D-cut decided not to. Its drafting part is what the
+        policy measured as drafting (`ChainStep.draft_ms`, what a probe costs), read before the next
+        call's `observe`: a clock standing still inside `propose` would make probes free."""
+        step = getattr(prop, "_pending", None)
+        drafted = step is None or step.planned > 0
+        ms = cost[0].ms(cost[1], rows, drafted)
+        if step is not None:
+            step.draft_ms = ms - cost[0].ms(cost[1], rows, False) if drafted else 0.0
+        return ms
+
+    total = TotalClock(clocks, None if cost is None else own_ms)
     out = {"ms": {c.name: 0.0 for c in clocks}, "steps": 0, "emitted": 0, "drafted": 0, "accepted": 0}
     with fake_clock(modelled=True) as clock:
         for n, r in enumerate(rollouts):
@@ -70,7 +91,9 @@ def run_arm(prop, rollouts: list[dict], timed: Sequence[bool], clocks: Sequence)
 
 
 def fixed_arms(vocab: int, max_len: int) -> dict[str, Callable]:
-    """name → a fresh proposer, for every arm whose drafts do not depend on time."""
+    """name → a fresh proposer, for every arm whose drafts do not depend on time: plain, ours at
+    fixed budgets, and vLLM's suffix decoding at each depth of `DEPTHS` where arctic-inference is
+    installed (min_token_prob 0.1, vLLM's default)."""
     def with_policy(k, policy):
         def make():
             prop = ours_proposer(k, None, vocab, max_len)
@@ -80,7 +103,17 @@ def fixed_arms(vocab: int, max_len: int) -> dict[str, Callable]:
     arms = {"plain": with_policy(1, lambda: FixedDepth(0))}
     arms.update({f"fixed-d{d}": with_policy(d, lambda d=d: FixedDepth(d)) for d in DEPTHS})
     arms.update({f"fixed-tau{t:g}": with_policy(DCUT_DEPTH, lambda t=t: ScoreThreshold(DCUT_DEPTH, t)) for t in TAUS})
+    if importlib.util.find_spec("arctic_inference") is not None:
+        arms.update({f"suffix-d{d}": (lambda d=d: SuffixReplay(d, 0.1, max_len)) for d in DEPTHS})
     return arms
+
+
+def own_cost(arm: str, cost: ProposerCost | None) -> tuple[ProposerCost, str] | None:
+    """Our proposer's own time in `arm` and its policy kind (None: it runs none — plain vLLM,
+    suffix decoding — or `cost` is None)."""
+    if cost is None or arm == "plain" or arm.startswith("suffix"):
+        return None
+    return cost, "dcut" if arm.startswith("ours-dcut") else "fixed"
 
 
 PROFILE_CONTEXT = 256  # the context length a profile at start runs at (the rollout's own contexts differ)
@@ -108,7 +141,8 @@ def schedule(rec: dict, regime: str, batch: int) -> tuple[list[dict], list[bool]
     return rollouts, [True] * len(rollouts)
 
 
-def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: dict | None = None) -> list[dict]:
+def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: dict | None = None,
+          cost: ProposerCost | None = None) -> list[dict]:
     """One cell per clock: every arm's modelled tokens/s, MAT and mean verified depth (draft tokens
     per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once),
     "revisit" (each twice in a row, timed the second time: greedy recordings) or "grpo" (a
@@ -116,18 +150,28 @@ def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: di
     epochs after the first — timed). D-cut twice, each from a fresh
     proposer: `ours-dcut` starting from the clock's profile (`dcut_proposer`), `ours-dcut-online`
     without one (the step time fitted online alone); `dcut_options`: `ChainDCut` settings of the
-    profiled one (e.g. {"spread": 0.0}, what DESIGN's "Modelled clocks" compares)."""
+    profiled one (e.g. {"spread": 0.0}, what DESIGN's "Modelled clocks" compares); `cost`: our
+    proposer's own time on clocks that price the forward alone (None: free). `suffix-sched`: the
+    best `suffix-d*` arm of the cell, the depth a user would pick for this batch size in hindsight
+    (vLLM's `num_speculative_tokens_per_batch_size`; one depth for the cell, while a schedule could
+    change it as the batch drains)."""
     rollouts, timed = schedule(rec, regime, batch)
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * DCUT_DEPTH + 2
     vocab = rec["vocab"]
-    fixed = {name: run_arm(make(), rollouts, timed, clocks) for name, make in fixed_arms(vocab, max_len).items()}
+    fixed = {name: run_arm(make(), rollouts, timed, clocks, own_cost(name, cost))
+             for name, make in fixed_arms(vocab, max_len).items()}
     out = []
     for clock in clocks:
-        runs = {**fixed, "ours-dcut": run_arm(dcut_proposer(vocab, max_len, clock, **(dcut_options or {})), rollouts, timed,
-                                                 [clock]),
-                "ours-dcut-online": run_arm(dcut_proposer(vocab, max_len), rollouts, timed, [clock])}
-        out.append({"clock": clock.name, "regime": regime, "batch": len(rollouts[0]["prompts"]),
-                    "arms": {n: 1000.0 * r["emitted"] / r["ms"][clock.name] for n, r in runs.items()},
+        runs = {**fixed,
+                "ours-dcut": run_arm(dcut_proposer(vocab, max_len, clock, **(dcut_options or {})), rollouts, timed,
+                                     [clock], own_cost("ours-dcut", cost)),
+                "ours-dcut-online": run_arm(dcut_proposer(vocab, max_len), rollouts, timed, [clock],
+                                            own_cost("ours-dcut-online", cost))}
+        arms = {n: 1000.0 * r["emitted"] / r["ms"][clock.name] for n, r in runs.items()}
+        suffix = [n for n in arms if n.startswith("suffix-d")]
+        if suffix:
+            arms["suffix-sched"] = max(arms[n] for n in suffix)
+        out.append({"clock": clock.name, "regime": regime, "batch": len(rollouts[0]["prompts"]), "arms": arms,
                     "mean_verified_depth": {n: r["drafted"] / max(r["steps"], 1) for n, r in runs.items()},
                     "mat": {n: r["emitted"] / max(r["steps"], 1) for n, r in runs.items()}})
     return out
@@ -135,10 +179,14 @@ def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: di
 
 def verdict(cell: dict) -> dict:
     """ours-dcut against the best fixed arm and plain in one cell (the issue's bars: ≥ 0.95× the
-    best fixed arm, ≥ 0.99× plain where no fixed arm beats plain)."""
+    best fixed arm, ≥ 0.99× plain where no fixed arm beats plain: `meets`) and against the best
+    suffix arm where there are any (`vs_suffix`: ≥ 1 beats every one)."""
     arms = cell["arms"]
     fixed = {n: v for n, v in arms.items() if n.startswith("fixed-")}
     best = max(fixed, key=fixed.get)
     ours, plain = arms["ours-dcut"], arms["plain"]
     bar = max(0.95 * fixed[best], 0.99 * plain) if fixed[best] > plain else 0.99 * plain
-    return {"best_fixed": best, "vs_best": ours / fixed[best], "vs_plain": ours / plain, "meets": bool(ours >= bar - 1e-9)}
+    out = {"best_fixed": best, "vs_best": ours / fixed[best], "vs_plain": ours / plain, "meets": bool(ours >= bar - 1e-9)}
+    if "suffix-sched" in arms:
+        out["vs_suffix"] = ours / arms["suffix-sched"]
+    return out

@@ -48,6 +48,7 @@ class LinearClock:
     b_draft: float
     b_spec: float = 0.0
     name: str = "linear"
+    includes_proposer: bool = True  # fitted to steps timed between `propose` calls: the proposer's own time is in
 
     def step_ms(self, drafts, contexts=None) -> float:
         k = float(np.sum(drafts))
@@ -128,6 +129,7 @@ class Roofline:
     eta_mem: float = 0.85
     eta_flop: float = 0.8
     spec_ms: float = 0.5
+    includes_proposer: bool = False  # the forward alone: a replay adds the proposer's own time (`ProposerCost`)
 
     @property
     def name(self) -> str:
@@ -155,6 +157,38 @@ class Roofline:
         mem_ms = 1000.0 * bytes_ / (self.accelerator.tbps * 1e12 * self.eta_mem)
         flop_ms = 1000.0 * flops / (self.accelerator.tflops * 1e12 * self.eta_flop)
         return self.overhead_ms + np.maximum(mem_ms, flop_ms) + self.spec_ms * (np.asarray(draft_tokens) > 0)
+
+
+@dataclass(frozen=True)
+class ProposerCost:
+    """Our proposer's own CPU time per step, modelled: µs per request-step at each batch size of
+    `batches` (linear between them, flat outside) for the policy kinds "fixed" (a budget that does
+    not learn) and "dcut" — `drafting` for a call that drafted, `plain` (its request tracking and
+    learning alone) for one where D-cut decided not to draft; the counting such a call defers is
+    paid by the next that drafts, in its measured time. On a GPU vLLM runs a `custom_class` drafter
+    between steps with its async scheduling off, so this time adds to every step a clock without
+    it (`includes_proposer` False: the rooflines) prices. Read from `lab/profile_vllm_proposer.py
+    --compare` (`from_json`: medians per request-step and the tracker + learn parts, at the
+    shortest context measured) — this machine's CPU, not a GPU host's."""
+
+    batches: tuple[float, ...]
+    drafting: dict
+    plain: dict
+
+    def ms(self, policy: str, rows: int, drafted: bool = True) -> float:
+        us = (self.drafting if drafted else self.plain)[policy]
+        return rows * float(np.interp(rows, self.batches, us)) / 1000.0
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "ProposerCost":
+        results = json.loads(Path(path).read_text())["results"]
+        context = min(r["context"] for r in results)
+        cell = {(r["arm"], r["batch"]): r for r in results if r["context"] == context}
+        batches = tuple(sorted({b for arm, b in cell if arm == "fixed"}))
+        drafting = {p: tuple(cell[(p, b)]["us_per_request_step_median"] for b in batches) for p in ("fixed", "dcut")}
+        plain = {p: tuple(sum(cell[(p, b)]["parts_us_per_request_step"][k] for k in ("tracker", "learn")) for b in batches)
+                 for p in ("fixed", "dcut")}
+        return cls(batches, drafting, plain)
 
 
 def rooflines(**params) -> dict[str, Roofline]:

@@ -211,17 +211,33 @@ def render_logit_chains(runs: list[dict]) -> str:
 
 def render_dcut_clocks(runs: list[dict]) -> str:
     """Every cell of `lab/replay.py vllm clocks`: ours against the best fixed arm and plain (modelled)."""
-    lines = ["| recording | regime | batch | clock | plain tok/s | best fixed arm | ×plain | ours-dcut ×plain | "
-             "×best fixed | ours-dcut-online ×best fixed | verified depth ours / best fixed | meets |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = []
     for run in runs:
+        suffix = any("suffix-sched" in c["arms"] for c in run["cells"])
+        lines += ["| recording | regime | batch | clock | plain tok/s | best fixed arm | ×plain | ours-dcut ×plain | "
+                  "×best fixed | ours-dcut-online ×best fixed | verified depth ours / best fixed | meets |"
+                  + (" suffix-sched ×plain | ours-dcut ×suffix-sched |" if suffix else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if suffix else "")]
         for c in run["cells"]:
             a, d, best = c["arms"], c["mean_verified_depth"], c["best_fixed"]
             lines.append(f"| {Path(c['recording']).stem} (T = {c['temperature']:g}) | {c['regime']} | {c['batch']} | "
                          f"{c['clock']} | {a['plain']:.0f} | {best} | {a[best] / a['plain']:.2f} | "
                          f"{a['ours-dcut'] / a['plain']:.3f} | {a['ours-dcut'] / a[best]:.3f} | "
                          f"{a['ours-dcut-online'] / a[best]:.3f} | {d['ours-dcut']:.2f} / {d[best]:.2f} | "
-                         f"{'yes' if c['meets'] else '**no**'} |")
+                         f"{'yes' if c['meets'] else '**no**'} |"
+                         + (f" {a['suffix-sched'] / a['plain']:.3f} | {a['ours-dcut'] / a['suffix-sched']:.3f} |"
+                            if "suffix-sched" in a else (" – | – |" if suffix else "")))
+        met = sum(c["meets"] for c in run["cells"])
+        lines.append(f"\nMeets the bar in {met} of {len(run['cells'])} cells"
+                     + (f"; ours-dcut ≥ suffix-sched in {sum(c.get('vs_suffix', 0) >= 1 for c in run['cells'])}." if suffix
+                        else "."))
+        cost = run.get("proposer_cost")
+        if cost:
+            at = "/".join(map(str, cost["batches"]))
+            lines.append(f"Our proposer's own time added to each roofline step, µs per request-step at {at} rows "
+                         f"({cost['source']}): a call that drafted " + ", ".join(
+                             f"{p} {'/'.join(f'{u:g}' for u in us)}" for p, us in cost["drafting"].items())
+                         + f"; D-cut deciding not to draft {'/'.join(f'{u:g}' for u in cost['plain']['dcut'])}.")
     return "\n".join(lines)
 
 
@@ -385,9 +401,13 @@ SECTIONS: list[Section] = [
             "(`vllm_step_cost_*.json`); accelerator rooflines (overhead + max(bytes / BW·η, flops / peak·η), presets and "
             "parameters in docs/DESIGN.md, \"Modelled clocks\") pricing a Qwen3 model's step while the acceptance "
             "is the recording's (tiny target or SmolLM2). Arms: plain, fixed depths 1–8, fixed score thresholds "
-            "(`fixed-tau*`), ours with D-cut from a fresh proposer: `ours-dcut` starts from the clock's step-cost "
+            "(`fixed-tau*`), vLLM's suffix decoding at depths 1–8 (`suffix-d*`, arctic-inference; `suffix-sched`: the "
+            "cell's best of them, the depth a user would set for that batch size in hindsight, as vLLM's "
+            "`num_speculative_tokens_per_batch_size` allows), ours with D-cut from a fresh proposer: `ours-dcut` starts from the clock's step-cost "
             "profile at a 256-token context (what a profile at server start measures), `ours-dcut-online` fits the step "
-            "time online alone (as shipped). Batches below or above a recording's rows are its rollouts split or "
+            "time online alone (as shipped). The rooflines price the forward alone here (no drafter's own CPU time: "
+            "the next table adds ours); the CPU-measured clock was timed between `propose` calls, our proposer's own "
+            "time included. Batches below or above a recording's rows are its rollouts split or "
             "fused; `revisit`: each rollout twice, timed the second time; `grpo`: a recording of three real GRPO epochs "
             "(`lab/record_grpo.py`: plain vLLM inside TRL, the policy trained between them), replayed in order, the two "
             "revisits timed. Meets: ours-dcut ≥ 0.95× the best fixed "
@@ -395,6 +415,17 @@ SECTIONS: list[Section] = [
             ("dcut_clocks.json",), render_dcut_clocks,
             inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1_r4.json", "replay/rec_tiny_grpo_t1.json",
                     "replay/rec_smollm2_t0_b8.json")),
+    Section("D-cut on the rooflines with our proposer's own time (replayed rollouts: modelled, not measured)",
+            "The cells above, the rooflines' steps now adding our proposer's own CPU time (`--proposer-cost`): on a GPU "
+            "vLLM runs a `custom_class` drafter between steps with its async scheduling off, so every step waits for "
+            "`propose`. Modelled per request-step from the micro-benchmark above (this machine's CPU, not a GPU host's): "
+            "a call that drafted at `fixed`'s or `dcut`'s median by batch size, one where D-cut decided not to draft at "
+            "its tracker + learn parts (the counting it defers is paid by the next call that drafts, in its own time). "
+            "Plain vLLM runs no proposer; suffix decoding's own time is not modelled (0, in its favour). Where a fixed "
+            "arm and D-cut both stay below plain, what our proposer costs per step decides it, not the budget.",
+            ("dcut_clocks_proposer.json",), render_dcut_clocks,
+            inputs=("vllm_proposer_vs_ngram.json", "replay/rec_tiny_t1.json", "replay/rec_smollm2_t1_r4.json",
+                    "replay/rec_tiny_grpo_t1.json", "replay/rec_smollm2_t0_b8.json")),
     Section("GRPO training: the recipe on each backend (CPU)",
             "`accelerate launch recipes/grpo_qwen3.py --backend graft|vllm|hf`, 60 steps on the embedded demo; "
             "the plot is `scripts/plot_training.py` over the three `log_history` files, each in a folder named by its "

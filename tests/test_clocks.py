@@ -139,3 +139,26 @@ def test_the_grpo_regime_times_the_revisits_only():
         assert [len(r["prompts"]) for r in rollouts] == [batch] * (32 // batch)
         assert [c for r, t in zip(rollouts, timed) if t for c in r["completions"]] == second["completions"]
         assert [c for r, t in zip(rollouts, timed) if not t for c in r["completions"]] == first["completions"]
+
+
+def test_proposer_own_time_is_added_where_the_clock_lacks_it():
+    """On a roofline (the forward alone) every step of an arm running our proposer also pays its own
+    time — a drafting call at the drafting rate, a call where D-cut decided not to draft at the plain
+    rate — while plain vLLM (no proposer) pays none, nor does a clock timed between `propose` calls."""
+    cost = clocks.ProposerCost((8.0, 64.0), {"fixed": (10.0, 20.0), "dcut": (30.0, 40.0)},
+                               {"fixed": (1.0, 1.0), "dcut": (2.0, 4.0)})
+    assert cost.ms("fixed", 8) == pytest.approx(0.08) and cost.ms("dcut", 36, drafted=False) == pytest.approx(0.108)
+    assert cost.ms("fixed", 128) == pytest.approx(128 * 20.0 / 1000)  # flat past the last batch measured
+    flat = clocks.ProposerCost((1.0, 1000.0), {"fixed": (10.0, 10.0), "dcut": (10.0, 10.0)},
+                               {"fixed": (1.0, 1.0), "dcut": (1.0, 1.0)})
+    roof = clocks.rooflines()["H200/Qwen3-8B"]
+    cpu = clocks.LinearClock(3.0, 0.06, 0.02, 1.0, name="cpu")
+    rollouts, timed = clock_replay.schedule(_recording(), "first", 16)
+    arms = clock_replay.fixed_arms(VOCAB, 200)
+    for name in ("plain", "fixed-d4"):
+        free, paid = (clock_replay.run_arm(arms[name](), rollouts, timed, [roof, cpu], c)
+                      for c in (None, clock_replay.own_cost(name, flat)))
+        request_steps = free["steps"] - 16  # each row's prefill step samples without a call before it
+        extra = paid["ms"][roof.name] - free["ms"][roof.name]
+        assert extra == pytest.approx(0.0 if name == "plain" else request_steps * 10.0 / 1000)
+        assert paid["ms"]["cpu"] == free["ms"]["cpu"] and paid["emitted"] == free["emitted"]
