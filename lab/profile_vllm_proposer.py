@@ -57,7 +57,8 @@ class Parts:
         self.t = dict.fromkeys(self.NAMES, 0.0)
         self.policy_in_learn = 0.0
         self._in_learn = False
-        proposer.tracker.rows = self._wrap(proposer.tracker.rows, "tracker")
+        for name in ("rows", "defer", "flush"):  # the request tracking, deferred or not
+            setattr(proposer.tracker, name, self._wrap(getattr(proposer.tracker, name), "tracker"))
         proposer._draft = self._wrap(proposer._draft, "draft")
         proposer._learn = self._wrap(proposer._learn, "learn", learn=True)
         for name in ("plan", "cut", "observe"):
@@ -184,14 +185,17 @@ class NgramArm:
         return self.inner.propose(self.k, sampled, num, token_ids)
 
 
+PLAIN_PAYS = (5.0, 0.01, 5.0)  # `dcut-plain`'s modelled step: a draft token costs 5 ms, so D-cut decides to decode plainly
+
+
 def make_arm(arm: str, k: int, max_len: int, max_rows: int):
-    """A fresh proposer of `arm`: fixed / fixed-twin / dcut (ours) or ngram (vLLM's)."""
+    """A fresh proposer of `arm`: fixed / fixed-twin / dcut / dcut-plain (ours) or ngram (vLLM's)."""
     if arm == "ngram":
         return NgramArm(k, max_len, max_rows)
     from rollout_graft.vllm.config import ChainConfig
     from rollout_graft.vllm.proposer import RLDraftProposer
 
-    policy = "dcut" if arm == "dcut" else "fixed"
+    policy = "dcut" if arm.startswith("dcut") else "fixed"
     return type("Bench", (RLDraftProposer,), {"config": ChainConfig(budget_policy=policy)})(vllm_config(k, max_len))
 
 
@@ -234,8 +238,10 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
             calls.append(dt)
             rows += len(slots)
             per_call.append(len(slots))
-        elif parts is not None:
-            parts.reset()
+        else:
+            settle(prop)  # the arrival's texts counted now (a proposer that did not draft defers it), untimed
+            if parts is not None:
+                parts.reset()
         drafts = {r: list(got[i]) for i, r in enumerate(slots)}
         finished, sampled = [], []
         for i, r in enumerate(slots):
@@ -252,7 +258,19 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
                 emitted, drafted = emitted + len(new), drafted + len(d)
             if done[r] >= ends[r]:
                 finished.append(i)
-    return {"calls": calls, "rows_per_call": per_call, "rows": rows, "emitted": emitted, "drafted": drafted}
+    t = time.thread_time()
+    settle(prop)  # what the timed calls left to count (D-cut deciding not to draft defers it to its next draft)
+    return {"calls": calls, "rows_per_call": per_call, "rows": rows, "emitted": emitted, "drafted": drafted,
+            "settle": time.thread_time() - t}
+
+
+def settle(prop) -> None:
+    """Count every text our proposer has not counted yet (nothing for vLLM's)."""
+    if hasattr(prop, "tracker"):
+        from rollout_graft.vllm.groups import catch_up
+
+        prop.tracker.flush()
+        catch_up(prop.tracker.pending)
 
 
 def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None) -> list[dict]:
@@ -274,7 +292,11 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
                 prop = make_arm(arm, k, max_len, batch + 8)
                 p = Parts(prop, time.thread_time) if arm != "ngram" else None
                 with fake_clock() as clock:
-                    w = window(prop, batch, context, steps, k, 1000 * rep + batch, step_ms, clock if arm == "dcut" else None, ids, p)
+                    clock_ms = PLAIN_PAYS if arm == "dcut-plain" else step_ms
+                    for learn in range(3 if arm == "dcut-plain" else 0):  # it learns that drafting does not pay
+                        window(prop, batch, context, steps, k, 1000 * rep + batch + 100 * learn + 1, clock_ms, clock, ids)
+                    w = window(prop, batch, context, steps, k, 1000 * rep + batch, clock_ms,
+                               clock if arm.startswith("dcut") else None, ids, p)
                 sec = p.seconds() if p is not None else None
                 del prop, p  # its tables (GBs at 1,024 long rows) go before the next arm builds its own
                 gc.collect()
@@ -289,6 +311,8 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
                  "us_per_call_median": statistics.median(1e6 * statistics.median(w["calls"]) for w in ws),
                  "us_per_request_step_median": statistics.median(per_req), "us_per_request_step": per_req,
                  "us_per_request_step_mean": 1e6 * sum(sum(w["calls"]) for w in ws) / sum(w["rows"] for w in ws),
+                 # the mean with the counting the calls left undone (`settle`): what a D-cut that decodes plainly costs
+                 "us_per_request_step_settled": 1e6 * sum(sum(w["calls"]) + w["settle"] for w in ws) / sum(w["rows"] for w in ws),
                  "rows_per_call": sum(w["rows"] for w in ws) / sum(len(w["calls"]) for w in ws),
                  "mat": sum(w["emitted"] for w in ws) / sum(w["rows"] for w in ws),
                  "drafted_per_row": sum(w["drafted"] for w in ws) / sum(w["rows"] for w in ws)}
@@ -310,7 +334,9 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024], help="--compare: tokens per row on arrival")
     ap.add_argument("--cells", nargs="+", metavar="BATCH:CONTEXT", help="--compare: these pairs (else --batches × --contexts)")
     ap.add_argument("--steps", type=int, default=8, help="--compare: timed calls per window")
-    ap.add_argument("--arms", nargs="+", default=["fixed", "fixed-twin", "dcut", "ngram"])
+    ap.add_argument("--arms", nargs="+", default=["fixed", "fixed-twin", "dcut", "dcut-plain", "ngram"],
+                    help="dcut-plain: D-cut where a draft token costs 5 ms, so it decides to decode plainly "
+                         "(after three untimed windows to learn that): what its plain decisions cost")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut", "plain"])
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")

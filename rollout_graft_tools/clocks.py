@@ -163,13 +163,12 @@ class Roofline:
 class ProposerCost:
     """Our proposer's own CPU time per step, modelled: µs per request-step at each batch size of
     `batches` (linear between them, flat outside) for the policy kinds "fixed" (a budget that does
-    not learn) and "dcut" — `drafting` for a call that drafted, `plain` (its request tracking and
-    learning alone) for one where D-cut decided not to draft; the counting such a call defers is
-    paid by the next that drafts, in its measured time. On a GPU vLLM runs a `custom_class` drafter
+    not learn) and "dcut" — `drafting` for a call that drafted, `plain` for one where D-cut decided
+    not to draft (the micro-benchmark's `dcut-plain` arm: its mean with the probes it made and the
+    counting it deferred, `us_per_request_step_settled`). On a GPU vLLM runs a `custom_class` drafter
     between steps with its async scheduling off, so this time adds to every step a clock without
     it (`includes_proposer` False: the rooflines) prices. Read from `lab/profile_vllm_proposer.py
-    --compare` (`from_json`: medians per request-step and the tracker + learn parts, at the
-    shortest context measured) — this machine's CPU, not a GPU host's."""
+    --compare` (`from_json`, at the shortest context measured) — this machine's CPU, not a GPU host's."""
 
     batches: tuple[float, ...]
     drafting: dict
@@ -186,8 +185,7 @@ class ProposerCost:
         cell = {(r["arm"], r["batch"]): r for r in results if r["context"] == context}
         batches = tuple(sorted({b for arm, b in cell if arm == "fixed"}))
         drafting = {p: tuple(cell[(p, b)]["us_per_request_step_median"] for b in batches) for p in ("fixed", "dcut")}
-        plain = {p: tuple(sum(cell[(p, b)]["parts_us_per_request_step"][k] for k in ("tracker", "learn")) for b in batches)
-                 for p in ("fixed", "dcut")}
+        plain = {p: tuple(cell[("dcut-plain", b)]["us_per_request_step_settled"] for b in batches) for p in ("fixed", "dcut")}
         return cls(batches, drafting, plain)
 
 

@@ -1018,3 +1018,46 @@ def test_dcut_kernel_counts_what_the_calibration_observes():
         want.observe(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
         got.add(*bin_counts(scores, depths, accepted, got.edges))
         assert np.array_equal(got.seen, want.seen) and np.array_equal(got.accepted, want.accepted)
+
+
+class EveryNth(FixedDepth):
+    """Drafts every `n`-th step only, learning nothing (no shadows): the steps between are quiet."""
+
+    def __init__(self, depth: int, n: int):
+        super().__init__(depth)
+        self.n, self.calls = n, 0
+
+    def plan(self, rows: int) -> int:
+        self.calls += 1
+        return self.depth if self.calls % self.n == 0 else 0
+
+
+@pytest.mark.parametrize("preempt_every", [0, 7])
+def test_deferred_steps_change_nothing(monkeypatch, tmp_path, preempt_every):
+    """Steps with nothing to learn and the same requests in the same rows are logged by the tracker
+    (`RequestTracker.defer`, no Python per row) and applied when a step drafts or the rows change:
+    the drafts, the counters, the texts and the saved state are those of applying every step."""
+    from rollout_graft_tools.chain_replay import VOCAB, ours_proposer, replay
+
+    def run(defer: bool):
+        prop = ours_proposer(4, None, VOCAB, 400)
+        prop.policy = EveryNth(4, 5)
+        deferred = []
+        if not defer:
+            monkeypatch.setattr(prop.tracker, "defer", lambda *a: False)
+        else:
+            real = prop.tracker.defer
+            monkeypatch.setattr(prop.tracker, "defer", lambda *a: deferred.append(real(*a)) or deferred[-1])
+        drafts = replay(prop, 24, group=8, length=60, seed=3, preempt_every=preempt_every)
+        texts = {rid.split("-")[1]: list(r.text) for rid, r in {**prop.tracker.away, **prop.tracker.live}.items()}
+        stats = {k: v for k, v in prop.summary().items() if not k.endswith("_s") and k != "policy"}
+        return drafts, texts, stats, sum(deferred), prop
+
+    (d1, t1, s1, n1, p1), (d0, t0, s0, n0, p0) = run(True), run(False)
+    assert n1 > 20 and n0 == 0  # the quiet path ran
+    assert d1 == d0 and t1 == t0 and s1 == s0
+    assert any(any(row) for step in d1 for row in step)  # drafts were made, from texts counted after deferred steps
+    p1.save_state(tmp_path / "deferred")
+    p0.save_state(tmp_path / "applied")
+    assert p1.store.table(p1.prior) == p0.store.table(p0.prior)
+    assert (tmp_path / "deferred" / "recall.json").read_text() == (tmp_path / "applied" / "recall.json").read_text()

@@ -145,12 +145,16 @@ class RequestTracker:
         self.active = np.zeros(0, dtype=np.int64)
         self.num = self.lens = np.zeros(0, dtype=np.int64)
         self.created = False
+        self._ids: list | None = None  # the last step's ids, where every row sampled (`defer`)
+        self._reqs: list[Request] | None = None  # and its request per row
+        self._log: list[tuple[int, list[list[int]]]] = []  # deferred steps: (step, tokens per row)
 
     def rows(self, ids: list, prompt_lens, sampled: list[list[int]], num_tokens: np.ndarray,
              token_ids: np.ndarray) -> list[Request | None]:
         """The request of each row (None: nothing sampled this step — a prefill chunk or an empty
         slot), with this step's tokens appended to its text. ids / prompt_lens: the request id and
         prompt length of rows 0…len(ids)-1 (vLLM's input batch); rows past them are empty."""
+        self._apply_log()
         self.step += 1
         n = min(len(sampled), len(ids))
         lens = np.fromiter((len(sampled[i]) for i in range(n)), dtype=np.int64, count=n)
@@ -173,9 +177,47 @@ class RequestTracker:
         self.away.update(self.live)  # requests that did not sample this step: finished, preempted or prefilling
         self.live = live
         self.active, self.num, self.lens = active, num[active], lens[active]
+        self._prune()
+        full = len(active) == n
+        self._ids, self._reqs = (list(ids[:n]), out[:n]) if full else (None, None)
+        return out
+
+    def defer(self, ids: list, sampled: list[list[int]], num_tokens: np.ndarray) -> bool:
+        """A step whose rows are the last step's requests in the same rows, each having sampled what
+        takes it to its row's length (none arrived, left, moved, was preempted or is prefilling):
+        logged instead of applied — no Python per row — until `flush` (the next `rows`, or a caller
+        that reads the texts). Returns False, logging nothing, for any other step (`rows` then)."""
+        reqs = self._reqs
+        n = min(len(sampled), len(ids))
+        if reqs is None or n != len(reqs) or list(ids[:n]) != self._ids:
+            return False
+        lens = np.fromiter(map(len, sampled[:n]), dtype=np.int64, count=n)
+        num = np.array(num_tokens[:n], dtype=np.int64)
+        if not lens.all() or not np.array_equal(num, self.num + lens):
+            return False
+        self.step += 1
+        self._log.append((self.step, sampled[:n]))
+        self.num, self.lens, self.created = num, lens, False
+        self._prune()
+        return True
+
+    def flush(self) -> list[Request | None]:
+        """Apply the deferred steps (`defer`): each row's tokens appended to its request's text, as
+        `rows` would have. Returns the request of each row of the last step."""
+        self._apply_log()
+        return self._reqs
+
+    def _apply_log(self) -> None:
+        for step, sampled in self._log:
+            for req, new in zip(self._reqs, sampled):
+                req.group.extend(req.text_id, new)
+                req.length += len(new)
+                req.seen = req.group.last_seen = step
+        self._log.clear()
+
+    def _prune(self) -> None:
         if self.step % 256 == 0:
             self.away = {rid: r for rid, r in self.away.items() if self.step - r.seen <= self.forget_after}
-        return out
 
     def _take(self, rid, before: int) -> Request | None:
         """The known request `rid` — of the last step, or returning to the batch (preempted,

@@ -97,15 +97,27 @@ class RLDraftProposer:
                                "model runner hands them over through rollout_graft's plugin (`plugin.apply`), which "
                                "this runner did not run; build the engine with rollout_graft.vllm.speculative_config")
         (ids, prompt_lens), self._requests = self._requests, None
-        reqs = self.tracker.rows(ids, prompt_lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        active = [reqs[i] for i in self.tracker.active.tolist()]
-        verified, accepted = self._learn(active)
-        self._observe(start, len(active), verified, accepted, self._resolve_shadows())
+        # nothing to learn from the last step (it drafted nothing, no shadow waits) and the same requests in
+        # the same rows: the tracker logs the step, no Python per row, until this or a later step drafts
+        quiet = (not self._shadows and (self._pending is None or not self._pending.drafted)
+                 and self.tracker.defer(ids, sampled_token_ids, num_tokens_no_spec))
+        if quiet:
+            rows, verified, accepted, shadowed = len(self.tracker.num), None, 0, None
+            self.stats.rows += rows
+            self.scheduled_drafts = None
+        else:
+            reqs = self.tracker.rows(ids, prompt_lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            active = [reqs[i] for i in self.tracker.active.tolist()]
+            verified, accepted = self._learn(active)
+            rows, shadowed = len(active), self._resolve_shadows()
+        self._observe(start, rows, verified, accepted, shadowed)
         self._last_start = start
         out: list[list[int]] = [[] for _ in sampled_token_ids]
-        planned, drafted, decision = self.policy.plan(len(active)), 0, None
+        planned, drafted, decision = self.policy.plan(rows), 0, None
         draft_start = time.perf_counter()
         if planned:
+            if quiet:
+                active = self.tracker.flush()
             chains, scores = self._draft(active, token_ids_cpu)
             depths, decision = self.policy.cut(chains, scores)
             learns = self.policy.learns
@@ -122,7 +134,7 @@ class RLDraftProposer:
             self.stats.kept_tokens += drafted
             self.stats.plain_steps += int(proposed > 0 and drafted == 0)
         draft_ms = 1000.0 * (time.perf_counter() - draft_start)
-        self._pending = ChainStep(rows=len(active), planned=planned, drafted=drafted, draft_ms=draft_ms,
+        self._pending = ChainStep(rows=rows, planned=planned, drafted=drafted, draft_ms=draft_ms,
                                   decision=decision, verified=None, ms=None, emitted=0)  # completed by `_observe`
         self.stats.steps += 1
         self.stats.propose_s += time.perf_counter() - start
@@ -230,6 +242,7 @@ class RLDraftProposer:
         completions per prompt (`recall.json`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        self.tracker.flush()  # the texts of steps it deferred
         if self.prior >= 0:
             catch_up(self.tracker.pending)
             self.store.save(self.prior, directory / "prior.safetensors")
@@ -242,6 +255,7 @@ class RLDraftProposer:
         the saved one. ValueError naming the file when one is corrupt (nothing is changed then)."""
         directory = Path(directory)
         recall = read_recall(directory / "recall.json", self.vocab) if (directory / "recall.json").exists() else None
+        self.tracker.flush()
         if self.prior >= 0 and (directory / "prior.safetensors").exists():
             read_prior(directory / "prior.safetensors", self.vocab)  # checked before the old prior is cleared
             catch_up(self.tracker.pending)
