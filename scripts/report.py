@@ -54,8 +54,9 @@ def render_speed(runs: list[dict]) -> str:
 def render_proposer_profile(runs: list[dict]) -> str:
     """`lab/profile_vllm_proposer.py --compare --json`: ours and vLLM's n-gram proposer on one persistent batch."""
     parts = ("tracker", "learn", "draft", "policy", "other")
-    lines = ["| batch | context | proposer | µs per call | µs per request-step | × ngram's | MAT | drafted / row | "
-             + " | ".join(f"{p} µs" for p in parts) + " |", "|---|---|---|---|---|---|---|---|" + "---|" * len(parts)]
+    lines = ["| batch | context | proposer | µs per call | µs per request-step | × ngram's | mean, counting settled | MAT | "
+             "drafted / row | " + " | ".join(f"{p} µs" for p in parts) + " |",
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(parts)]
     for run in runs:
         cells = {(r["batch"], r["context"], r["arm"]): r for r in run["results"]}
         for r in run["results"]:
@@ -63,8 +64,10 @@ def render_proposer_profile(runs: list[dict]) -> str:
             ratio = r["us_per_request_step_median"] / ngram["us_per_request_step_median"] if ngram else float("nan")
             p = r.get("parts_us_per_request_step")
             split = " | ".join(f"{p[k]:.1f}" for k in parts) if p else " | ".join("–" for _ in parts)
+            settled = f"{r['us_per_request_step_settled']:.1f}" if "us_per_request_step_settled" in r else "–"
             lines.append(f"| {r['batch']} | {r['context']} | {r['arm']} | {r['us_per_call_median']:.0f} | "
-                         f"{r['us_per_request_step_median']:.1f} | {ratio:.1f} | {r['mat']:.2f} | {r['drafted_per_row']:.2f} | {split} |")
+                         f"{r['us_per_request_step_median']:.1f} | {ratio:.1f} | {settled} | {r['mat']:.2f} | "
+                         f"{r['drafted_per_row']:.2f} | {split} |")
     return "\n".join(lines)
 
 
@@ -383,9 +386,12 @@ SECTIONS: list[Section] = [
     Section("vLLM proposer's own CPU time against vLLM's n-gram proposer (micro-benchmark)",
             "No vLLM engine, no model: one persistent batch in vLLM's array layout (GRPO groups of 8, rows arriving "
             "with `context` tokens, then 8 timed calls as rows emit, leave and condense; k = 8) through ours (`fixed`, "
-            "its A/A twin `fixed-twin`, `dcut` on a modelled step clock) and vLLM's `NgramProposer` (numba, one thread, "
+            "its A/A twin `fixed-twin`, `dcut` on a modelled step clock, `dcut-plain` on one where a draft token costs "
+            "5 ms, so that D-cut decides not to draft after three untimed windows to learn it) and vLLM's `NgramProposer` (numba, one thread, "
             "contexts of 1-4 tokens), interleaved, 5 repeats (`lab/profile_vllm_proposer.py --compare`). µs per call "
-            "and per request-step: medians (a call's time over its rows); the split of ours: means per request-step. "
+            "and per request-step: medians (a call's time over its rows); the split of ours: means per request-step; "
+            "the mean with the counting the timed calls left undone (a D-cut that does not draft defers it to its next "
+            "draft), for what a spell of plain decisions costs. "
             "MAT: tokens per request-step on this batch, drafts accepted up to their first token off the row's "
             "completion. Measured on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_vs_ngram.json",), render_proposer_profile),
@@ -420,7 +426,7 @@ SECTIONS: list[Section] = [
             "vLLM runs a `custom_class` drafter between steps with its async scheduling off, so every step waits for "
             "`propose`. Modelled per request-step from the micro-benchmark above (this machine's CPU, not a GPU host's): "
             "a call that drafted at `fixed`'s or `dcut`'s median by batch size, one where D-cut decided not to draft at "
-            "its tracker + learn parts (the counting it defers is paid by the next call that drafts, in its own time). "
+            "the `dcut-plain` arm's mean (its quiet calls, its probes and the counting it defers, settled). "
             "Plain vLLM runs no proposer; suffix decoding's own time is not modelled (0, in its favour). Where a fixed "
             "arm and D-cut both stay below plain, what our proposer costs per step decides it, not the budget.",
             ("dcut_clocks_proposer.json",), render_dcut_clocks,
