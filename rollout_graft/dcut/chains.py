@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..selection import global_top_k_depths, global_top_k_order
+from ..selection import global_top_k_depths
 from .core import RIDGE, BudgetDecision, CostFit, ProbeCredit, RowCost, ScoreCalibration
 
 

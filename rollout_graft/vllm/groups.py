@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -147,7 +148,7 @@ class RequestTracker:
         self.created = False
         self._ids: list | None = None  # the last step's ids, where every row sampled (`defer`)
         self._reqs: list[Request] | None = None  # and its request per row
-        self._log: list[tuple[int, list[list[int]]]] = []  # deferred steps: (step, tokens per row)
+        self._log: list[tuple[int, np.ndarray, np.ndarray]] = []  # deferred steps: (step, tokens per row, the tokens)
 
     def rows(self, ids: list, prompt_lens, sampled: list[list[int]], num_tokens: np.ndarray,
              token_ids: np.ndarray) -> list[Request | None]:
@@ -196,7 +197,8 @@ class RequestTracker:
         if not lens.all() or not np.array_equal(num, self.num + lens):
             return False
         self.step += 1
-        self._log.append((self.step, sampled[:n]))
+        tokens = np.fromiter(chain.from_iterable(sampled[:n]), dtype=np.int64, count=int(lens.sum()))  # a copy: vLLM owns the lists
+        self._log.append((self.step, lens, tokens))
         self.num, self.lens, self.created = num, lens, False
         self._prune()
         return True
@@ -208,11 +210,13 @@ class RequestTracker:
         return self._reqs
 
     def _apply_log(self) -> None:
-        for step, sampled in self._log:
-            for req, new in zip(self._reqs, sampled):
-                req.group.extend(req.text_id, new)
-                req.length += len(new)
+        for step, lens, tokens in self._log:
+            flat, at = tokens.tolist(), 0
+            for req, n in zip(self._reqs, lens.tolist()):
+                req.group.extend(req.text_id, flat[at : at + n])
+                req.length += n
                 req.seen = req.group.last_seen = step
+                at += n
         self._log.clear()
 
     def _prune(self) -> None:
