@@ -150,6 +150,9 @@ class RolloutEngine:
 
     def __init__(self, model: PreTrainedModel, config: EngineConfig | None = None, tokenizer=None, proposer: Proposer | None = None,
                  draft_model: str | Path | PreTrainedModel | None = None):
+        if config is not None and not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be a rollout_graft.EngineConfig, got {type(config).__name__} (the arguments are "
+                            "RolloutEngine(model, config, tokenizer): pass the tokenizer as tokenizer=...)")
         self.config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer

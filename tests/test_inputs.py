@@ -154,6 +154,18 @@ def test_tokenizer_vocabulary_mismatch(qwen3_model):
         RolloutEngine(qwen3_model, tokenizer=tiny_tokenizer)
 
 
+def test_engine_config_in_the_tokenizers_place_is_refused(qwen3_model):
+    """RolloutEngine(model, tokenizer) — the tokenizer where the config goes — names the fix, not a
+    tokenizer's missing attribute."""
+    from transformers import AutoTokenizer
+
+    from rollout_graft.assets import TINY_TARGET
+
+    with pytest.raises(TypeError, match="tokenizer=") as err:
+        RolloutEngine(qwen3_model, AutoTokenizer.from_pretrained(TINY_TARGET))
+    assert "EngineConfig" in str(err.value)
+
+
 def test_nan_logits_raise(qwen3_model):
     with torch.no_grad():
         qwen3_model.lm_head.weight[5].fill_(float("nan"))
