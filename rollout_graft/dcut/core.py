@@ -183,11 +183,12 @@ class CostFit:
             return np.array(self.unmeasured if self.unmeasured is not None else [0.0] * n, dtype=np.float64)
         system, moment = self.sums[:-1, :-1] + self._prior, self.sums[:-1, -1]
         coef = np.linalg.solve(system, moment)
-        free = np.arange(n)
-        while self.nonnegative and coef.min() < 0 and free.size > 1:  # fix the most negative at 0, refit the rest
-            free = np.delete(free, np.argmin(coef[free]))
+        free = list(range(n))
+        while self.nonnegative and coef.min() < 0 and len(free) > 1:  # fix the most negative at 0, refit the rest
+            del free[int(np.argmin(coef[free]))]
+            at = np.array(free)
             coef = np.zeros(n)
-            coef[free] = np.linalg.solve(system[np.ix_(free, free)], moment[free])
+            coef[at] = np.linalg.solve(system[at[:, None], at], moment[at])
         return np.maximum(coef, 0.0) if self.nonnegative else coef
 
 
