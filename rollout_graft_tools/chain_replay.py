@@ -66,34 +66,24 @@ def row_of(request: str) -> int:
 
 class ModelledClock(FakeClock):
     """A clock that only the model moves: it stands still inside `propose` (so the replay is
-    deterministic: no real time leaks in) and advances by the modelled steps, plus
-    `proposer_ms(rows)` after each call (the proposer's own time, modelled; default none). The
-    proposer then measures its drafting as free, so probes are free: right on a clock where the
-    proposer costs nothing, and `proposer_ms` counts in the step time it measures."""
-
-    def __init__(self, proposer_ms=None):
-        super().__init__()
-        self.proposer_ms = proposer_ms
-        self.rows = 0  # rows of the call running (replay_rows sets it)
+    deterministic: no real time leaks in) and advances by the modelled steps. The proposer then
+    measures its drafting as free, so probes are free: right on a clock where the proposer costs
+    nothing; `clock_replay` models its own time where wanted (`clocks.ProposerCost`)."""
 
     def perf_counter(self) -> float:
         return self.now
 
     def call(self, fn, *args):
-        try:
-            return fn(*args)
-        finally:
-            if self.proposer_ms is not None:
-                self.now += self.proposer_ms(self.rows) / 1000.0
+        return fn(*args)
 
 
 @contextmanager
-def fake_clock(modelled: bool = False, proposer_ms=None):
+def fake_clock(modelled: bool = False):
     """A `FakeClock` (modelled: a `ModelledClock`) that our proposer's module reads as its `time`
     inside the block (restored after)."""
     from rollout_graft.vllm import proposer as module
 
-    clock, saved = (ModelledClock(proposer_ms) if modelled else FakeClock()), module.time
+    clock, saved = (ModelledClock() if modelled else FakeClock()), module.time
     module.time = clock
     try:
         yield clock
@@ -180,7 +170,6 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
                 clock.now += step_ms.step_ms(step_drafts, num[: len(slots)].copy()) / 1000.0
             else:
                 clock.now += (step_ms[0] + step_ms[1] * len(slots) + step_ms[2] * int(step_drafts.sum())) / 1000.0
-            clock.rows = len(slots)
         if hasattr(proposer, "set_requests"):
             proposer.set_requests([request_id(run, r) for r in slots], [plen[r] for r in slots])
         t = time.perf_counter()
