@@ -976,10 +976,16 @@ def test_proposer_reproduces_its_golden_drafts():
         assert got == want, name
 
 
+def numpy_calibrated(calibration, scores: np.ndarray) -> np.ndarray:
+    """The chain D-cut's calibrated scores by their numpy definition: each raw score's rate
+    (`ScoreCalibration`), kept non-increasing along its chain, 0 past the chain's end."""
+    return np.where(scores > 0, np.minimum.accumulate(calibration(scores), axis=1), 0.0)
+
+
 def test_dcut_kernel_is_the_numpy_calibration_and_order():
     """`dcut._kernels.calibrated_order` (ChainDCut.cut's compiled pass) gives exactly what the numpy
-    definition does — `ChainDCut.calibrated` and `selection.global_top_k_order` of it, dtype
-    included — on chains of every length, rows without a draft, and many tied scores and rates."""
+    definition does — `numpy_calibrated` and `selection.global_top_k_order` of it, dtype included —
+    on chains of every length, rows without a draft, and many tied scores and rates."""
     from rollout_graft.dcut._kernels import calibrated_order
     from rollout_graft.selection import global_top_k_order
 
@@ -993,7 +999,7 @@ def test_dcut_kernel_is_the_numpy_calibration_and_order():
         scores[np.arange(8)[None, :] >= rng.integers(0, 9, rows)[:, None]] = 0.0
         seen = (rng.random(24) * rng.integers(0, 50)).astype(np.float32)
         policy.calibration.seen, policy.calibration.accepted = seen, (seen * rng.random(24)).astype(np.float32)
-        want = policy.calibrated(scores)
+        want = numpy_calibrated(policy.calibration, scores)
         got, order = calibrated_order(scores, policy.calibration.edges, policy.calibration.rates())
         assert got.dtype == want.dtype and np.array_equal(got, want)
         assert np.array_equal(order, global_top_k_order(want))
@@ -1049,6 +1055,7 @@ def test_deferred_steps_change_nothing(monkeypatch, tmp_path, preempt_every):
             real = prop.tracker.defer
             monkeypatch.setattr(prop.tracker, "defer", lambda *a: deferred.append(real(*a)) or deferred[-1])
         drafts = replay(prop, 24, group=8, length=60, seed=3, preempt_every=preempt_every)
+        prop.tracker.flush()  # the texts as a reader sees them (`flush`: what the tracker may still hold back)
         texts = {rid.split("-")[1]: list(r.text) for rid, r in {**prop.tracker.away, **prop.tracker.live}.items()}
         stats = {k: v for k, v in prop.summary().items() if not k.endswith("_s") and k != "policy"}
         return drafts, texts, stats, sum(deferred), prop

@@ -10,13 +10,29 @@ import numpy as np
 from numba import njit
 
 
+@njit(cache=True, inline="always")
+def _bin(score, edges) -> int:
+    """`ScoreCalibration.bin_of` of one score: clamped to [edges[0], 1] as float32, the first edge ≥
+    it (numpy's left-side search) less one, within [0, bins)."""
+    bins = len(edges) - 1
+    x = min(max(np.float32(score), edges[0]), np.float32(1.0))
+    a, z = 0, bins + 1
+    while a < z:
+        m = (a + z) // 2
+        if edges[m] < x:
+            a = m + 1
+        else:
+            z = m
+    return min(max(a - 1, 0), bins - 1)
+
+
 @njit(cache=True)
 def calibrated_order(scores, edges, rates):
-    """(calibrated [rows, depth] in the rates' dtype, order): as `ChainDCut.calibrated(scores)` and
-    `selection.global_top_k_order` of it. A token's calibrated score is the rate of the lowest bin
-    (`ScoreCalibration.bin_of`: float32 scores clamped to [edges[0], 1], numpy's left-side search)
-    along its row up to it (rates are non-decreasing in the bin); the order is by that rate, best
-    first, then depth, then row — a counting sort, the rates taking at most `len(rates)` values."""
+    """(calibrated [rows, depth] in the rates' dtype, order): each token with a score > 0 mapped to
+    its calibrated acceptance, kept non-increasing along its row — the rate of the lowest bin
+    (`_bin`) along its row up to it, rates being non-decreasing in the bin (0 where the score is 0)
+    — and `selection.global_top_k_order` of that. The order is by rate, best first, then depth,
+    then row: a counting sort, the rates taking at most `len(rates)` values."""
     rows, depth = scores.shape
     bins = len(rates)
     rank = np.empty(bins, np.int64)  # each bin's rate among the distinct rates, the largest first
@@ -29,20 +45,10 @@ def calibrated_order(scores, edges, rates):
     cal = np.zeros((rows, depth), rates.dtype)
     key = np.full((rows, depth), -1, np.int64)
     counts = np.zeros((ranks, depth), np.int64)
-    low, one = edges[0], np.float32(1.0)
     for i in range(rows):
         lowest = bins - 1
         for d in range(depth):
-            x = np.float32(scores[i, d])
-            x = min(max(x, low), one)
-            a, z = 0, bins + 1  # the first edge >= x
-            while a < z:
-                m = (a + z) // 2
-                if edges[m] < x:
-                    a = m + 1
-                else:
-                    z = m
-            lowest = min(lowest, min(max(a - 1, 0), bins - 1))
+            lowest = min(lowest, _bin(scores[i, d], edges))
             if scores[i, d] > 0:
                 cal[i, d] = rates[lowest]
                 key[i, d] = rank[lowest]
@@ -71,18 +77,9 @@ def bin_counts(scores, depths, accepted, edges):
     bins = len(edges) - 1
     seen = np.zeros(bins, np.float64)
     hits = np.zeros(bins, np.float64)
-    low, one = edges[0], np.float32(1.0)
     for j in range(scores.shape[0]):
         for d in range(min(depths[j], scores.shape[1])):
-            x = min(max(np.float32(scores[j, d]), low), one)
-            a, z = 0, bins + 1
-            while a < z:
-                m = (a + z) // 2
-                if edges[m] < x:
-                    a = m + 1
-                else:
-                    z = m
-            b = min(max(a - 1, 0), bins - 1)
+            b = _bin(scores[j, d], edges)
             seen[b] += 1.0
             if d < accepted[j]:
                 hits[b] += 1.0

@@ -217,16 +217,12 @@ class ChainDCut(ChainPolicy):
         """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
         return 0 if self.plain and not self.credit.affords(self.draft_cost.predict(rows)) else self.depth
 
-    def calibrated(self, scores: np.ndarray) -> np.ndarray:
-        cal = self.calibration(scores)
-        return np.where(scores > 0, np.minimum.accumulate(cal, axis=1), 0.0)  # stays non-increasing
-
     def cut(self, tokens: list[list[int]], scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
         rows = self.rows = scores.shape[0]
         probe = self.plain  # proposed after a plain decision
-        proposed = int((scores > 0).sum())
-        # as self.calibrated(scores) and global_top_k_order of it (the calibrated tokens, best first), compiled
+        # each token's calibrated acceptance (non-increasing along its chain) and the tokens best first
         cal, order = self._kernels.calibrated_order(scores, self.calibration.edges, self.calibration.rates())
+        proposed = len(order)  # the tokens with a score > 0
         gains = np.concatenate([[0.0], np.cumsum(cal.reshape(-1)[order])])  # [proposed + 1]
         if self.spread and rows > 1 and proposed:
             rates = self.drained_rates(cal, order, gains)
