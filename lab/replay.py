@@ -227,10 +227,8 @@ def vllm_clocks(args) -> dict:
     timers = ([clocks.measured_clock(steps, "cpu-measured/tiny")] if steps else []) + list(clocks.rooflines().values())
     cost = clocks.ProposerCost.from_json(args.proposer_cost) if args.proposer_cost else None
     out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
-           "clocks": {c.name: repr(c) for c in timers}, "proposer_cost": None if cost is None else {
-               "source": args.proposer_cost, "batches": cost.batches,
-               **{kind: {p: [round(u, 2) for u in us] for p, us in getattr(cost, kind).items()} for kind in ("drafting", "plain")}},
-           "cells": []}
+           "clocks": {c.name: repr(c) for c in timers},
+           "proposer_cost": None if cost is None else {"source": args.proposer_cost, **asdict(cost)}, "cells": []}
     for spec in args.cell:
         path, regime, sizes = spec.split(":")
         rec = json.loads(Path(path).read_text())

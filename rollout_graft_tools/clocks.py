@@ -162,20 +162,21 @@ class Roofline:
 @dataclass(frozen=True)
 class ProposerCost:
     """Our proposer's own CPU time per step, modelled: µs per request-step at each batch size of
-    `batches` (linear between them, flat outside) for the policy kinds "fixed" (a budget that does
-    not learn) and "dcut" — `drafting` for a call that drafted, `plain` for one where D-cut decided
-    not to draft (the micro-benchmark's `dcut-plain` arm: its mean with the probes it made and the
-    counting it deferred, `us_per_request_step_settled`). On a GPU vLLM runs a `custom_class` drafter
-    between steps with its async scheduling off, so this time adds to every step a clock without
-    it (`includes_proposer` False: the rooflines) prices. Read from `lab/profile_vllm_proposer.py
-    --compare` (`from_json`, at the shortest context measured) — this machine's CPU, not a GPU host's."""
+    `batches` (linear between them, flat outside) — `drafting[policy]` for a call that drafted, per
+    policy kind ("fixed": a budget that does not learn; "dcut"), and `plain` for one where D-cut
+    decided not to draft (the micro-benchmark's `dcut-plain` arm: its mean with the probes it made
+    and the counting it deferred, `us_per_request_step_settled`; a fixed budget always drafts). On a
+    GPU vLLM runs a `custom_class` drafter between steps with its async scheduling off, so this time
+    adds to every step a clock without it (`includes_proposer` False: the rooflines) prices. Read
+    from `lab/profile_vllm_proposer.py --compare` (`from_json`, at the shortest context measured) —
+    this machine's CPU, not a GPU host's."""
 
     batches: tuple[float, ...]
-    drafting: dict
-    plain: dict
+    drafting: dict[str, tuple[float, ...]]
+    plain: tuple[float, ...]
 
     def ms(self, policy: str, rows: int, drafted: bool = True) -> float:
-        us = (self.drafting if drafted else self.plain)[policy]
+        us = self.drafting[policy] if drafted else self.plain
         return rows * float(np.interp(rows, self.batches, us)) / 1000.0
 
     @classmethod
@@ -185,8 +186,7 @@ class ProposerCost:
         cell = {(r["arm"], r["batch"]): r for r in results if r["context"] == context}
         batches = tuple(sorted({b for arm, b in cell if arm == "fixed"}))
         drafting = {p: tuple(cell[(p, b)]["us_per_request_step_median"] for b in batches) for p in ("fixed", "dcut")}
-        plain = {p: tuple(cell[("dcut-plain", b)]["us_per_request_step_settled"] for b in batches) for p in ("fixed", "dcut")}
-        return cls(batches, drafting, plain)
+        return cls(batches, drafting, tuple(cell[("dcut-plain", b)]["us_per_request_step_settled"] for b in batches))
 
 
 def rooflines(**params) -> dict[str, Roofline]:

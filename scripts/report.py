@@ -237,10 +237,11 @@ def render_dcut_clocks(runs: list[dict]) -> str:
         cost = run.get("proposer_cost")
         if cost:
             at = "/".join(map(str, cost["batches"]))
+            per_batch = lambda us: "/".join(f"{u:.2f}" for u in us)  # noqa: E731
             lines.append(f"Our proposer's own time added to each roofline step, µs per request-step at {at} rows "
-                         f"({cost['source']}): a call that drafted " + ", ".join(
-                             f"{p} {'/'.join(f'{u:g}' for u in us)}" for p, us in cost["drafting"].items())
-                         + f"; D-cut deciding not to draft {'/'.join(f'{u:g}' for u in cost['plain']['dcut'])}.")
+                         f"({cost['source']}): a call that drafted "
+                         + ", ".join(f"{p} {per_batch(us)}" for p, us in cost["drafting"].items())
+                         + f"; D-cut deciding not to draft {per_batch(cost['plain'])}.")
     return "\n".join(lines)
 
 

@@ -145,12 +145,10 @@ def test_proposer_own_time_is_added_where_the_clock_lacks_it():
     """On a roofline (the forward alone) every step of an arm running our proposer also pays its own
     time — a drafting call at the drafting rate, a call where D-cut decided not to draft at the plain
     rate — while plain vLLM (no proposer) pays none, nor does a clock timed between `propose` calls."""
-    cost = clocks.ProposerCost((8.0, 64.0), {"fixed": (10.0, 20.0), "dcut": (30.0, 40.0)},
-                               {"fixed": (1.0, 1.0), "dcut": (2.0, 4.0)})
+    cost = clocks.ProposerCost((8.0, 64.0), {"fixed": (10.0, 20.0), "dcut": (30.0, 40.0)}, (2.0, 4.0))
     assert cost.ms("fixed", 8) == pytest.approx(0.08) and cost.ms("dcut", 36, drafted=False) == pytest.approx(0.108)
     assert cost.ms("fixed", 128) == pytest.approx(128 * 20.0 / 1000)  # flat past the last batch measured
-    flat = clocks.ProposerCost((1.0, 1000.0), {"fixed": (10.0, 10.0), "dcut": (10.0, 10.0)},
-                               {"fixed": (1.0, 1.0), "dcut": (1.0, 1.0)})
+    flat = clocks.ProposerCost((1.0, 1000.0), {"fixed": (10.0, 10.0), "dcut": (10.0, 10.0)}, (1.0, 1.0))
     roof = clocks.rooflines()["H200/Qwen3-8B"]
     cpu = clocks.LinearClock(3.0, 0.06, 0.02, 1.0, name="cpu")
     rollouts, timed = clock_replay.schedule(_recording(), "first", 16)
