@@ -26,8 +26,9 @@ the same way every run; the proposer's own time is measured with the real clock.
 Reports, per policy (`fixed`: every chain verified; `dcut`: the default; `plain`: never drafts) and batch size, the median
 microseconds per `propose` call over the steps with a full batch, and microseconds per
 request-step (all steps), split into tracker (`RequestTracker.rows`), learn (acceptance counters,
-policy calls excluded), drafting (`_draft`: counting the new text, then the chains), policy (`self.policy.*` calls) and
-the rest of `propose`. This measures the proposer's CPU time only, not end-to-end speed.
+policy calls excluded), drafting — count (`NgramStore.teach`: the new text counted) and walk
+(`NgramStore.chains_at`: the chains) —, policy (`self.policy.*` calls) and the rest of `propose`.
+This measures the proposer's CPU time only, not end-to-end speed.
 
 The persistent-batch replay itself is `rollout_graft_tools.chain_replay` (shared with `lab/replay.py vllm`
 and tests/test_vllm_units.py).
@@ -50,16 +51,18 @@ from rollout_graft_tools.chain_replay import PROMPT, VOCAB, fake_clock, replay, 
 class Parts:
     """Real time spent in the proposer's parts (wrapping its bound methods on the instance)."""
 
-    NAMES = ("tracker", "learn", "draft", "policy")
+    NAMES = ("tracker", "learn", "count", "walk", "policy")
 
     def __init__(self, proposer, clock=time.perf_counter):
         self.clock = clock
         self.t = dict.fromkeys(self.NAMES, 0.0)
         self.policy_in_learn = 0.0
         self._in_learn = False
+        self.running = True  # False: calls are not timed (the counting a window settles after its timed calls)
         for name in ("rows", "defer", "flush"):  # the request tracking, deferred or not
             setattr(proposer.tracker, name, self._wrap(getattr(proposer.tracker, name), "tracker"))
-        proposer._draft = self._wrap(proposer._draft, "draft")
+        proposer.store.teach = self._wrap(proposer.store.teach, "count")  # counting the new text (drafting's first part)
+        proposer.store.chains_at = self._wrap(proposer.store.chains_at, "walk")  # the chains' walks (its second)
         proposer._learn = self._wrap(proposer._learn, "learn", learn=True)
         for name in ("plan", "cut", "observe"):
             setattr(proposer.policy, name, self._wrap(getattr(proposer.policy, name), "policy"))
@@ -72,7 +75,7 @@ class Parts:
             try:
                 return fn(*args, **kwargs)
             finally:
-                dt = self.clock() - t
+                dt = (self.clock() - t) if self.running else 0.0
                 self.t[part] += dt
                 if learn:
                     self._in_learn = False
@@ -258,6 +261,8 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
                 emitted, drafted = emitted + len(new), drafted + len(d)
             if done[r] >= ends[r]:
                 finished.append(i)
+    if parts is not None:
+        parts.running = False
     t = time.thread_time()
     settle(prop)  # what the timed calls left to count (D-cut deciding not to draft defers it to its next draft)
     return {"calls": calls, "rows_per_call": per_call, "rows": rows, "emitted": emitted, "drafted": drafted,

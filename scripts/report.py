@@ -53,7 +53,7 @@ def render_speed(runs: list[dict]) -> str:
 
 def render_proposer_profile(runs: list[dict]) -> str:
     """`lab/profile_vllm_proposer.py --compare --json`: ours and vLLM's n-gram proposer on one persistent batch."""
-    parts = ("tracker", "learn", "draft", "policy", "other")
+    parts = ("tracker", "learn", "count", "walk", "policy", "other")
     lines = ["| batch | context | proposer | µs per call | µs per request-step | × ngram's | mean, counting settled | MAT | "
              "drafted / row | " + " | ".join(f"{p} µs" for p in parts) + " |",
              "|---|---|---|---|---|---|---|---|---|" + "---|" * len(parts)]

@@ -150,82 +150,130 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> int
     return acc
 
 
+@njit(cache=True, inline="always")
+def _window_words(win, words, w: int, hi: int) -> int:
+    """words[w, n] = walk w's window's last n tokens packed (`_put`), n = 1…the tokens it holds
+    (-1 marks a slot before the text); returns that count."""
+    w0 = w1 = w2 = w3 = 0
+    top = 0
+    while top < hi and win[w, hi - 1 - top] >= 0:
+        w0, w1, w2, w3 = _put(w0, w1, w2, w3, top, win[w, hi - 1 - top])
+        top += 1
+        words[w, top, 0], words[w, top, 1], words[w, top, 2], words[w, top, 3] = w0, w1, w2, w3
+    return top
+
+
+@njit(cache=True, inline="always")
+def _find_from(keys, i: int, owner, w0, w1, w2, w3) -> int:
+    """`_find` of a context (no sixth column) from the row its hash gives, `i`: the row, or -1."""
+    mask = len(keys) - 1
+    while True:
+        o = keys[i, OWNER]
+        if o == 0:
+            return -1
+        if (o == owner and keys[i, WORD] == w0 and keys[i, WORD + 1] == w1 and keys[i, WORD + 2] == w2
+                and keys[i, WORD + 3] == w3):
+            return i
+        i = (i + 1) & mask
+
+
+# a walk's search state, a row of `_chains`' `st`: the lengths below A are known, above B unknown;
+# G is the length probed next, FIRST whether it is the token's first probe, ROW the longest known
+# context's row so far (-1: none), TABLE the table's key prefix, DEPTH the chain's most tokens
+A, B, G, FIRST, ROW, TABLE, DEPTH = 0, 1, 2, 3, 4, 5, 6
+
+
 @njit(cache=True)
-def _walk(ctx, owner, win, depth: int, lo: int, hi: int, tok_out, score_out, words):
-    """The chain continuing `win` (the last `hi` tokens, right-aligned, -1 before the text; shifted
-    along the chain) in the table of `owner`: the most frequent successor of the longest known
-    context, at most `depth` tokens. A table knows a known context's suffixes down to `lo` tokens
-    (`_teach` counts each of a position's contexts; a cleared table is empty), so the known lengths
-    are lo…L: L is sought from the last token's L + 1 (the first token's: `hi`), then bisected.
-    `words` [hi + 1, 4]: scratch. Returns the chain's length."""
-    m, score, guess = 0, 1.0, hi
-    while m < depth:
-        w0 = w1 = w2 = w3 = 0
-        top = 0  # tokens in the window
-        while top < hi and win[hi - 1 - top] >= 0:
-            w0, w1, w2, w3 = _put(w0, w1, w2, w3, top, win[hi - 1 - top])
-            top += 1
-            words[top, 0], words[top, 1], words[top, 2], words[top, 3] = w0, w1, w2, w3
-        a, b, row = lo, top, -1  # lengths below a are known, above b unknown
-        g = min(max(guess, a), b)
-        first = True
-        while a <= b:
-            i = _find(ctx, owner, words[g, 0], words[g, 1], words[g, 2], words[g, 3], 0, False)
+def _chains(ctx, gens, slots, prior_slot: int, token_ids, rows, lens, room, k: int, lo: int, hi: int):
+    """Row j: the chain of the table of slots[j] continuing its text — token_ids[rows[j], :lens[j]],
+    of which the last `hi` tokens are read — at most room[j] ≤ k tokens, or the prior's where its
+    scores sum to more (prior_slot ≥ 0). Returns tokens [rows, k], scores [rows, k] (0 past a
+    chain's end), lengths [rows] and a sum of rows read (no result: it keeps their loads).
+
+    A walk (a row's chain in one table) takes, per token, the most frequent successor of the
+    longest known context of its window (the last `hi` tokens, shifted along the chain). A table
+    knows a known context's suffixes down to `lo` tokens (`_teach` counts each of a position's
+    contexts; a cleared table is empty), so the known lengths are lo…L: L is sought from the last
+    token's L + 1 (the first token's: the window's), then bisected. A probe is a likely cache miss
+    that depends on the one before, so the walks (every row's, in its group's table and in the
+    prior's) go in rounds of one probe each: first every probe's row is loaded (independent loads:
+    their misses overlap), then the probes are made."""
+    n = len(slots)
+    prior = _owner(gens, prior_slot)
+    walks = 2 * n if prior > 0 else n  # walk j < n: row j's group table; n + j: the prior's
+    tok, score = np.zeros((walks, k), np.int64), np.zeros((walks, k), np.float64)
+    m = np.zeros(walks, np.int64)
+    win = np.full((walks, hi), -1, np.int64)
+    words = np.zeros((walks, hi + 1, 4), np.int64)
+    st = np.zeros((walks, 7), np.int64)
+    live = np.empty(walks, np.int64)
+    alive = 0
+    for w in range(walks):
+        j = w if w < n else w - n
+        size, end = min(lens[j], hi), lens[j]
+        for q in range(size):
+            win[w, hi - size + q] = token_ids[rows[j], end - size + q]
+        top = _window_words(win, words, w, hi)
+        if min(room[j], k) > 0 and lo <= top:
+            st[w, A], st[w, B], st[w, G], st[w, FIRST], st[w, ROW] = lo, top, top, 1, -1
+            st[w, TABLE], st[w, DEPTH] = _owner(gens, slots[j]) if w < n else prior, min(room[j], k)
+            live[alive] = w
+            alive += 1
+    acc = _rounds(ctx, st, live[:alive], words, win, tok, score, m, lo, hi)
+    if prior > 0:
+        for j in range(n):
+            if score[n + j, : m[n + j]].sum() > score[j, : m[j]].sum():
+                tok[j, : m[n + j]] = tok[n + j, : m[n + j]]
+                score[j, : m[n + j]] = score[n + j, : m[n + j]]
+                score[j, m[n + j] :] = 0.0
+                m[j] = m[n + j]
+    return tok[:n], score[:n], m[:n], acc
+
+
+@njit(cache=True)
+def _rounds(ctx, st, live, words, win, tok, score, m, lo: int, hi: int) -> int:
+    """The walks `live` in rounds of one probe each (`_chains`) until every chain has ended."""
+    mask = np.uint64(len(ctx) - 1)
+    at = np.zeros(len(st), np.int64)  # the row each walk's probe starts from
+    prod = np.ones(len(st), np.float64)  # each chain's score so far
+    alive, acc = len(live), 0
+    while alive:
+        for q in range(alive):
+            w = live[q]
+            g = st[w, G]
+            at[w] = np.int64(_hash(st[w, TABLE], words[w, g, 0], words[w, g, 1], words[w, g, 2], words[w, g, 3], 0) & mask)
+            acc += ctx[at[w], OWNER]
+        kept = 0
+        for q in range(alive):
+            w = live[q]
+            a, b, g, first, row = st[w, A], st[w, B], st[w, G], st[w, FIRST], st[w, ROW]
+            i = _find_from(ctx, at[w], st[w, TABLE], words[w, g, 0], words[w, g, 1], words[w, g, 2], words[w, g, 3])
             if i >= 0:
                 a, row = g + 1, i
                 g = a if first else (a + b + 1) // 2
             else:
                 b = g - 1
                 g = b if first else (a + b) // 2
-            first = False
-        if row < 0:
-            break
-        found, guess = a - 1, a
-        tok = ctx[row, BEST]
-        score *= ctx[row, BEST_COUNT] / (ctx[row, TOTAL] + SHRINK) * found / (found + 1)
-        tok_out[m], score_out[m] = tok, score
-        m += 1
-        for j in range(hi - 1):
-            win[j] = win[j + 1]
-        win[hi - 1] = tok
-    return m
-
-
-@njit(cache=True)
-def _chains(ctx, gens, slots, prior_slot: int, token_ids, rows, lens, room, k: int, lo: int, hi: int):
-    """Row j: the chain of the table of slots[j] continuing its text — token_ids[rows[j], :lens[j]],
-    of which the last `hi` tokens are read (-1: before the text) — at most room[j] ≤ k tokens, or
-    the prior's where its scores sum to more (prior_slot ≥ 0). Returns tokens [rows, k], scores
-    [rows, k] (0 past a chain's end), lengths [rows]."""
-    tok_out = np.zeros((len(slots), k), np.int64)
-    score_out = np.zeros((len(slots), k), np.float64)
-    out_lens = np.zeros(len(slots), np.int64)
-    other_tok = np.zeros(k, np.int64)
-    other_score = np.zeros(k, np.float64)
-    prior = _owner(gens, prior_slot)
-    window = np.empty(hi, np.int64)
-    win = np.empty(hi, np.int64)
-    words = np.empty((hi + 1, 4), np.int64)
-    for j in range(len(slots)):
-        depth = min(room[j], k)
-        if depth <= 0:
-            continue
-        size, end = min(lens[j], hi), lens[j]
-        window[:] = -1
-        for q in range(size):
-            window[hi - size + q] = token_ids[rows[j], end - size + q]
-        win[:] = window
-        m = _walk(ctx, _owner(gens, slots[j]), win, depth, lo, hi, tok_out[j], score_out[j], words)
-        if prior > 0:
-            win[:] = window
-            m2 = _walk(ctx, prior, win, depth, lo, hi, other_tok, other_score, words)
-            if other_score[:m2].sum() > score_out[j, :m].sum():
-                tok_out[j, :m2] = other_tok[:m2]
-                score_out[j, :m2] = other_score[:m2]
-                score_out[j, m2:] = 0.0
-                m = m2
-        out_lens[j] = m
-    return tok_out, score_out, out_lens
+            first = 0
+            if a > b:  # the longest known context is found (row), or none is known (the chain ends)
+                if row < 0:
+                    continue
+                found, t = a - 1, ctx[row, BEST]
+                prod[w] *= ctx[row, BEST_COUNT] / (ctx[row, TOTAL] + SHRINK) * found / (found + 1)
+                tok[w, m[w]], score[w, m[w]] = t, prod[w]
+                m[w] += 1
+                for j in range(hi - 1):
+                    win[w, j] = win[w, j + 1]
+                win[w, hi - 1] = t
+                top = _window_words(win, words, w, hi)
+                if m[w] >= st[w, DEPTH] or lo > top:
+                    continue
+                a, b, g, first, row = lo, top, min(max(found + 1, lo), top), 1, -1
+            st[w, A], st[w, B], st[w, G], st[w, FIRST], st[w, ROW] = a, b, g, first, row
+            live[kept] = w
+            kept += 1
+        alive = kept
+    return acc
 
 
 @njit(cache=True)

@@ -157,7 +157,7 @@ class NgramStore:
                   room: np.ndarray, k: int) -> tuple[list[list[int]], np.ndarray]:
         """`chains` over texts held in an array (vLLM's `token_ids_cpu`): row j's text is
         token_ids[rows[j], :lens[j]]."""
-        tok, score, m = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, token_ids,
+        tok, score, m, _ = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, token_ids,
                                           np.asarray(rows, dtype=np.int64), np.asarray(lens, dtype=np.int64),
                                           np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, self.order)
         return [row[:n] for row, n in zip(tok.tolist(), m.tolist())], score
