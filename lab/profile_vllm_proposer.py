@@ -5,10 +5,11 @@
     python lab/profile_vllm_proposer.py --batches 8 64 256 --json out.json [--cprofile 256]
     python lab/profile_vllm_proposer.py --prior-memory 400000   # bytes per context of the prior
 
-`--compare` (what RESULTS shows): like for like, ours (fixed depth, its A/A twin, D-cut) and vLLM's
-`NgramProposer` on the same persistent batch (`window`: rows arriving with BATCH:CONTEXT tokens,
-then `--steps` timed calls as they emit, leave and condense), interleaved repeat by repeat, timed
-in CPU time of the calling thread. Without it, whole synthetic rollouts through ours alone:
+`--compare` (what RESULTS shows): like for like, ours (fixed depth, its A/A twin, D-cut), vLLM's
+`NgramProposer` and, where arctic-inference is installed, its `SuffixDecodingProposer` on the same
+persistent batch (`window`: rows arriving with BATCH:CONTEXT tokens, then `--steps` timed calls as
+they emit, leave and condense), interleaved repeat by repeat, timed in CPU time of the calling thread.
+Without it, whole synthetic rollouts through ours alone:
 
 Drives the real proposer with persistent-batch arrays shaped as vLLM's `custom_class` call passes
 them (`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`: int32 `token_ids_cpu`
@@ -37,6 +38,7 @@ and tests/test_vllm_units.py).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import statistics
@@ -188,13 +190,20 @@ class NgramArm:
         return self.inner.propose(self.k, sampled, num, token_ids)
 
 
+ARMS = ["fixed", "fixed-twin", "dcut", "dcut-plain", "ngram"] + (
+    ["suffix"] if importlib.util.find_spec("arctic_inference") is not None else [])
 PLAIN_PAYS = (5.0, 0.01, 5.0)  # `dcut-plain`'s modelled step: a draft token costs 5 ms, so D-cut decides to decode plainly
 
 
 def make_arm(arm: str, k: int, max_len: int, max_rows: int):
-    """A fresh proposer of `arm`: fixed / fixed-twin / dcut / dcut-plain (ours) or ngram (vLLM's)."""
+    """A fresh proposer of `arm`: fixed / fixed-twin / dcut / dcut-plain (ours), ngram or suffix
+    (vLLM's; suffix decoding as `lab/replay.py vllm clocks` runs it: arctic-inference)."""
     if arm == "ngram":
         return NgramArm(k, max_len, max_rows)
+    if arm == "suffix":
+        from rollout_graft_tools.chain_replay import SuffixReplay
+
+        return SuffixReplay(k, 0.1, max_len)
     from rollout_graft.vllm.config import ChainConfig
     from rollout_graft.vllm.proposer import RLDraftProposer
 
@@ -295,7 +304,7 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
         for rep in range(repeats + 1):  # repeat 0 warms up (numba's caches, allocation)
             for arm in arms:
                 prop = make_arm(arm, k, max_len, batch + 8)
-                p = Parts(prop, time.thread_time) if arm != "ngram" else None
+                p = Parts(prop, time.thread_time) if hasattr(prop, "tracker") else None  # ours: its parts
                 with fake_clock() as clock:
                     clock_ms = PLAIN_PAYS if arm == "dcut-plain" else step_ms
                     for learn in range(3 if arm == "dcut-plain" else 0):  # it learns that drafting does not pay
@@ -339,9 +348,9 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024], help="--compare: tokens per row on arrival")
     ap.add_argument("--cells", nargs="+", metavar="BATCH:CONTEXT", help="--compare: these pairs (else --batches × --contexts)")
     ap.add_argument("--steps", type=int, default=8, help="--compare: timed calls per window")
-    ap.add_argument("--arms", nargs="+", default=["fixed", "fixed-twin", "dcut", "dcut-plain", "ngram"],
-                    help="dcut-plain: D-cut where a draft token costs 5 ms, so it decides to decode plainly "
-                         "(after three untimed windows to learn that): what its plain decisions cost")
+    ap.add_argument("--arms", nargs="+", default=ARMS, help="dcut-plain: D-cut where a draft token costs 5 ms, so it "
+                    "decides to decode plainly (after three untimed windows to learn that): what its plain decisions "
+                    "cost; suffix: vLLM's suffix decoding (the default where arctic-inference is installed)")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut", "plain"])
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")

@@ -4,8 +4,9 @@ installed — drives a real proposer through recorded rollouts (`chain_replay.re
 acceptance as vLLM's rejection sampler gives it for drafts without probabilities) with a
 `clocks.StepClock` as its only time source (`ModelledClock`: deterministic). On a clock that
 prices the forward alone (the rooflines) every arm running our proposer also pays its own time
-per step (`clocks.ProposerCost`, modelled from the micro-benchmark); plain vLLM runs no proposer,
-and suffix decoding's own time is not modelled (priced at 0, in its favour). Modelled throughput =
+per step (`clocks.ProposerCost`, modelled from the micro-benchmark), and so does suffix decoding
+(its own time in the same micro-benchmark, one figure for every depth; priced at 0, in its favour,
+where the benchmark did not run it); plain vLLM runs no proposer. Modelled throughput =
 tokens emitted / Σ modelled step ms.
 
 A fixed arm's drafts do not depend on time, so one replay prices it on every clock at once
@@ -109,11 +110,11 @@ def fixed_arms(vocab: int, max_len: int) -> dict[str, Callable]:
 
 
 def own_cost(arm: str, cost: ProposerCost | None) -> tuple[ProposerCost, str] | None:
-    """Our proposer's own time in `arm` and its policy kind (None: it runs none — plain vLLM,
-    suffix decoding — or `cost` is None)."""
-    if cost is None or arm == "plain" or arm.startswith("suffix"):
+    """The proposer's own time in `arm` and its kind (None: it runs none — plain vLLM —, suffix
+    decoding where `cost` did not measure it, or `cost` is None)."""
+    if cost is None or arm == "plain" or (arm.startswith("suffix") and "suffix" not in cost.drafting):
         return None
-    return cost, "dcut" if arm.startswith("ours-dcut") else "fixed"
+    return cost, "dcut" if arm.startswith("ours-dcut") else "suffix" if arm.startswith("suffix") else "fixed"
 
 
 PROFILE_CONTEXT = 256  # the context length a profile at start runs at (the rollout's own contexts differ)

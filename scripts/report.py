@@ -384,14 +384,15 @@ SECTIONS: list[Section] = [
             "beyond that spread, or on other evidence (docs/DESIGN.md, the vLLM backend, step 4).",
             ("vllm_dcut_ablation.json", "vllm_dcut_ablation_smollm2_revisit.json",
              "vllm_dcut_untimed_first_counts_smollm2.json"), render_ablation),
-    Section("vLLM proposer's own CPU time against vLLM's n-gram proposer (micro-benchmark)",
+    Section("vLLM proposer's own CPU time against vLLM's n-gram and suffix proposers (micro-benchmark)",
             "No vLLM engine, no model: one persistent batch in vLLM's array layout (GRPO groups of 8, rows arriving "
             "with `context` tokens, then 8 timed calls as rows emit, leave and condense; k = 8) through ours (`fixed`, "
             "its A/A twin `fixed-twin`, `dcut` on a modelled step clock, `dcut-plain` on one where a draft token costs "
-            "5 ms, so that D-cut decides not to draft after three untimed windows to learn it) and vLLM's "
-            "`NgramProposer` (numba, one thread, "
-            "contexts of 1-4 tokens), interleaved, 5 repeats (`lab/profile_vllm_proposer.py --compare`). µs per call "
-            "and per request-step: medians (a call's time over its rows); the split of ours: means per request-step; "
+            "5 ms, so that D-cut decides not to draft after three untimed windows to learn it), vLLM's "
+            "`NgramProposer` (numba, one thread, contexts of 1-4 tokens) and vLLM's `SuffixDecodingProposer` "
+            "(arctic-inference, its defaults: min_token_prob 0.1, max_spec_factor 1), interleaved, 5 repeats "
+            "(`lab/profile_vllm_proposer.py --compare`). µs per call and per request-step: medians (a call's time "
+            "over its rows); the split of ours (count: the new text counted; walk: the chains), means per request-step; "
             "the mean with the counting the timed calls left undone (a D-cut that does not draft defers it to its next "
             "draft), for what a spell of plain decisions costs. "
             "MAT: tokens per request-step on this batch, drafts accepted up to their first token off the row's "
@@ -430,7 +431,8 @@ SECTIONS: list[Section] = [
             "`propose`. Modelled per request-step from the micro-benchmark above (this machine's CPU, not a GPU host's): "
             "a call that drafted at `fixed`'s or `dcut`'s median by batch size, one where D-cut decided not to draft at "
             "the `dcut-plain` arm's mean (its quiet calls, its probes and the counting it defers, settled). "
-            "Plain vLLM runs no proposer; suffix decoding's own time is not modelled (0, in its favour). Where a fixed "
+            "Suffix decoding pays its `suffix` arm's median by batch size (one figure for every depth); plain vLLM runs "
+            "no proposer. Where a fixed "
             "arm and D-cut both stay below plain, what our proposer costs per step decides it, not the budget.",
             ("dcut_clocks_proposer.json",), render_dcut_clocks,
             inputs=("vllm_proposer_vs_ngram.json", "replay/rec_tiny_t1.json", "replay/rec_smollm2_t1_r4.json",

@@ -144,7 +144,8 @@ def test_the_grpo_regime_times_the_revisits_only():
 def test_proposer_own_time_is_added_where_the_clock_lacks_it():
     """On a roofline (the forward alone) every step of an arm running our proposer also pays its own
     time — a drafting call at the drafting rate, a call where D-cut decided not to draft at the plain
-    rate — while plain vLLM (no proposer) pays none, nor does a clock timed between `propose` calls."""
+    rate — while plain vLLM (no proposer) pays none, nor does a clock timed between `propose` calls;
+    suffix decoding pays what the micro-benchmark measured of it."""
     cost = clocks.ProposerCost((8.0, 64.0), {"fixed": (10.0, 20.0), "dcut": (30.0, 40.0)}, (2.0, 4.0))
     assert cost.ms("fixed", 8) == pytest.approx(0.08) and cost.ms("dcut", 36, drafted=False) == pytest.approx(0.108)
     assert cost.ms("fixed", 128) == pytest.approx(128 * 20.0 / 1000)  # flat past the last batch measured
@@ -160,3 +161,8 @@ def test_proposer_own_time_is_added_where_the_clock_lacks_it():
         extra = paid["ms"][roof.name] - free["ms"][roof.name]
         assert extra == pytest.approx(0.0 if name == "plain" else request_steps * 10.0 / 1000)
         assert paid["ms"]["cpu"] == free["ms"]["cpu"] and paid["emitted"] == free["emitted"]
+    # suffix decoding pays its own time where the micro-benchmark measured it, else nothing (in its favour)
+    assert clock_replay.own_cost("suffix-d4", flat) is None and clock_replay.own_cost("plain", flat) is None
+    measured = clocks.ProposerCost(flat.batches, {**flat.drafting, "suffix": (3.0, 3.0)}, flat.plain)
+    assert clock_replay.own_cost("suffix-d4", measured) == (measured, "suffix")
+    assert measured.ms("suffix", 100) == pytest.approx(0.3)
