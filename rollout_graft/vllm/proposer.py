@@ -103,13 +103,13 @@ class RLDraftProposer:
                  and self.tracker.defer(ids, sampled_token_ids, num_tokens_no_spec))
         if quiet:
             rows, verified, accepted, shadowed = len(self.tracker.num), None, 0, None
-            self.stats.rows += rows
             self.scheduled_drafts = None
         else:
             reqs = self.tracker.rows(ids, prompt_lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
             active = [reqs[i] for i in self.tracker.active.tolist()]
             verified, accepted = self._learn(active)
             rows, shadowed = len(active), self._resolve_shadows()
+        self.stats.rows += rows
         self._observe(start, rows, verified, accepted, shadowed)
         self._last_start = start
         out: list[list[int]] = [[] for _ in sampled_token_ids]
@@ -163,7 +163,6 @@ class RLDraftProposer:
         tokens vLLM verified per row (`scheduled_drafts`): vLLM drops the draft of a request it
         preempts and cuts one its token budget cannot hold. Without its word (no vLLM runner) every
         draft returned counts whole. (The new tokens were appended to the texts by the tracker.)"""
-        self.stats.rows += len(reqs)
         scheduled, self.scheduled_drafts = self.scheduled_drafts, None
         if scheduled is None:
             depths = [len(req.draft) for req in reqs]
