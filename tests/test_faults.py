@@ -224,6 +224,9 @@ def _vllm_prior(path, **change) -> None:
     ("ragged", {"counts": np.array([1], dtype=np.int64)}),
     ("no-order", {"order": None}),
     ("truncated", {}),
+    ("not-right-aligned", {"contexts": np.array([[-1, 3, -1, 4], [-1, -1, -1, 4]], dtype=np.int64)}),
+    ("not-suffix-closed", {"contexts": np.array([[-1, -1, 3, 4], [-1, -1, -1, 7]], dtype=np.int64)}),
+    ("below-min-match", {"order": np.array([4, 2], dtype=np.int64)}),
 ])
 def test_a_bad_vllm_prior_names_the_file_at_config_time(tmp_path, case, change):
     path = tmp_path / "prior.safetensors"

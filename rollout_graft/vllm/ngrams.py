@@ -221,7 +221,8 @@ class NgramStore:
 def read_prior(path: str | Path, vocab: int | None = None) -> dict[str, np.ndarray]:
     """The arrays of a prior `NgramStore.save` wrote, checked: `contexts` [n, order] integer ids
     ≥ -1 (-1 before a shorter context), `successors` [n] ids ≥ 0 (and < `vocab` when given),
-    `counts` [n] positive ints, `order` [max_match, min_match]. ValueError naming the file otherwise."""
+    `counts` [n] positive ints, `order` [max_match, min_match], the contexts as a table holds them
+    (`_check_contexts`). ValueError naming the file otherwise."""
     from ..files import load_safetensors
 
     data = load_safetensors(path, "the vLLM proposer's prior", numpy=True)
@@ -256,4 +257,40 @@ def read_prior(path: str | Path, vocab: int | None = None) -> dict[str, np.ndarr
         raise bad("holds counts below 1")
     if vocab is not None and n and max(int(ctx.max()), int(succ.max())) >= vocab:
         raise bad(f"holds token id {max(int(ctx.max()), int(succ.max()))} outside the model's vocabulary [0, {vocab})")
+    if n:
+        _check_contexts(ctx, int(order[1]), bad)
     return data
+
+
+def _check_contexts(ctx: np.ndarray, min_order: int, bad) -> None:
+    """A saved table's contexts are right-aligned (-1 only before a context), of min_order tokens
+    or more, and suffix-closed: a context's suffix one token shorter is a context too (a position
+    is counted after each of its contexts). The chains' walks rely on the last (`_kernels._chains`
+    bisects the known lengths), so a table without it would silently draft from shorter contexts."""
+    tokens = ctx >= 0
+    if (tokens[:, :-1] & ~tokens[:, 1:]).any():
+        raise bad("holds a context with -1 after a token (a context is right-aligned: -1 only before its first token)")
+    lengths = tokens.sum(axis=1)
+    if (lengths < min_order).any():
+        raise bad(f"holds a context of {int(lengths.min())} tokens, fewer than its min_match {min_order}")
+    longer = np.flatnonzero(lengths > min_order)
+    shorter = ctx[longer]  # each with its first token dropped
+    shorter[np.arange(len(longer)), ctx.shape[1] - lengths[longer]] = -1
+    known, wanted = np.sort(_row_hash(ctx)), _row_hash(shorter)
+    ordered = np.sort(wanted)  # sorted queries: the search runs along `known`
+    missing = known[np.minimum(np.searchsorted(known, ordered), len(known) - 1)] != ordered
+    if missing.any():
+        row = longer[np.argmax(wanted == ordered[np.argmax(missing)])]
+        raise bad(f"is not suffix-closed: context {ctx[row][tokens[row]].tolist()} is counted but its suffix "
+                  f"{ctx[row][tokens[row]][1:].tolist()} is not (a table `save` wrote always is)")
+
+
+def _row_hash(rows: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row of token ids (for membership: a collision can only let a missing
+    context pass)."""
+    h = np.zeros(len(rows), np.uint64)
+    with np.errstate(over="ignore"):
+        for col in (rows + 1).astype(np.uint64).T:
+            h = (h ^ col) * np.uint64(0x9E3779B97F4A7C15)
+            h ^= h >> np.uint64(29)
+    return h
