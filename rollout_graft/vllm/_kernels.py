@@ -41,8 +41,14 @@ def _hash(owner, w0, w1, w2, w3, extra):
 def _find(keys, owner, w0, w1, w2, w3, extra, wide: bool):
     """Row of the key in `keys` (owner 0: empty; `wide`: the key has a sixth column, `extra`), or
     -1 - the empty row it would take."""
+    return _find_from(keys, np.int64(_hash(owner, w0, w1, w2, w3, extra) & np.uint64(len(keys) - 1)),
+                      owner, w0, w1, w2, w3, extra, wide)
+
+
+@njit(cache=True, inline="always")
+def _find_from(keys, i, owner, w0, w1, w2, w3, extra, wide: bool):
+    """`_find` from row `i`, where the key's hash starts its probe."""
     mask = len(keys) - 1
-    i = np.int64(_hash(owner, w0, w1, w2, w3, extra) & np.uint64(mask))
     while True:
         o = keys[i, OWNER]
         if o == 0:
@@ -163,20 +169,6 @@ def _window_words(win, words, w: int, hi: int) -> int:
     return top
 
 
-@njit(cache=True, inline="always")
-def _find_from(keys, i: int, owner, w0, w1, w2, w3) -> int:
-    """`_find` of a context (no sixth column) from the row its hash gives, `i`: the row, or -1."""
-    mask = len(keys) - 1
-    while True:
-        o = keys[i, OWNER]
-        if o == 0:
-            return -1
-        if (o == owner and keys[i, WORD] == w0 and keys[i, WORD + 1] == w1 and keys[i, WORD + 2] == w2
-                and keys[i, WORD + 3] == w3):
-            return i
-        i = (i + 1) & mask
-
-
 # a walk's search state, a row of `_chains`' `st`: the lengths below A are known, above B unknown;
 # G is the length probed next, FIRST whether it is the token's first probe, ROW the longest known
 # context's row so far (-1: none), TABLE the table's key prefix, DEPTH the chain's most tokens
@@ -247,7 +239,7 @@ def _rounds(ctx, st, live, words, win, tok, score, m, lo: int, hi: int) -> int:
         for q in range(alive):
             w = live[q]
             a, b, g, first, row = st[w, A], st[w, B], st[w, G], st[w, FIRST], st[w, ROW]
-            i = _find_from(ctx, at[w], st[w, TABLE], words[w, g, 0], words[w, g, 1], words[w, g, 2], words[w, g, 3])
+            i = _find_from(ctx, at[w], st[w, TABLE], words[w, g, 0], words[w, g, 1], words[w, g, 2], words[w, g, 3], 0, False)
             if i >= 0:
                 a, row = g + 1, i
                 g = a if first else (a + b + 1) // 2
