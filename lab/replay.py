@@ -225,6 +225,15 @@ def vllm_clocks(args) -> dict:
 
     steps = [c for c in args.cpu_steps if Path(c).exists()]
     timers = ([clocks.measured_clock(steps, "cpu-measured/tiny")] if steps else []) + list(clocks.rooflines().values())
+    if args.longer_contexts or args.profile_param:  # a study of the rooflines alone
+        timers = [c if not args.longer_contexts else clocks.LongerContexts(c, args.longer_contexts, args.stale_profile)
+                  for c in timers if isinstance(c, clocks.Roofline)]
+    params = dict(args.profile_param)
+
+    def profile_of(clock):  # the profile's roofline with the --profile-param values
+        if isinstance(clock, clocks.LongerContexts):
+            return replace(clock, inner=replace(clock.inner, **params))
+        return replace(clock, **params)
     cost = clocks.ProposerCost.from_json(args.proposer_cost) if args.proposer_cost else None
     out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
            "clocks": {c.name: repr(c) for c in timers},
@@ -237,7 +246,8 @@ def vllm_clocks(args) -> dict:
         if (regime == "grpo") != (rec["args"].get("regime") == "grpo"):
             raise SystemExit(f"{path}: the regime grpo is for recordings of GRPO epochs (lab/record_grpo.py), and only it")
         for batch in map(int, sizes.split(",")):
-            for cell in clock_replay.cells(rec, regime, batch, timers, dict(args.dcut), cost):
+            for cell in clock_replay.cells(rec, regime, batch, timers, dict(args.dcut), cost,
+                                           profile_of if params else None):
                 cell.update(recording=Path(path).name, temperature=rec["args"]["temperature"],
                             **clock_replay.verdict(cell))
                 out["cells"].append(cell)
@@ -335,6 +345,13 @@ def main(argv=None):
                         "without the flag: the forward alone)")
     c.add_argument("--cpu-steps", nargs="*", default=STEP_COST_RUNS,
                    help="lab/vllm_step_cost.py JSONs the CPU clock is fitted to")
+    c.add_argument("--longer-contexts", type=float, default=0.0, metavar="TOKENS",
+                   help="study: the rooflines only, every row's context this much longer (KV reads; acceptance as recorded)")
+    c.add_argument("--stale-profile", action="store_true",
+                   help="with --longer-contexts: the start profile taken at the recording's contexts, not the longer ones")
+    c.add_argument("--profile-param", nargs="*", default=[], metavar="NAME=VALUE", type=_dcut_option,
+                   help="study: the rooflines only, ours-dcut's start profile from a roofline with these parameters "
+                        "(eta_mem, eta_flop, overhead_ms, spec_ms): how wrong a start profile may be")
     c.add_argument("--json", type=Path)
     c.set_defaults(func=vllm_clocks)
     args = ap.parse_args(argv)

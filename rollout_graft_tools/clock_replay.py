@@ -143,7 +143,7 @@ def schedule(rec: dict, regime: str, batch: int) -> tuple[list[dict], list[bool]
 
 
 def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: dict | None = None,
-          cost: ProposerCost | None = None) -> list[dict]:
+          cost: ProposerCost | None = None, profile_of: Callable | None = None) -> list[dict]:
     """One cell per clock: every arm's modelled tokens/s, MAT and mean verified depth (draft tokens
     per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once),
     "revisit" (each twice in a row, timed the second time: greedy recordings) or "grpo" (a
@@ -152,7 +152,9 @@ def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: di
     proposer: `ours-dcut` starting from the clock's profile (`dcut_proposer`), `ours-dcut-online`
     without one (the step time fitted online alone); `dcut_options`: `ChainDCut` settings of the
     profiled one (e.g. {"spread": 0.0}, what DESIGN's "Modelled clocks" compares); `cost`: our
-    proposer's own time on clocks that price the forward alone (None: free). `suffix-sched`: the
+    proposer's own time on clocks that price the forward alone (None: free); `profile_of`: the clock
+    whose profile the profiled D-cut starts from, given the cell's (None: the cell's own; a wrong
+    one asks how wrong a start profile may be). `suffix-sched`: the
     best `suffix-d*` arm of the cell, the depth a user would pick for this batch size in hindsight
     (vLLM's `num_speculative_tokens_per_batch_size`; one depth for the cell, while a schedule could
     change it as the batch drains)."""
@@ -164,8 +166,9 @@ def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: di
     out = []
     for clock in clocks:
         runs = {**fixed,
-                "ours-dcut": run_arm(dcut_proposer(vocab, max_len, clock, **(dcut_options or {})), rollouts, timed,
-                                     [clock], own_cost("ours-dcut", cost)),
+                "ours-dcut": run_arm(dcut_proposer(vocab, max_len, profile_of(clock) if profile_of else clock,
+                                                   **(dcut_options or {})), rollouts, timed, [clock],
+                                     own_cost("ours-dcut", cost)),
                 "ours-dcut-online": run_arm(dcut_proposer(vocab, max_len), rollouts, timed, [clock],
                                             own_cost("ours-dcut-online", cost))}
         arms = {n: 1000.0 * r["emitted"] / r["ms"][clock.name] for n, r in runs.items()}

@@ -160,6 +160,31 @@ class Roofline:
 
 
 @dataclass(frozen=True)
+class LongerContexts:
+    """`inner` with every row's context `tokens` longer: a long-context rollout's KV reads on a
+    recording of short ones (acceptance stays the recording's). Its profile knows the offset unless
+    `profiled_without` (a profile taken at the recording's contexts)."""
+
+    inner: Roofline
+    tokens: float
+    profiled_without: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def includes_proposer(self) -> bool:
+        return self.inner.includes_proposer
+
+    def step_ms(self, drafts, contexts) -> float:
+        return self.inner.step_ms(drafts, np.asarray(contexts, dtype=np.float64) + self.tokens)
+
+    def profile_ms(self, rows, draft_tokens, context) -> np.ndarray:
+        return self.inner.profile_ms(rows, draft_tokens, context + (0.0 if self.profiled_without else self.tokens))
+
+
+@dataclass(frozen=True)
 class ProposerCost:
     """Our proposer's own CPU time per step, modelled: µs per request-step at each batch size of
     `batches` (linear between them, flat outside) — `drafting[policy]` for a call that drafted, per

@@ -166,3 +166,16 @@ def test_proposer_own_time_is_added_where_the_clock_lacks_it():
     measured = clocks.ProposerCost(flat.batches, {**flat.drafting, "suffix": (3.0, 3.0)}, flat.plain)
     assert clock_replay.own_cost("suffix-d4", measured) == (measured, "suffix")
     assert measured.ms("suffix", 100) == pytest.approx(0.3)
+
+
+def test_longer_contexts_price_the_kv_reads_of_longer_rows():
+    """The study clock (`lab/replay.py vllm clocks --longer-contexts`): a roofline whose rows each
+    hold more context — its profile too, unless taken at the recording's contexts."""
+    roof = clocks.rooflines()["H200/Qwen3-8B"]
+    drafts, contexts, k = np.array([0, 2]), np.array([100, 200]), np.array([0, 8])
+    long = clocks.LongerContexts(roof, 2048)
+    assert long.step_ms(drafts, contexts) == roof.step_ms(drafts, contexts + 2048) > roof.step_ms(drafts, contexts)
+    assert long.profile_ms(64, k, 256).tolist() == roof.profile_ms(64, k, 2304).tolist()
+    stale = clocks.LongerContexts(roof, 2048, profiled_without=True)
+    assert stale.profile_ms(64, k, 256).tolist() == roof.profile_ms(64, k, 256).tolist()
+    assert long.name == roof.name and long.includes_proposer == roof.includes_proposer
