@@ -257,6 +257,9 @@ def vllm_clocks(args) -> dict:
                       f"{cell['vs_plain']:.3f}× plain, {cell['vs_best']:.3f}× best; depth ours "
                       f"{cell['mean_verified_depth']['ours-dcut']:.2f}{'' if cell['meets'] else '  MISS'}"
                       + (f"; {cell['vs_suffix']:.3f}× suffix" if "vs_suffix" in cell else ""), flush=True)
+    cells = out["cells"]
+    print(f"ours-dcut meets the bar in {sum(c['meets'] for c in cells)} of {len(cells)} cells; ours-dcut-online in "
+          f"{sum(clock_replay.meets(c['arms'], 'ours-dcut-online') for c in cells)}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_graft.files import atomic_write_text
-from rollout_graft_tools import tables
+from rollout_graft_tools import clock_replay, tables
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "docs" / "bench"
@@ -231,7 +231,9 @@ def render_dcut_clocks(runs: list[dict]) -> str:
                          + (f" {a['suffix-sched'] / a['plain']:.3f} | {a['ours-dcut'] / a['suffix-sched']:.3f} |"
                             if "suffix-sched" in a else (" – | – |" if suffix else "")))
         met = sum(c["meets"] for c in run["cells"])
-        lines.append(f"\nMeets the bar in {met} of {len(run['cells'])} cells"
+        online = sum(clock_replay.meets(c["arms"], "ours-dcut-online") for c in run["cells"])
+        lines.append(f"\nMeets the bar in {met} of {len(run['cells'])} cells (ours-dcut-online, without a start profile: "
+                     f"{online})"
                      + (f"; ours-dcut ≥ suffix-sched in {sum(c.get('vs_suffix', 0) >= 1 for c in run['cells'])}." if suffix
                         else "."))
         cost = run.get("proposer_cost")
