@@ -38,11 +38,16 @@ def _hash(owner, w0, w1, w2, w3, extra):
 
 
 @njit(cache=True, inline="always")
+def _home(keys, owner, w0, w1, w2, w3, extra) -> int:
+    """The row of `keys` where the key's probe starts."""
+    return np.int64(_hash(owner, w0, w1, w2, w3, extra) & np.uint64(len(keys) - 1))
+
+
+@njit(cache=True, inline="always")
 def _find(keys, owner, w0, w1, w2, w3, extra, wide: bool):
     """Row of the key in `keys` (owner 0: empty; `wide`: the key has a sixth column, `extra`), or
     -1 - the empty row it would take."""
-    return _find_from(keys, np.int64(_hash(owner, w0, w1, w2, w3, extra) & np.uint64(len(keys) - 1)),
-                      owner, w0, w1, w2, w3, extra, wide)
+    return _find_from(keys, _home(keys, owner, w0, w1, w2, w3, extra), owner, w0, w1, w2, w3, extra, wide)
 
 
 @njit(cache=True, inline="always")
@@ -123,7 +128,7 @@ def _owner(gens, slot: int) -> int:
 @njit(cache=True, inline="always")
 def _touch(keys, owner, w0, w1, w2, w3, extra):
     """Load the row where the key's probe starts (a lookup after it finds the row cached)."""
-    return keys[np.int64(_hash(owner, w0, w1, w2, w3, extra) & np.uint64(len(keys) - 1)), OWNER]
+    return keys[_home(keys, owner, w0, w1, w2, w3, extra), OWNER]
 
 
 @njit(cache=True)
@@ -225,7 +230,6 @@ def _chains(ctx, gens, slots, prior_slot: int, token_ids, rows, lens, room, k: i
 @njit(cache=True)
 def _rounds(ctx, st, live, words, win, tok, score, m, lo: int, hi: int) -> int:
     """The walks `live` in rounds of one probe each (`_chains`) until every chain has ended."""
-    mask = np.uint64(len(ctx) - 1)
     at = np.zeros(len(st), np.int64)  # the row each walk's probe starts from
     prod = np.ones(len(st), np.float64)  # each chain's score so far
     alive, acc = len(live), 0
@@ -233,7 +237,7 @@ def _rounds(ctx, st, live, words, win, tok, score, m, lo: int, hi: int) -> int:
         for q in range(alive):
             w = live[q]
             g = st[w, G]
-            at[w] = np.int64(_hash(st[w, TABLE], words[w, g, 0], words[w, g, 1], words[w, g, 2], words[w, g, 3], 0) & mask)
+            at[w] = _home(ctx, st[w, TABLE], words[w, g, 0], words[w, g, 1], words[w, g, 2], words[w, g, 3], 0)
             acc += ctx[at[w], OWNER]
         kept = 0
         for q in range(alive):
