@@ -233,7 +233,10 @@ def test_a_bad_vllm_prior_names_the_file_at_config_time(tmp_path, case, change):
     _vllm_prior(path, **change)
     if case == "truncated":
         path.write_bytes(path.read_bytes()[:-8])
-    named_error(path, read_prior, path, VOCAB)
+    message = named_error(path, read_prior, path, VOCAB)
+    says = {"not-right-aligned": "right-aligned", "not-suffix-closed": "its suffix [4] is not",
+            "below-min-match": "fewer than its min_match 2"}
+    assert says.get(case, "") in message  # the contexts' checks each name what is wrong
     if case != "out-of-vocab":  # the vocabulary is known only where vLLM runs (the proposer checks it there)
         named_error(path, speculative_config, prior_path=str(path))  # before vLLM starts
         named_error(path, GraftConfig, backend="vllm", prior_path=str(path))
