@@ -26,9 +26,10 @@ the same way every run; the proposer's own time is measured with the real clock.
 
 Reports, per policy (`fixed`: every chain verified; `dcut`: the default; `plain`: never drafts) and batch size, the median
 microseconds per `propose` call over the steps with a full batch, and microseconds per
-request-step (all steps), split into tracker (`RequestTracker.rows`), learn (acceptance counters,
-policy calls excluded), drafting — count (`NgramStore.teach`: the new text counted) and walk
-(`NgramStore.chains_at`: the chains) —, policy (`self.policy.*` calls) and the rest of `propose`.
+request-step (all steps), split into tracker (`RequestTracker.rows`), learn (what the last drafts
+and the shadows earned, policy calls excluded), drafting — count (`NgramStore.teach`: the new text
+counted) and walk (`NgramStore.chain_arrays`: the chains) —, policy (`self.policy.*` calls) and the
+rest of `propose`.
 This measures the proposer's CPU time only, not end-to-end speed.
 
 The persistent-batch replay itself is `rollout_graft_tools.chain_replay` (shared with `lab/replay.py vllm`
@@ -64,8 +65,9 @@ class Parts:
         for name in ("rows", "defer", "flush"):  # the request tracking, deferred or not
             setattr(proposer.tracker, name, self._wrap(getattr(proposer.tracker, name), "tracker"))
         proposer.store.teach = self._wrap(proposer.store.teach, "count")  # counting the new text (drafting's first part)
-        proposer.store.chains_at = self._wrap(proposer.store.chains_at, "walk")  # the chains' walks (its second)
-        proposer._learn = self._wrap(proposer._learn, "learn", learn=True)
+        proposer.store.chain_arrays = self._wrap(proposer.store.chain_arrays, "walk")  # the chains' walks (its second)
+        proposer._learn = self._wrap(proposer._learn, "learn", learn=True)  # what the drafts and shadows earned
+        proposer._resolve_shadows = self._wrap(proposer._resolve_shadows, "learn", learn=True)
         for name in ("plan", "cut", "observe"):
             setattr(proposer.policy, name, self._wrap(getattr(proposer.policy, name), "policy"))
 

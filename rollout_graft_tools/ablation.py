@@ -10,6 +10,8 @@ mechanism stays only where taking it out loses beyond the A/A twin's spread.
 
 from __future__ import annotations
 
+import numpy as np
+
 from rollout_graft.dcut.chains import step_cost_fit
 from rollout_graft.vllm.proposer import RLDraftProposer
 
@@ -50,8 +52,11 @@ class NoShadows(_Variant):
     def ablate(self, policy):
         pass
 
-    def _shadow(self, req, chain, scores):
-        pass
+    def propose(self, *args, **kwargs):
+        out = super().propose(*args, **kwargs)
+        self.inflight.shadow_len[:] = 0  # no chain is kept (and a sent one, shadowed, teaches nothing)
+        self.inflight.shadows = 0
+        return out
 
 
 class NoAging(_Variant):
@@ -70,10 +75,13 @@ class NoSentShadows(_Variant):
 
     def propose(self, *args, **kwargs):
         out = super().propose(*args, **kwargs)
-        for req in self._shadows:
-            if req.draft and req.draft_scores is None:  # sent this step, its whole chain a shadow
-                req.draft_scores, req.shadow = req.shadow_scores[: len(req.draft)], []
-        self._shadows = [req for req in self._shadows if req.shadow]
+        f = self.inflight
+        slots = self.tracker.slots
+        sent = slots[(f.draft_len[slots] > 0) & ~f.teaches[slots] & (f.shadow_len[slots] > 0)]  # its whole chain a shadow
+        f.teaches[sent] = True
+        f.draft_scores[sent] = np.where(np.arange(f.k) < f.draft_len[sent, None], f.shadow_scores[sent], 0.0)
+        f.shadow_len[sent] = 0
+        f.shadows -= len(sent)
         return out
 
 

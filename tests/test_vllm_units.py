@@ -634,15 +634,14 @@ def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
 
     reqs = batch.step(prop.tracker, [[1], [1], [2]])
     assert prop._resolve_shadows() is None
-    for req, chain in zip(reqs[:3], ([3, 4, 5], [3, 9, 9], [7, 7, 7])):
-        prop._shadow(req, chain, np.array([0.5, 0.25, 0.125]))
+    _shadow(prop, reqs[:3], [[3, 4, 5], [3, 9, 9], [7, 7, 7]])
     assert step([[3], [3], [7]]) is None  # every chain matched so far
     scores, depths, accepted = step([[4, 5], [4], [7]])  # row 1 is wrong at its second token
     assert depths.tolist() == [3, 3] and accepted.tolist() == [3, 1] and scores[1].tolist() == [0.5, 0.25, 0.125]
     batch.texts = batch.texts[2:]  # rows 0 and 1 finished
     assert step([[7]])[2].tolist() == [3]  # chain [7, 7, 7] matched whole
     s = prop.stats
-    assert prop._shadows == [] and (s.shadows, s.shadow_tokens, s.shadow_accepted) == (3, 9, 7)
+    assert prop.inflight.shadows == 0 and (s.shadows, s.shadow_tokens, s.shadow_accepted) == (3, 9, 7)
 
 
 def test_a_step_that_prefilled_a_new_request_is_not_timed():
@@ -686,13 +685,21 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
     prop = RLDraftProposer(bench.vllm_config(3, 64))
     batch = Batch([P1, P2])
     first = batch.step(prop.tracker, [[1], [2]])[0]
-    prop._shadow(first, [3, 4, 5], np.array([0.5, 0.25, 0.125]))
+    _shadow(prop, [first], [[3, 4, 5]])
     batch.step(prop.tracker, [[3], [6]])
     assert prop._resolve_shadows() is None
     batch.texts = batch.texts[1:]  # it finished (or was preempted) after emitting 3
     batch.step(prop.tracker, [[6]])
     scores, depths, accepted = prop._resolve_shadows()
-    assert depths.tolist() == [1] and accepted.tolist() == [1] and prop._shadows == []
+    assert depths.tolist() == [1] and accepted.tolist() == [1] and prop.inflight.shadows == 0
+
+
+def _shadow(prop, reqs, chains):
+    """Each request's chain (scores 0.5, 0.25, 0.125) kept as its shadow, drafted from its text now."""
+    prop.inflight.start(prop.tracker.slot_capacity, [])
+    n = len(reqs)
+    prop.inflight.send(np.array([r.slot for r in reqs]), np.array(chains), np.tile([0.5, 0.25, 0.125], (n, 1)),
+                       np.array([len(c) for c in chains]), np.zeros(n, np.int64), np.array([len(r.text) for r in reqs]), True)
 
 
 @pytest.mark.parametrize("bad", [{"explore_every": -1}, {"explore_every": 2.0}, {"forget": 0.0}, {"probe_share": 1.5},

@@ -297,3 +297,96 @@ def _rehash(rows, live, out, wide: bool):
 def _import(ctx, pairs, used, sizes, slot, owner, keys, succ, cnt) -> None:
     for i in range(len(succ)):
         _add(ctx, pairs, used, sizes, slot, owner, keys[i, 0], keys[i, 1], keys[i, 2], keys[i, 3], succ[i], cnt[i])
+
+
+# ---------------------------------------------------------------------- in-flight drafts and shadows
+# `inflight.InFlight`'s per-step work over the batch's request slots, one compiled call each.
+
+
+@njit(cache=True)
+def _verified(draft_len, teaches, draft_scores, slots, depths, lens):
+    """Rows j that vLLM verified depths[j] > 0 tokens of: (their count, Σ depths, Σ accepted, and of
+    those whose draft teaches: scores [n, max depth] (0 past min(sent, verified)), depths, accepted
+    = lens - 1). Every row's draft is then done — unless no row verified any (none is touched)."""
+    n = len(slots)
+    rows = verified = accepted = width = teach = 0
+    for j in range(n):
+        if depths[j] > 0:
+            rows += 1
+            verified += depths[j]
+            accepted += lens[j] - 1
+            if teaches[slots[j]]:
+                teach += 1
+                width = max(width, depths[j])
+    scores = np.zeros((teach, width))
+    depth, acc = np.zeros(teach, np.int64), np.zeros(teach, np.int64)
+    if rows == 0:
+        return rows, verified, accepted, scores, depth, acc
+    t = 0
+    for j in range(n):
+        s = slots[j]
+        if depths[j] > 0 and teaches[s]:
+            for c in range(min(draft_len[s], depths[j])):
+                scores[t, c] = draft_scores[s, c]
+            depth[t], acc[t] = depths[j], lens[j] - 1
+            t += 1
+        draft_len[s], teaches[s] = 0, False
+    return rows, verified, accepted, scores, depth, acc
+
+
+@njit(cache=True)
+def _resolve(shadow_len, shadow_tokens, shadow_scores, shadow_at, slots, rows, nums, token_ids):
+    """The shadows of the active rows (slots[j], its text token_ids[rows[j], :nums[j]]) that the
+    text now decides: matched up to the first token that differs, or whole. Returns the active
+    shadows seen, and for those resolved (now dropped): scores [n, k] (0 past the chain), depths
+    (the chain's length) and accepted (tokens matched)."""
+    k = shadow_tokens.shape[1]
+    held = done = 0
+    depth, acc = np.zeros(len(slots), np.int64), np.zeros(len(slots), np.int64)
+    which = np.zeros(len(slots), np.int64)
+    for j in range(len(slots)):
+        s = slots[j]
+        length = shadow_len[s]
+        if length == 0:
+            continue
+        held += 1
+        at = shadow_at[s]
+        m = min(length, nums[j] - at)  # tokens emitted since the shadow was drafted
+        n = 0
+        while n < m and token_ids[rows[j], at + n] == shadow_tokens[s, n]:
+            n += 1
+        if n < m or n == length:
+            which[done], depth[done], acc[done] = s, length, n
+            done += 1
+            shadow_len[s] = 0
+    scores = np.zeros((done, k))
+    for t in range(done):
+        for c in range(depth[t]):
+            scores[t, c] = shadow_scores[which[t], c]
+    return held, scores, depth[:done], acc[:done]
+
+
+@njit(cache=True)
+def _send(draft_len, teaches, draft_scores, shadow_len, shadow_tokens, shadow_scores, shadow_at, slots, tokens,
+          scores, lengths, depths, nums, learns: bool):
+    """Row j sends its chain's first kept[j] = min(depths[j], lengths[j]) tokens (a row that sends
+    none keeps its last draft), and — for a policy that learns — keeps the whole chain as its
+    request's shadow where it holds none (drafted from nums[j] tokens); a sent draft teaches by
+    itself only where its chain is not a shadow. Returns kept [rows] and the shadows added."""
+    k = draft_scores.shape[1]
+    kept = np.minimum(depths, lengths)
+    added = 0
+    for j in range(len(slots)):
+        s = slots[j]
+        shadowed = learns and lengths[j] > 0 and shadow_len[s] == 0
+        if shadowed:
+            shadow_len[s], shadow_at[s] = lengths[j], nums[j]
+            for c in range(k):
+                shadow_tokens[s, c] = tokens[j, c]
+                shadow_scores[s, c] = scores[j, c] if c < lengths[j] else 0.0
+            added += 1
+        if kept[j] > 0:
+            draft_len[s], teaches[s] = kept[j], learns and not shadowed
+            for c in range(k):
+                draft_scores[s, c] = scores[j, c] if c < kept[j] else 0.0
+    return kept, added

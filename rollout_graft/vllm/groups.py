@@ -93,14 +93,8 @@ class Request:
     group: Group
     text_id: int  # its text in group.texts
     length: int  # tokens committed (prompt + completion)
-    draft: list[int] = field(default_factory=list)  # the chain proposed at its last step
-    # raw confidence of each draft token (prefix products); None: the draft teaches nothing by itself
-    # (its whole chain is a shadow, or the policy learns from no evidence)
-    draft_scores: np.ndarray | None = None
-    shadow: list[int] = field(default_factory=list)  # its last chain computed (sent or not), matched against what it emits next
-    shadow_scores: np.ndarray | None = None
-    shadow_at: int = 0  # its text's length when the shadow was drafted
     seen: int = 0  # step it was last seen
+    slot: int = -1  # its row in the arrays of per-request state (`RequestTracker.slots`; the proposer's `InFlight`)
 
     @property
     def text(self) -> list[int]:
@@ -120,8 +114,11 @@ class RequestTracker:
     of the previous rollout as read-only texts.
 
     After `rows`, the step's arrays are kept for the proposer: `active` (rows that sampled),
-    `num` (committed tokens per active row), `lens` (tokens sampled per active row) and `created`
-    (a request started this step: its prefill ran).
+    `num` (committed tokens per active row), `lens` (tokens sampled per active row), `slots` (each
+    active row's request slot: the proposer's per-request state is arrays by slot; a request keeps
+    its slot while the tracker holds it, `started` lists the slots new this step, reused ones
+    included, and `by_slot` finds a request), `tables` (its group's table) and `created` (a
+    request started this step: its prefill ran).
 
     Args:
         store: where the groups' tables live (default: `NgramStore()`).
@@ -149,6 +146,14 @@ class RequestTracker:
         self._ids: list | None = None  # the last step's ids, where every row sampled (`defer`)
         self._reqs: list[Request] | None = None  # and its request per row
         self._log: list[tuple[int, np.ndarray, np.ndarray]] = []  # deferred steps: (step, tokens per row, the tokens)
+        self.slots = np.zeros(0, dtype=np.int64)  # the slot of each active row's request (`rows`)
+        self.tables = np.zeros(0, dtype=np.int64)  # and its group's table (a slot of `store`)
+        self.by_slot: dict[int, Request] = {}  # every request the tracker holds, by slot
+        self.slot_capacity = 0  # slots handed out so far
+        self._free_slots: list[int] = []  # slots of requests dropped before the last `rows` call: reused
+        self._dropped: list[int] = []  # slots of requests dropped since (their state is read this step still)
+        self.token_ids: np.ndarray | None = None  # the last `rows` call's token ids (vLLM's token_ids_cpu)
+        self.started: list[int] = []  # slots of the requests the last `rows` call started (their state starts empty)
 
     def rows(self, ids: list, prompt_lens, sampled: list[list[int]], num_tokens: np.ndarray,
              token_ids: np.ndarray) -> list[Request | None]:
@@ -157,6 +162,10 @@ class RequestTracker:
         prompt length of rows 0…len(ids)-1 (vLLM's input batch); rows past them are empty."""
         self._apply_log()
         self.step += 1
+        for slot in self._dropped:
+            del self.by_slot[slot]
+        self._free_slots += self._dropped
+        self._dropped = []
         n = min(len(sampled), len(ids))
         lens = np.fromiter((len(sampled[i]) for i in range(n)), dtype=np.int64, count=n)
         active = np.flatnonzero(lens)
@@ -164,6 +173,7 @@ class RequestTracker:
         out: list[Request | None] = [None] * len(sampled)
         live: dict[str, Request] = {}
         self.created = False
+        self.started = []
         for i, length in zip(active.tolist(), num[active].tolist()):
             rid, new = ids[i], sampled[i]
             req = self._take(rid, length - len(new))
@@ -178,6 +188,10 @@ class RequestTracker:
         self.away.update(self.live)  # requests that did not sample this step: finished, preempted or prefilling
         self.live = live
         self.active, self.num, self.lens = active, num[active], lens[active]
+        reqs = [out[i] for i in active.tolist()]
+        self.slots = np.fromiter((r.slot for r in reqs), dtype=np.int64, count=len(reqs))
+        self.tables = np.fromiter((r.group.slot for r in reqs), dtype=np.int64, count=len(reqs))
+        self.token_ids = token_ids
         self._prune()
         full = len(active) == n
         self._ids, self._reqs = (list(ids[:n]), out[:n]) if full else (None, None)
@@ -221,13 +235,17 @@ class RequestTracker:
 
     def _prune(self) -> None:
         if self.step % 256 == 0:
+            self._dropped += [r.slot for r in self.away.values() if self.step - r.seen > self.forget_after]
             self.away = {rid: r for rid, r in self.away.items() if self.step - r.seen <= self.forget_after}
 
     def _take(self, rid, before: int) -> Request | None:
         """The known request `rid` — of the last step, or returning to the batch (preempted,
         recomputed) — if its text is the row's as it stood before this step's tokens; else None."""
         req = self.live.pop(rid, None) or self.away.pop(rid, None)
-        return req if req is not None and req.length == before else None
+        if req is not None and req.length != before:  # not the row's text: dropped, the row starts a new request
+            self._dropped.append(req.slot)
+            return None
+        return req
 
     def _start(self, prompt: list[int], completion: list[int]) -> Request:
         """A new request: its group (this rollout's of its prompt) and its text, prompt + the
@@ -246,7 +264,16 @@ class RequestTracker:
         tid = group.add(prompt + completion, counted_from=len(prompt), emitted=True)  # the prompt is counted once
         group.members.append(tid)
         group.last_seen = self.step
-        return Request(group, tid, len(prompt) + len(completion), seen=self.step)
+        req = Request(group, tid, len(prompt) + len(completion), seen=self.step, slot=self._slot())
+        self.by_slot[req.slot] = req
+        self.started.append(req.slot)
+        return req
+
+    def _slot(self) -> int:
+        if self._free_slots:
+            return self._free_slots.pop()
+        self.slot_capacity += 1
+        return self.slot_capacity - 1
 
     def _new_group(self, prompt: list[int], recalled: list[list[int]]) -> Group:
         group = Group(prompt, self.store, self.prior, self.pending)

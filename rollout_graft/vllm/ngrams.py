@@ -157,10 +157,16 @@ class NgramStore:
                   room: np.ndarray, k: int) -> tuple[list[list[int]], np.ndarray]:
         """`chains` over texts held in an array (vLLM's `token_ids_cpu`): row j's text is
         token_ids[rows[j], :lens[j]]."""
+        tok, score, m = self.chain_arrays(slots, prior, token_ids, rows, lens, room, k)
+        return [row[:n] for row, n in zip(tok.tolist(), m.tolist())], score
+
+    def chain_arrays(self, slots, prior: int, token_ids: np.ndarray, rows: np.ndarray, lens: np.ndarray,
+                     room: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`chains_at` as arrays: tokens [rows, k], scores [rows, k] and each chain's length [rows]."""
         tok, score, m, _ = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, token_ids,
                                           np.asarray(rows, dtype=np.int64), np.asarray(lens, dtype=np.int64),
                                           np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, self.order)
-        return [row[:n] for row, n in zip(tok.tolist(), m.tolist())], score
+        return tok, score, m
 
     def chain(self, slot: int, context: list[int], depth: int) -> tuple[list[int], list[float]]:
         """Up to `depth` tokens of the table of `slot` continuing `context` and their scores (prefix

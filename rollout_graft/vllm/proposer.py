@@ -1,10 +1,10 @@
 """`RLDraftProposer`: our RL draft sources and budget policy behind vLLM's `custom_class` hook.
 
 Each `propose` call: rows → requests and groups (`groups.RequestTracker`) → learn (what the last
-drafts and shadows earned) → draft (each request's chain from its group's counts or the prior's:
-`ngrams.NgramStore.chains`) → cut (`dcut.chains.ChainPolicy`; each chain, sent or cut away, is
-kept as a shadow for a policy that learns). The step time is measured from call to call. Why each part is as it is, and what it
-costs: docs/DESIGN.md, "The vLLM backend".
+drafts and shadows earned: `inflight.InFlight`) → draft (each request's chain from its group's
+counts or the prior's: `ngrams.NgramStore.chain_arrays`) → cut (`dcut.chains.ChainPolicy`; each
+chain, sent or cut away, is kept as a shadow for a policy that learns). The step time is measured
+from call to call. Why each part is as it is, and what it costs: docs/DESIGN.md, "The vLLM backend".
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..dcut.chains import ChainDCut, ChainStep, FixedDepth, cut
+from ..dcut.chains import ChainDCut, ChainStep, FixedDepth
 from ..dcut.roofline import ContextProfile
 from ..files import atomic_write_json, is_int, read_json, require_keys
 from .config import MAX_MATCH, MAX_PRIOR_CONTEXTS, MIN_MATCH, PROPOSER_CLASS, RECALL_PROMPTS, ChainConfig
-from .groups import Request, RequestTracker, catch_up
+from .groups import RequestTracker, catch_up
+from .inflight import InFlight
 from .ngrams import NgramStore, read_prior
 from .profile import start_profile
 
@@ -84,7 +85,7 @@ class RLDraftProposer:
                               else "a fixed budget prices no step")  # what D-cut starts from (`load_model`)
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
-        self._shadows: list[Request] = []  # requests holding a shadow chain not resolved yet
+        self.inflight = InFlight(self.k)  # each request's draft sent and shadow chain, by slot
         self.scheduled_drafts: list[int] | None = None  # draft tokens vLLM verifies this step per row (`plugin`; None: unknown)
         self._requests: tuple[list, object] | None = None  # this step's request ids and prompt lengths per row
 
@@ -118,16 +119,17 @@ class RLDraftProposer:
         (ids, prompt_lens), self._requests = self._requests, None
         # nothing to learn from the last step (it drafted nothing, no shadow waits) and the same requests in
         # the same rows: the tracker logs the step, no Python per row, until this or a later step drafts
-        quiet = (not self._shadows and (self._pending is None or not self._pending.drafted)
+        quiet = (not self.inflight.shadows and (self._pending is None or not self._pending.drafted)
                  and self.tracker.defer(ids, sampled_token_ids, num_tokens_no_spec))
         if quiet:
-            rows, verified, accepted, shadowed = len(self.tracker.num), None, 0, None
+            verified, accepted, shadowed = None, 0, None
             self.scheduled_drafts = None
         else:
-            reqs = self.tracker.rows(ids, prompt_lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-            active = [reqs[i] for i in self.tracker.active.tolist()]
-            verified, accepted = self._learn(active)
-            rows, shadowed = len(active), self._resolve_shadows()
+            self.tracker.rows(ids, prompt_lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            self.inflight.start(self.tracker.slot_capacity, self.tracker.started)
+            verified, accepted = self._learn()
+            shadowed = self._resolve_shadows()
+        rows = len(self.tracker.num)
         self.stats.rows += rows
         self._observe(start, rows, verified, accepted, shadowed)
         self._last_start = start
@@ -136,18 +138,18 @@ class RLDraftProposer:
         draft_start = time.perf_counter()
         if planned:
             if quiet:
-                active = self.tracker.flush()
-            chains, scores = self._draft(active, token_ids_cpu)
+                self.tracker.flush()
+            tokens, scores, lengths = self._draft(token_ids_cpu)
+            chains = [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())]
             depths, decision = self.policy.cut(chains, scores)
-            learns = self.policy.learns
-            for j, (i, req, chain, kept) in enumerate(zip(self.tracker.active.tolist(), active, chains, cut(chains, depths))):
-                shadowed = learns and bool(chain) and not req.shadow  # one shadow per request at a time
-                if shadowed:
-                    self._shadow(req, chain, scores[j, : len(chain)])
-                if kept:  # its evidence: the shadow's (the whole chain), else what vLLM verifies of it
-                    req.draft, req.draft_scores = kept, scores[j, : len(kept)] if learns and not shadowed else None
-                    out[i] = kept
-                    drafted += len(kept)
+            # every chain a shadow where its request holds none; a sent draft's evidence: its shadow's (the
+            # whole chain), else what vLLM verifies of it
+            kept = self.inflight.send(self.tracker.slots, tokens, scores, lengths, depths, self.tracker.num,
+                                      self.policy.learns)
+            for i, chain, n in zip(self.tracker.active.tolist(), chains, kept.tolist()):
+                if n:
+                    out[i] = chain[:n]
+            drafted = int(kept.sum())
             proposed = int((scores > 0).sum())
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
@@ -174,80 +176,51 @@ class RLDraftProposer:
             self.stats.step_s += step.ms / 1000.0
         self.policy.observe(step)
 
-    def _learn(self, reqs: list[Request]) -> tuple[tuple | None, int]:
+    def _learn(self) -> tuple[tuple | None, int]:
         """What the drafts returned last step earned: (raw scores [n, depth], depths [n], accepted [n])
-        of the rows whose draft vLLM verified and that teach by themselves (`Request.draft_scores`;
+        of the rows whose draft vLLM verified and that teach by themselves (`InFlight.teaches`;
         None: none) — a draft whose whole chain is a shadow teaches when the shadow resolves — and
         the draft tokens the step accepted (every draft's). The plugin tells us how many draft
         tokens vLLM verified per row (`scheduled_drafts`): vLLM drops the draft of a request it
         preempts and cuts one its token budget cannot hold. Without its word (no vLLM runner) every
         draft returned counts whole. (The new tokens were appended to the texts by the tracker.)"""
         scheduled, self.scheduled_drafts = self.scheduled_drafts, None
+        slots, active = self.tracker.slots, self.tracker.active
         if scheduled is None:
-            depths = [len(req.draft) for req in reqs]
+            depths = self.inflight.draft_len[slots]
         else:
-            depths = [int(scheduled[row]) if row < len(scheduled) else 0 for row in self.tracker.active.tolist()]
-        lens = self.tracker.lens.tolist()
-        rows = [j for j, depth in enumerate(depths) if depth]
-        if not rows:
-            return None, 0
-        accepted = sum(lens[j] - 1 for j in rows)
-        self.stats.drafts += len(rows)
-        self.stats.draft_tokens += sum(depths[j] for j in rows)
+            scheduled, depths = np.asarray(scheduled, dtype=np.int64), np.zeros(len(active), np.int64)
+            inside = active < len(scheduled)
+            depths[inside] = scheduled[active[inside]]
+        verified, rows, tokens, accepted = self.inflight.verified(slots, depths, self.tracker.lens)
+        self.stats.drafts += rows
+        self.stats.draft_tokens += tokens
         self.stats.accepted_tokens += accepted
-        verified = [(reqs[j].draft_scores, depths[j], lens[j] - 1) for j in rows if reqs[j].draft_scores is not None]
-        for req in reqs:
-            req.draft, req.draft_scores = [], None
-        return (_evidence(verified, max(d for _, d, _ in verified)) if verified else None), accepted
-
-    def _shadow(self, req: Request, chain: list[int], scores: np.ndarray) -> None:
-        """Keep `chain` (drafted from the request's text as it is now) to match against the tokens
-        the request emits next (`_resolve_shadows`)."""
-        req.shadow, req.shadow_scores, req.shadow_at = chain, scores, len(req.text)
-        self._shadows.append(req)
+        return verified, accepted
 
     def _resolve_shadows(self) -> tuple | None:
-        """Shadows whose outcome the emitted text now shows: the first token that differs from the
-        chain (the rest of it counts as verified and rejected, as vLLM counts a draft), or the
-        whole chain matched. A request that sampled nothing this step (finished, preempted or
-        prefilling) resolves with what it emitted so far. Returns raw scores [n, depth], depths
-        [n] and accepted [n] as `_learn` does (None: nothing resolved)."""
-        if not self._shadows:
-            return None
-        step, done, left = self.tracker.step, [], []
-        for req in self._shadows:
-            chain, at = req.shadow, req.shadow_at
-            emitted = req.group.texts[req.text_id][at : at + len(chain)]
-            m = len(emitted)
-            n = m if chain[:m] == emitted else next(j for j, (a, b) in enumerate(zip(chain, emitted)) if a != b)
-            if n < m or n == len(chain):
-                done.append((req, len(chain), n))
-            elif req.seen < step:
-                done.append((req, n, n))
-            else:
-                left.append(req)
-        self._shadows = left
-        resolved = [(req.shadow_scores, depth, n) for req, depth, n in done if depth]
-        for req, _, _ in done:
-            req.shadow = []
-        if not resolved:
-            return None
-        scores, depths, accepted = evidence = _evidence(resolved, self.k)
-        self.stats.shadows += len(resolved)
-        self.stats.shadow_tokens += int(depths.sum())
-        self.stats.shadow_accepted += int(accepted.sum())
+        """Shadows whose outcome the emitted text now shows (`InFlight.resolve`): raw scores [n, depth],
+        depths [n] and accepted [n] as `_learn` gives them (None: nothing resolved)."""
+        t = self.tracker
+        evidence = self.inflight.resolve(t.slots, t.active, t.num, t.token_ids, lambda slot: t.by_slot[slot].text)
+        if evidence is not None:
+            _, depths, accepted = evidence
+            self.stats.shadows += len(depths)
+            self.stats.shadow_tokens += int(depths.sum())
+            self.stats.shadow_accepted += int(accepted.sum())
         return evidence
 
-    def _draft(self, reqs: list[Request], token_ids: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
-        """One chain per request and the raw score of each token ([rows, k], 0 past a chain's end):
-        the chain from the group's counts or the one from the prior's (`NgramStore.chains_at`, read
-        from vLLM's `token_ids` rows, each request's text), whichever expects more accepted tokens
-        (the larger sum of scores; suffix decoding chooses between its prompt's tree and its global
-        tree so). First every group's new text is counted (`groups.catch_up`)."""
+    def _draft(self, token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One chain per active row's request: tokens [rows, k], the raw score of each token [rows, k]
+        (0 past a chain's end) and lengths [rows]: the chain from the group's counts or the one from
+        the prior's (`NgramStore.chain_arrays`, read from vLLM's `token_ids` rows, each request's
+        text), whichever expects more accepted tokens (the larger sum of scores; suffix decoding
+        chooses between its prompt's tree and its global tree so). First every group's new text is
+        counted (`groups.catch_up`)."""
         catch_up(self.tracker.pending)
-        room = np.minimum(self.k, self.max_model_len - self.tracker.num - 1)  # the context left (max_model_len)
-        return self.store.chains_at([req.group.slot for req in reqs], self.prior, token_ids, self.tracker.active,
-                                    self.tracker.num, room, self.k)
+        t = self.tracker
+        room = np.minimum(self.k, self.max_model_len - t.num - 1)  # the context left (max_model_len)
+        return self.store.chain_arrays(t.tables, self.prior, token_ids, t.active, t.num, room, self.k)
 
     # ------------------------------------------------------------------ state
     def summary(self) -> dict:
@@ -302,15 +275,6 @@ def read_recall(path: str | Path, vocab: int | None = None) -> list[tuple[list[i
                              f"[0, {vocab if vocab is not None else 'vocab'}) (prompt, completions); save it again")
         out.append((g["prompt"], g["completions"]))
     return out
-
-
-def _evidence(chains: list[tuple[np.ndarray, int, int]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(raw scores [n, width], depths [n], accepted [n]) of chains given as (their raw scores, tokens
-    verified, tokens accepted); 0 past a chain's verified tokens."""
-    scores = np.zeros((len(chains), width))
-    for row, (known, depth, _) in enumerate(chains):
-        scores[row, : min(len(known), depth)] = known[:depth]
-    return scores, np.array([d for _, d, _ in chains]), np.array([n for _, _, n in chains])
 
 
 def __getattr__(name: str):
