@@ -1012,6 +1012,39 @@ def test_dcut_kernel_is_the_numpy_calibration_and_order():
         assert np.array_equal(order, global_top_k_order(want))
 
 
+@pytest.mark.parametrize("profiled", [False, True])
+def test_dcut_cut_kernel_is_the_numpy_choice(profiled):
+    """`dcut._kernels.top_k_cut` (ChainDCut.cut's one compiled pass) chooses exactly what the numpy
+    definition does — K = argmax of `ChainDCut.rates` (the rate model, or `drained_rates` with a
+    profile's `spread`), each row's depth among the global top K (`selection.global_top_k_depths`)
+    and their gain — on chains of every length, ties, and step costs fitted to random steps."""
+    from rollout_graft.dcut._kernels import calibrated_order
+    from rollout_graft.selection import global_top_k_depths
+
+    rng = np.random.default_rng(3)
+    chose = [0, 0]  # trials where K = 0 won, and where K > 0 did
+    profile = (lambda rows, k: 2.0 + 0.01 * rows + np.maximum(0.0, 0.004 * (rows + k) - 1.0)) if profiled else None
+    for trial in range(200):
+        policy = ChainDCut(8, profile=profile, explore_every=0)  # no forced plain step: the rate's choice alone
+        for _ in range(int(rng.integers(0, 4))):  # a fitted step cost
+            policy.cost.observe((1.0, float(rng.integers(1, 300)), float(rng.integers(0, 900)), 1.0), float(rng.random() * 20))
+        rows = int(rng.integers(1, 200))
+        scores = np.sort(rng.random((rows, 8)), axis=1)[:, ::-1].cumprod(1)
+        if trial % 3 == 0:
+            scores = np.round(scores, 2)  # ties
+        scores[np.arange(8)[None, :] >= rng.integers(0, 9, rows)[:, None]] = 0.0
+        seen = (rng.random(24) * rng.integers(0, 50)).astype(np.float32)
+        policy.calibration.seen, policy.calibration.accepted = seen, (seen * rng.random(24)).astype(np.float32)
+        cal, order = calibrated_order(scores, policy.calibration.edges, policy.calibration.rates())
+        gains = np.concatenate([[0.0], np.cumsum(cal.reshape(-1)[order])])
+        k = int(np.argmax(policy.rates(cal, order, gains)))
+        depths, decision = policy.cut([[1] * int(n) for n in (scores > 0).sum(1)], scores)
+        chose[k > 0] += 1
+        assert decision.kept == k and np.array_equal(depths, global_top_k_depths(cal, k, order))
+        assert decision.expected_emitted == float(rows + gains[k])
+    assert min(chose) >= 10, chose
+
+
 def test_dcut_kernel_counts_what_the_calibration_observes():
     """`dcut._kernels.bin_counts` (ChainDCut.observe's compiled count) adds exactly what
     `ScoreCalibration.observe` adds, for chains verified and accepted to every depth."""

@@ -84,3 +84,58 @@ def bin_counts(scores, depths, accepted, edges):
             if d < accepted[j]:
                 hits[b] += 1.0
     return seen, hits
+
+
+@njit(cache=True)
+def top_k_cut(scores, edges, accepted, seen, mid, prior_weight, coef, profile_ms, spread, plain_less):
+    """`ChainDCut.cut`'s choice in one pass: each bin's rate (`ScoreCalibration.rates`, float32 as
+    there), the calibrated scores and their order (`calibrated_order`), the gain of keeping the best
+    K tokens (their calibrated sum, accumulated in float32 as numpy's cumsum does), the step's
+    predicted ms at K = 0…proposed (`chains.step_ms` of `coef`, plus `profile_ms[K]` where given),
+    each K's rate — (rows + gain) / ms, or with `spread` > 0 `ChainDCut.drained_rates` (one row
+    fewer: `plain_less` ms) — and the best K (the first of equals). Returns (depth per row of the
+    best K tokens, K, their gain)."""
+    rows, depth = scores.shape
+    pw = np.float32(prior_weight)
+    rates = (accepted + pw * mid) / (seen + pw)
+    for b in range(1, len(rates)):
+        rates[b] = max(rates[b], rates[b - 1])
+    cal, order = calibrated_order(scores, edges, rates)
+    n = len(order)
+    gains = np.zeros(n + 1)
+    acc = np.float32(0.0)
+    for i in range(n):
+        acc += cal[order[i] // depth, order[i] % depth]
+        gains[i + 1] = acc
+    a, b_rows, b_draft, b_spec = coef[0], coef[1], coef[2], coef[3]
+    ms = np.empty(n + 1)
+    for i in range(n + 1):
+        ms[i] = a + b_rows * rows + b_draft * np.float64(i) + b_spec * (1.0 if i > 0 else 0.0)
+        if len(profile_ms):
+            ms[i] = ms[i] + profile_ms[i]
+    out = np.empty(n + 1)
+    if spread > 0.0 and rows > 1 and n > 0:
+        sum_sq = np.zeros(n + 1)
+        total = 0.0
+        for i in range(n):
+            r, d = order[i] // depth, order[i] % depth
+            before = 0.0  # the row's gain before this token, then with it (numpy's float64 cumsum along the row)
+            for c in range(d):
+                before += np.float64(cal[r, c])
+            prefix = before + np.float64(cal[r, d])
+            total += prefix**2 - (before**2 if d > 0 else 0.0)
+            sum_sq[i + 1] = total
+        plain = ms[0]
+        m = min(max(plain - plain_less, 0.0), plain / rows)
+        for i in range(n + 1):
+            mean = gains[i] / rows
+            lagging = max(mean - spread * np.sqrt(max(sum_sq[i] / rows - mean**2, 0.0)), 0.0)
+            out[i] = (m * (rows + gains[i]) + (plain - m * rows) * (1.0 + lagging)) / max(ms[i], 1e-6)
+    else:
+        for i in range(n + 1):
+            out[i] = (rows + gains[i]) / max(ms[i], 1e-6)
+    k = int(np.argmax(out))
+    depths = np.zeros(rows, np.int64)
+    for i in range(k):
+        depths[order[i] // depth] += 1
+    return depths, k, gains[k]

@@ -26,7 +26,6 @@ from typing import Protocol
 
 import numpy as np
 
-from ..selection import global_top_k_depths
 from .core import RIDGE, BudgetDecision, CostFit, ProbeCredit, RowCost, ScoreCalibration
 
 
@@ -220,27 +219,36 @@ class ChainDCut(ChainPolicy):
     def cut(self, tokens: list[list[int]], scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
         rows = self.rows = scores.shape[0]
         probe = self.plain  # proposed after a plain decision
-        # each token's calibrated acceptance (non-increasing along its chain) and the tokens best first
-        cal, order = self._kernels.calibrated_order(scores, self.calibration.edges, self.calibration.rates())
-        proposed = len(order)  # the tokens with a score > 0
-        gains = np.concatenate([[0.0], np.cumsum(cal.reshape(-1)[order])])  # [proposed + 1]
-        if self.spread and rows > 1 and proposed:
-            rates = self.drained_rates(cal, order, gains)
-        else:
-            rates = (rows + gains) / np.maximum(self.predict_ms(rows, np.arange(proposed + 1)), 1e-6)
-        k = int(np.argmax(rates))
+        proposed = int(np.count_nonzero(scores))  # the tokens with a score > 0
+        profile = (np.zeros(0) if self.profile is None
+                   else np.asarray(self.profile(rows, np.arange(proposed + 1)), dtype=np.float64))
+        less = float(self.predict_ms(rows - 1, 0)) if self.spread and rows > 1 else 0.0  # one row fewer (`drained_rates`)
+        # the calibrated acceptances (non-increasing along a chain), the best K tokens by them and K's rate
+        # (`rates`, or with `spread` `drained_rates`), in one compiled pass
+        c = self.calibration
+        depths, k, gain = self._kernels.top_k_cut(scores, c.edges, c.accepted, c.seen, c.mid, c.prior_weight,
+                                                  self.cost.coef, profile, self.spread, less)
         self.plain = k == 0
         if not self.plain and self.explore_every and self.plain_share() * self.explore_every <= 1.0:
-            k = 0  # a plain step (not a plain decision): the fit keeps measuring plain steps
-        # the global top-k of the calibrated scores: Σ of the kept = gains[k]
-        decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gains[k]), probe=probe and self.plain)
-        return global_top_k_depths(cal, k, order), decision
+            k, depths = 0, np.zeros(rows, np.int64)  # a plain step (not a plain decision): the fit keeps measuring plain steps
+            gain = 0.0
+        decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gain), probe=probe and self.plain)
+        return depths, decision
+
+    def rates(self, cal: np.ndarray, order: np.ndarray, gains: np.ndarray) -> np.ndarray:
+        """Each K's rate (numpy; `_kernels.top_k_cut` computes it compiled): the tokens per ms of a
+        step that verifies the best K, (rows + gains[K]) / ms(K), or `drained_rates` with `spread`."""
+        rows = cal.shape[0]
+        if self.spread and rows > 1 and len(order):
+            return self.drained_rates(cal, order, gains)
+        return (rows + gains) / np.maximum(self.predict_ms(rows, np.arange(len(gains))), 1e-6)
 
     def _warm(self) -> None:
         """Compile (or load from numba's cache) the kernels now, not in the first step vLLM times
         (its step-cost fit would take the compile for a step; `ngrams.NgramStore._warm` alike)."""
         one = np.zeros((1, 1))
-        self._kernels.calibrated_order(one, self.calibration.edges, self.calibration.rates())
+        c = self.calibration
+        self._kernels.top_k_cut(one, c.edges, c.accepted, c.seen, c.mid, c.prior_weight, self.cost.coef, np.zeros(0), 0.0, 0.0)
         self._kernels.bin_counts(one, np.zeros(1, np.int64), np.zeros(1, np.int64), self.calibration.edges)
 
     def drained_rates(self, cal: np.ndarray, order: np.ndarray, gains: np.ndarray) -> np.ndarray:
