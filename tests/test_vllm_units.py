@@ -1046,23 +1046,30 @@ def test_dcut_cut_kernel_is_the_numpy_choice(profiled):
 
 
 def test_dcut_kernel_counts_what_the_calibration_observes():
-    """`dcut._kernels.bin_counts` (ChainDCut.observe's compiled count) adds exactly what
-    `ScoreCalibration.observe` adds, for chains verified and accepted to every depth."""
-    from rollout_graft.dcut._kernels import bin_counts
+    """`dcut._kernels.calibrate` (ChainDCut.observe's compiled count) ages and adds exactly what
+    `ScoreCalibration.age` and `.observe` do, for two pieces of evidence verified and accepted to
+    every depth (an empty one counting nothing)."""
+    from rollout_graft.dcut._kernels import calibrate
     from rollout_graft.dcut.core import ScoreCalibration
 
     rng = np.random.default_rng(2)
-    for trial in range(100):
-        rows = int(rng.integers(1, 100))
+    pos = np.arange(8).reshape(1, -1)
+
+    def evidence():
+        rows = int(rng.integers(0, 100))
         scores = np.sort(rng.random((rows, 8)), axis=1)[:, ::-1].cumprod(1)
         depths = rng.integers(0, 9, rows)
-        accepted = np.minimum(rng.integers(0, 9, rows), depths)
+        return scores, depths, np.minimum(rng.integers(0, 9, rows), depths)
+
+    for trial in range(100):
+        pieces = [evidence(), evidence()]
         want, got = ScoreCalibration(), ScoreCalibration()
         for cal in (want, got):  # earlier counts, so float32 rounding of the sums is compared too
             cal.seen[:], cal.accepted[:] = 1000.3, 400.7
-        pos = np.arange(8).reshape(1, -1)
-        want.observe(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
-        got.add(*bin_counts(scores, depths, accepted, got.edges))
+        want.age(0.98)
+        for scores, depths, accepted in pieces:
+            want.observe(scores, pos < depths.reshape(-1, 1), pos < accepted.reshape(-1, 1))
+        calibrate(got.seen, got.accepted, got.edges, 0.98, *pieces[0], *pieces[1])
         assert np.array_equal(got.seen, want.seen) and np.array_equal(got.accepted, want.accepted)
 
 

