@@ -192,14 +192,18 @@ class NgramArm:
         return self.inner.propose(self.k, sampled, num, token_ids)
 
 
-ARMS = ["fixed", "fixed-twin", "dcut", "dcut-plain", "ngram"] + (
+ARMS = ["fixed", "fixed-twin", "dcut", "dcut-roofline", "dcut-plain", "ngram"] + (
     ["suffix"] if importlib.util.find_spec("arctic_inference") is not None else [])
 PLAIN_PAYS = (5.0, 0.01, 5.0)  # `dcut-plain`'s modelled step: a draft token costs 5 ms, so D-cut decides to decode plainly
+FLAT = (5.0, 0.01, 0.0)  # `dcut-roofline`'s: flat in draft tokens, as its memory-bound roofline is, so it drafts
 
 
 def make_arm(arm: str, k: int, max_len: int, max_rows: int):
-    """A fresh proposer of `arm`: fixed / fixed-twin / dcut / dcut-plain (ours), ngram or suffix
-    (vLLM's; suffix decoding as `lab/replay.py vllm clocks` runs it: arctic-inference)."""
+    """A fresh proposer of `arm`: fixed / fixed-twin / dcut / dcut-roofline (D-cut started from a
+    roofline, as the proposer starts on a GPU with a preset: its profile's evaluations and the
+    drained-batch rate each step; the roofline's peak so high that every step is memory-bound, flat
+    in draft tokens as `FLAT`, so it drafts at every batch size) / dcut-plain (ours), ngram or
+    suffix (vLLM's; suffix decoding as `lab/replay.py vllm clocks` runs it: arctic-inference)."""
     if arm == "ngram":
         return NgramArm(k, max_len, max_rows)
     if arm == "suffix":
@@ -210,7 +214,12 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     policy = "dcut" if arm.startswith("dcut") else "fixed"
-    return type("Bench", (RLDraftProposer,), {"config": ChainConfig(budget_policy=policy)})(vllm_config(k, max_len))
+    prop = type("Bench", (RLDraftProposer,), {"config": ChainConfig(budget_policy=policy)})(vllm_config(k, max_len))
+    if arm == "dcut-roofline":  # as on a GPU with a preset: D-cut started from a roofline (`load_model`)
+        from rollout_graft_tools.clocks import MODELS, Accelerator, Roofline
+
+        prop.use_profile(Roofline(Accelerator("memory-bound", 1e6, 4.8), MODELS["Qwen3-8B"]))
+    return prop
 
 
 def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_ms, clock, ids, parts=None) -> dict:
@@ -308,7 +317,7 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
                 prop = make_arm(arm, k, max_len, batch + 8)
                 p = Parts(prop, time.thread_time) if hasattr(prop, "tracker") else None  # ours: its parts
                 with fake_clock() as clock:
-                    clock_ms = PLAIN_PAYS if arm == "dcut-plain" else step_ms
+                    clock_ms = PLAIN_PAYS if arm == "dcut-plain" else FLAT if arm == "dcut-roofline" else step_ms
                     for learn in range(3 if arm == "dcut-plain" else 0):  # it learns that drafting does not pay
                         window(prop, batch, context, steps, k, 1000 * rep + batch + 100 * learn + 1, clock_ms, clock, ids)
                     w = window(prop, batch, context, steps, k, 1000 * rep + batch, clock_ms,

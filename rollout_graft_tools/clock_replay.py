@@ -111,9 +111,12 @@ def fixed_arms(vocab: int, max_len: int) -> dict[str, Callable]:
 
 def own_cost(arm: str, cost: ProposerCost | None) -> tuple[ProposerCost, str] | None:
     """The proposer's own time in `arm` and its kind (None: it runs none — plain vLLM —, suffix
-    decoding where `cost` did not measure it, or `cost` is None)."""
+    decoding where `cost` did not measure it, or `cost` is None); `ours-dcut`, started from a
+    profile, pays the `dcut-roofline` arm's time where `cost` has it."""
     if cost is None or arm == "plain" or (arm.startswith("suffix") and "suffix" not in cost.drafting):
         return None
+    if arm == "ours-dcut":  # started from the clock's profile: what that costs a step where measured
+        return cost, "dcut-roofline" if "dcut-roofline" in cost.drafting else "dcut"
     return cost, "dcut" if arm.startswith("ours-dcut") else "suffix" if arm.startswith("suffix") else "fixed"
 
 

@@ -116,8 +116,9 @@ class LongerContexts:
 class ProposerCost:
     """Our proposer's own CPU time per step, modelled: µs per request-step at each batch size of
     `batches` (linear between them, flat outside) — `drafting[policy]` for a call that drafted, per
-    policy kind ("fixed": a budget that does not learn; "dcut"; "suffix": vLLM's suffix decoding,
-    where the micro-benchmark ran it), and `plain` for one where D-cut
+    policy kind ("fixed": a budget that does not learn; "dcut": learning the step time online;
+    "dcut-roofline": started from a roofline, as on a GPU with a preset; "suffix": vLLM's suffix
+    decoding — the last two where the micro-benchmark ran them), and `plain` for one where D-cut
     decided not to draft (the micro-benchmark's `dcut-plain` arm: its mean with the probes it made
     and the counting it deferred, `us_per_request_step_settled`; a fixed budget always drafts). On a
     GPU vLLM runs a `custom_class` drafter between steps with its async scheduling off, so this time
@@ -140,7 +141,7 @@ class ProposerCost:
         cell = {(r["arm"], r["batch"]): r for r in results if r["context"] == context}
         batches = tuple(sorted({b for arm, b in cell if arm == "fixed"}))
         drafting = {p: tuple(cell[(p, b)]["us_per_request_step_median"] for b in batches)
-                    for p in ("fixed", "dcut", "suffix") if all((p, b) in cell for b in batches)}
+                    for p in ("fixed", "dcut", "dcut-roofline", "suffix") if all((p, b) in cell for b in batches)}
         return cls(batches, drafting, tuple(cell[("dcut-plain", b)]["us_per_request_step_settled"] for b in batches))
 
 

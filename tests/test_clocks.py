@@ -165,6 +165,10 @@ def test_proposer_own_time_is_added_where_the_clock_lacks_it():
     assert clock_replay.own_cost("suffix-d4", flat) is None and clock_replay.own_cost("plain", flat) is None
     measured = clocks.ProposerCost(flat.batches, {**flat.drafting, "suffix": (3.0, 3.0)}, flat.plain)
     assert clock_replay.own_cost("suffix-d4", measured) == (measured, "suffix")
+    assert clock_replay.own_cost("ours-dcut", measured) == (measured, "dcut")  # no profiled arm measured
+    profiled = clocks.ProposerCost(flat.batches, {**flat.drafting, "dcut-roofline": (12.0, 12.0)}, flat.plain)
+    assert clock_replay.own_cost("ours-dcut", profiled) == (profiled, "dcut-roofline")
+    assert clock_replay.own_cost("ours-dcut-online", profiled) == (profiled, "dcut")
     assert measured.ms("suffix", 100) == pytest.approx(0.3)
 
 

@@ -646,7 +646,8 @@ def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
 
 def test_a_step_that_prefilled_a_new_request_is_not_timed():
     """The policy gets no time for a step that also prefilled a request (a prefill is not a decode
-    step's cost), nor for the first; every other step is timed."""
+    step's cost), for the step after a call that started one (that call counted the request's
+    prompt: a one-off, not a draft's cost), nor for the first; every other step is timed."""
     from conftest import load_script
 
     from rollout_graft.vllm.proposer import RLDraftProposer
@@ -664,14 +665,15 @@ def test_a_step_that_prefilled_a_new_request_is_not_timed():
     prop = RLDraftProposer(load_script("lab/profile_vllm_proposer.py").vllm_config(3, 64))
     prop.policy = policy = Recorder()
     batch = Batch([P1, P1])
-    for sampled in ([[1], [1]], [[3], [4]], [[3], [4], [5]], [[3], [4], [5]], [[6], [7]]):
+    for sampled in ([[1], [1]], [[3], [4]], [[3], [4], [5]], [[3], [4], [5]], [[6], [7]], [[8], [9]]):
         if len(sampled) > len(batch.texts):
             batch.texts.append(list(P2))  # a new request: its prefill ran in the step before this call
         batch.texts = batch.texts[: len(sampled)]
         batch.propose(prop, sampled)
     timed = [ms is not None for _, ms in policy.times]
-    # the steps after calls 1–4: a decode step (timed), one that prefilled the third request (not), decode steps
-    assert [rows for rows, _ in policy.times] == [2, 2, 3, 3] and timed == [True, False, True, True]
+    # the steps after calls 1–5: after the call that started the first two requests (not timed), one that
+    # prefilled the third (not), after the call that started it (not), decode steps (timed)
+    assert [rows for rows, _ in policy.times] == [2, 2, 3, 3, 2] and timed == [False, False, False, True, True]
 
 
 def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():

@@ -97,10 +97,11 @@ class Roofline:
     def profile_ms(self, rows, draft_tokens, context) -> np.ndarray:
         """ms of a step of `rows` rows at context `context`, for each total of draft tokens (spread
         evenly over the rows): what a profile at server start would measure."""
-        k = np.asarray(draft_tokens, dtype=np.float64)
+        scalar = np.ndim(draft_tokens) == 0  # one count: Python floats, the same operations (D-cut asks so each step)
+        k = float(draft_tokens) if scalar else np.asarray(draft_tokens, dtype=np.float64)
         tokens = rows + k
         attention = 4.0 * self.model.layers * self.model.q_heads * self.model.head_dim * (
-            tokens * context + tokens**2 / max(rows, 1))
+            tokens * context + tokens * tokens / max(rows, 1))
         return self._ms(tokens, rows * context + tokens, attention, k)
 
     def _ms(self, tokens, kv_tokens, attention_flops, draft_tokens):
@@ -110,6 +111,8 @@ class Roofline:
         flops = 2.0 * m.params * tokens + attention_flops
         mem_ms = 1000.0 * bytes_ / (self.accelerator.tbps * 1e12 * self.eta_mem)
         flop_ms = 1000.0 * flops / (self.accelerator.tflops * 1e12 * self.eta_flop)
+        if isinstance(draft_tokens, float):
+            return self.overhead_ms + max(mem_ms, flop_ms) + self.spec_ms * (1.0 if draft_tokens > 0 else 0.0)
         return self.overhead_ms + np.maximum(mem_ms, flop_ms) + self.spec_ms * (np.asarray(draft_tokens) > 0)
 
 
@@ -121,7 +124,10 @@ class ContextProfile:
 
     clock: Roofline
     contexts: Callable[[], np.ndarray]
+    _mean: tuple = (None, 0.0)  # (the contexts array last read, its mean): D-cut asks several times a step
 
     def __call__(self, rows: int, draft_tokens: np.ndarray) -> np.ndarray:
         now = self.contexts()
-        return self.clock.profile_ms(rows, draft_tokens, float(np.mean(now)) if len(now) else 0.0)
+        if now is not self._mean[0]:
+            self._mean = (now, float(np.mean(now)) if len(now) else 0.0)
+        return self.clock.profile_ms(rows, draft_tokens, self._mean[1])

@@ -84,6 +84,7 @@ class RLDraftProposer:
         self.start_profile = ("no target loaded: the step time is learned online" if isinstance(self.policy, ChainDCut)
                               else "a fixed budget prices no step")  # what D-cut starts from (`load_model`)
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
+        self._arrived = False  # the last call started a request (the step after it is not timed: `_observe`)
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
         self.inflight = InFlight(self.k)  # each request's draft sent and shadow chain, by slot
         self.scheduled_drafts: list[int] | None = None  # draft tokens vLLM verifies this step per row (`plugin`; None: unknown)
@@ -166,12 +167,15 @@ class RLDraftProposer:
         returned then: what they earned (`verified`: raw scores, depths and accepted tokens of the
         rows that drafted), what the shadows resolved now matched (`shadowed`, alike) and its time
         (from the last call's start: our own time included, a draft's cost is also ours) — not
-        timed if it also prefilled (a new request) or is the first."""
-        step = self._pending
+        timed if it also prefilled (a new request), if the last call started one (that call counted
+        its prompt, a one-off that is not a draft's cost: charged to drafting, it held a profiled
+        D-cut plain through a rollout), or if it is the first."""
+        step, arrived = self._pending, self._arrived
+        self._arrived = self.tracker.created
         if step is None:
             return
         step.verified, step.emitted, step.shadowed = verified, step.rows + accepted, shadowed
-        if self._last_start is not None and not self.tracker.created:
+        if self._last_start is not None and not self.tracker.created and not arrived:
             step.ms = 1000.0 * (now - self._last_start)
             self.stats.step_s += step.ms / 1000.0
         self.policy.observe(step)
