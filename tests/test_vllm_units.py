@@ -991,6 +991,36 @@ def numpy_calibrated(calibration, scores: np.ndarray) -> np.ndarray:
     return np.where(scores > 0, np.minimum.accumulate(calibration(scores), axis=1), 0.0)
 
 
+def random_chains(rng, policy, ties: bool) -> np.ndarray:
+    """Raw scores of up to 200 chains of 0–8 tokens (rounded to 2 digits: `ties`), and a random
+    calibration of `policy` to map them through."""
+    rows = int(rng.integers(1, 200))
+    scores = np.sort(rng.random((rows, 8)), axis=1)[:, ::-1].cumprod(1)
+    if ties:
+        scores = np.round(scores, 2)
+    scores[np.arange(8)[None, :] >= rng.integers(0, 9, rows)[:, None]] = 0.0
+    seen = (rng.random(24) * rng.integers(0, 50)).astype(np.float32)
+    policy.calibration.seen, policy.calibration.accepted = seen, (seen * rng.random(24)).astype(np.float32)
+    return scores
+
+
+def numpy_rates(policy, cal: np.ndarray, order: np.ndarray, gains: np.ndarray) -> np.ndarray:
+    """The chain D-cut's rate of keeping the best K tokens, for each K, by its numpy definition
+    (`dcut._kernels.top_k_cut`): (rows + gains[K]) / ms(K), or with `spread` the drained batch's."""
+    rows = cal.shape[0]
+    ms = np.maximum(policy.predict_ms(rows, np.arange(len(gains))), 1e-6)
+    if not (policy.spread and rows > 1 and len(order)):
+        return (rows + gains) / ms
+    prefix = np.cumsum(cal, axis=1, dtype=np.float64)  # a row's gain at each depth kept (top K keeps prefixes)
+    squares = prefix**2 - np.concatenate([np.zeros((rows, 1)), prefix[:, :-1] ** 2], axis=1)
+    sum_sq = np.concatenate([[0.0], np.cumsum(squares.reshape(-1)[order])])  # Σ_i g_i² at each K
+    mean = gains / rows
+    lagging = np.maximum(mean - policy.spread * np.sqrt(np.maximum(sum_sq / rows - mean**2, 0.0)), 0.0)
+    plain = float(policy.predict_ms(rows, 0))
+    m = min(max(plain - float(policy.predict_ms(rows - 1, 0)), 0.0), plain / rows)
+    return (m * (rows + gains) + (plain - m * rows) * (1.0 + lagging)) / ms
+
+
 def test_dcut_kernel_is_the_numpy_calibration_and_order():
     """`dcut._kernels.calibrated_order` (ChainDCut.cut's compiled pass) gives exactly what the numpy
     definition does — `numpy_calibrated` and `selection.global_top_k_order` of it, dtype included —
@@ -1001,13 +1031,7 @@ def test_dcut_kernel_is_the_numpy_calibration_and_order():
     rng = np.random.default_rng(1)
     policy = ChainDCut(8)
     for trial in range(200):
-        rows = int(rng.integers(1, 200))
-        scores = np.sort(rng.random((rows, 8)), axis=1)[:, ::-1].cumprod(1)
-        if trial % 3 == 0:
-            scores = np.round(scores, 2)  # ties
-        scores[np.arange(8)[None, :] >= rng.integers(0, 9, rows)[:, None]] = 0.0
-        seen = (rng.random(24) * rng.integers(0, 50)).astype(np.float32)
-        policy.calibration.seen, policy.calibration.accepted = seen, (seen * rng.random(24)).astype(np.float32)
+        scores = random_chains(rng, policy, ties=trial % 3 == 0)
         want = numpy_calibrated(policy.calibration, scores)
         got, order = calibrated_order(scores, policy.calibration.edges, policy.calibration.rates())
         assert got.dtype == want.dtype and np.array_equal(got, want)
@@ -1017,7 +1041,7 @@ def test_dcut_kernel_is_the_numpy_calibration_and_order():
 @pytest.mark.parametrize("profiled", [False, True])
 def test_dcut_cut_kernel_is_the_numpy_choice(profiled):
     """`dcut._kernels.top_k_cut` (ChainDCut.cut's one compiled pass) chooses exactly what the numpy
-    definition does — K = argmax of `ChainDCut.rates` (the rate model, or `drained_rates` with a
+    definition does — K = argmax of `numpy_rates` (the rate model, or the drained batch's with a
     profile's `spread`), each row's depth among the global top K (`selection.global_top_k_depths`)
     and their gain — on chains of every length, ties, and step costs fitted to random steps."""
     from rollout_graft.dcut._kernels import calibrated_order
@@ -1030,16 +1054,11 @@ def test_dcut_cut_kernel_is_the_numpy_choice(profiled):
         policy = ChainDCut(8, profile=profile, explore_every=0)  # no forced plain step: the rate's choice alone
         for _ in range(int(rng.integers(0, 4))):  # a fitted step cost
             policy.cost.observe((1.0, float(rng.integers(1, 300)), float(rng.integers(0, 900)), 1.0), float(rng.random() * 20))
-        rows = int(rng.integers(1, 200))
-        scores = np.sort(rng.random((rows, 8)), axis=1)[:, ::-1].cumprod(1)
-        if trial % 3 == 0:
-            scores = np.round(scores, 2)  # ties
-        scores[np.arange(8)[None, :] >= rng.integers(0, 9, rows)[:, None]] = 0.0
-        seen = (rng.random(24) * rng.integers(0, 50)).astype(np.float32)
-        policy.calibration.seen, policy.calibration.accepted = seen, (seen * rng.random(24)).astype(np.float32)
+        scores = random_chains(rng, policy, ties=trial % 3 == 0)
+        rows = len(scores)
         cal, order = calibrated_order(scores, policy.calibration.edges, policy.calibration.rates())
         gains = np.concatenate([[0.0], np.cumsum(cal.reshape(-1)[order])])
-        k = int(np.argmax(policy.rates(cal, order, gains)))
+        k = int(np.argmax(numpy_rates(policy, cal, order, gains)))
         depths, decision = policy.cut([[1] * int(n) for n in (scores > 0).sum(1)], scores)
         chose[k > 0] += 1
         assert decision.kept == k and np.array_equal(depths, global_top_k_depths(cal, k, order))

@@ -109,9 +109,17 @@ def top_k_cut(scores, edges, accepted, seen, mid, prior_weight, coef, profile_ms
     there), the calibrated scores and their order (`calibrated_order`), the gain of keeping the best
     K tokens (their calibrated sum, accumulated in float32 as numpy's cumsum does), the step's
     predicted ms at K = 0…proposed (`chains.step_ms` of `coef`, plus `profile_ms[K]` where given),
-    each K's rate — (rows + gain) / ms, or with `spread` > 0 `ChainDCut.drained_rates` (one row
-    fewer: `plain_less` ms) — and the best K (the first of equals). Returns (depth per row of the
-    best K tokens, K, their gain)."""
+    each K's rate and the best K (the first of equals). Returns (depth per row of the best K tokens,
+    K, their gain).
+
+    The rate model: (rows + G) / C(K), G the K tokens' gain. With `spread` > 0, a batch that drains
+    (`ChainDCut`'s `spread`): a step's time is a part per row m (what one row more costs: C(rows) −
+    C(rows − 1) of a plain step, `plain_less` the latter) and a fixed part F = C(rows) − m·rows. The
+    gain saves m per token (a row that finishes sooner leaves later steps), but F only as the
+    batch's remaining steps shrink, and those are the slowest rows': F is credited with the rows'
+    gains g_i (the global top K's per row) at mean − spread·std over all rows, not at their mean:
+    (rows·m + G·m + F·(1 + that)) / C(K). Its numpy definition: tests/test_vllm_units.py,
+    `numpy_rates`."""
     rows, depth = scores.shape
     pw = np.float32(prior_weight)
     rates = (accepted + pw * mid) / (seen + pw)

@@ -159,7 +159,7 @@ class ChainDCut(ChainPolicy):
         step_forget: the step-cost fit's memory per step measured (`step_cost_fit`).
         draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
         spread: how far below the mean the rows' gains count towards the step's fixed part
-            (`drained_rates`: mean − spread·std over rows; 0: the rate model, every gain at the mean).
+            (mean − spread·std over rows: `_kernels.top_k_cut`; 0: the rate model, every gain at the mean).
             A GRPO rollout's batch only drains, so a gain on a row that is not the slowest saves that
             row's share of later steps, not the steps themselves: on modelled-clock replays of SmolLM2
             at T = 1 the rate model drafted at break-even and fell to 0.94–0.985× plain (rows
@@ -226,9 +226,10 @@ class ChainDCut(ChainPolicy):
         proposed = int(np.count_nonzero(scores))  # the tokens with a score > 0
         profile = (np.zeros(0) if self.profile is None
                    else np.asarray(self.profile(rows, np.arange(proposed + 1)), dtype=np.float64))
-        less = float(self.predict_ms(rows - 1, 0)) if self.spread and rows > 1 else 0.0  # one row fewer (`drained_rates`)
+        drains = self.spread and rows > 1 and proposed
+        less = float(self.predict_ms(rows - 1, 0)) if drains else 0.0  # a plain step of one row fewer
         # the calibrated acceptances (non-increasing along a chain), the best K tokens by them and K's rate
-        # (`rates`, or with `spread` `drained_rates`), in one compiled pass
+        # (the rate model, or with `spread` the drained batch's), in one compiled pass
         c = self.calibration
         depths, k, gain = self._kernels.top_k_cut(scores, c.edges, c.accepted, c.seen, c.mid, c.prior_weight,
                                                   self.cost.coef, profile, self.spread, less)
@@ -239,14 +240,6 @@ class ChainDCut(ChainPolicy):
         decision = BudgetDecision(k / max(rows * self.depth, 1), k, proposed, float(rows + gain), probe=probe and self.plain)
         return depths, decision
 
-    def rates(self, cal: np.ndarray, order: np.ndarray, gains: np.ndarray) -> np.ndarray:
-        """Each K's rate (numpy; `_kernels.top_k_cut` computes it compiled): the tokens per ms of a
-        step that verifies the best K, (rows + gains[K]) / ms(K), or `drained_rates` with `spread`."""
-        rows = cal.shape[0]
-        if self.spread and rows > 1 and len(order):
-            return self.drained_rates(cal, order, gains)
-        return (rows + gains) / np.maximum(self.predict_ms(rows, np.arange(len(gains))), 1e-6)
-
     def _warm(self) -> None:
         """Compile (or load from numba's cache) the kernels now, not in the first step vLLM times
         (its step-cost fit would take the compile for a step; `ngrams.NgramStore._warm` alike)."""
@@ -255,25 +248,6 @@ class ChainDCut(ChainPolicy):
         self._kernels.top_k_cut(one, c.edges, c.accepted, c.seen, c.mid, c.prior_weight, self.cost.coef, np.zeros(0), 0.0, 0.0)
         none = (np.zeros((0, 1)), np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._kernels.calibrate(c.seen.copy(), c.accepted.copy(), c.edges, 1.0, *none, *none)
-
-    def drained_rates(self, cal: np.ndarray, order: np.ndarray, gains: np.ndarray) -> np.ndarray:
-        """Each K's rate in a batch that drains (`spread`): a step's time is a part per row m (what
-        one row more costs: C(rows) − C(rows − 1) of a plain step) and a fixed part F = C(rows) − m·rows.
-        The K tokens' gain G saves m per token (a row that finishes sooner leaves later steps), but F
-        only as the batch's remaining steps shrink, and those are the slowest rows': F is credited
-        with the rows' gains g_i (the global top K's per row) at mean − spread·std over all rows,
-        not at their mean. (rows·m + G·m + F·(1 + that)) / C(K); with spread 0 it is the plain
-        rate model, (rows + G) · C(rows) / rows / C(K)."""
-        rows = cal.shape[0]
-        prefix = np.cumsum(cal, axis=1, dtype=np.float64)  # a row's gain at each depth kept (top K keeps prefixes)
-        squares = prefix**2 - np.concatenate([np.zeros((rows, 1)), prefix[:, :-1] ** 2], axis=1)
-        sum_sq = np.concatenate([[0.0], np.cumsum(squares.reshape(-1)[order])])  # Σ_i g_i² at each K
-        mean = gains / rows
-        lagging = np.maximum(mean - self.spread * np.sqrt(np.maximum(sum_sq / rows - mean**2, 0.0)), 0.0)
-        plain = float(self.predict_ms(rows, 0))
-        m = min(max(plain - float(self.predict_ms(rows - 1, 0)), 0.0), plain / rows)
-        value = m * (rows + gains) + (plain - m * rows) * (1.0 + lagging)
-        return value / np.maximum(self.predict_ms(rows, np.arange(len(gains))), 1e-6)
 
     def predict_ms(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
         """A vLLM step's predicted ms at `rows` rows, for each draft token count: the online fit,
