@@ -40,7 +40,8 @@ class TotalClock:
 
     def step_ms(self, drafts, contexts) -> float:
         own = 0.0 if self.proposer_ms is None else self.proposer_ms(len(drafts))
-        times = [c.step_ms(drafts, contexts) + (0.0 if c.includes_proposer else own) for c in self.clocks]
+        times = [c.step_ms(drafts, contexts) + (0.0 if getattr(c, "includes_proposer", False) else own)  # a roofline: none
+                 for c in self.clocks]
         for c, t in zip(self.clocks, times):
             self.ms[c.name] += t
         return times[0]

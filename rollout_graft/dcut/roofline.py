@@ -81,7 +81,6 @@ class Roofline:
     eta_mem: float = 0.85
     eta_flop: float = 0.8
     spec_ms: float = 0.5
-    includes_proposer: bool = False  # the forward alone: the proposer's own time is not in it
 
     @property
     def name(self) -> str:
