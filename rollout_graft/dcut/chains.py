@@ -260,13 +260,12 @@ class ChainDCut(ChainPolicy):
     def observe(self, step: ChainStep) -> None:
         """Calibrate on what vLLM accepted and what the shadows matched, fit the step time, price the
         drafting, keep the probe credit."""
-        evidence = [(np.ascontiguousarray(s, np.float64), np.ascontiguousarray(d, np.int64), np.ascontiguousarray(a, np.int64))
-                    for s, d, a in (e for e in (step.verified, step.shadowed) if e is not None)]
-        if evidence:  # aged per step with evidence, not per source; each counted as calibration.observe(scores,
-            # pos < depths, pos < accepted) would, compiled
-            none = (np.zeros((0, 1)), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if step.verified is not None or step.shadowed is not None:  # aged per step with evidence, not per source;
+            # each source counted as calibration.observe(scores, pos < depths, pos < accepted) would, compiled
+            pieces = [(np.zeros((0, 1)), np.zeros(0), np.zeros(0)) if e is None else e for e in (step.verified, step.shadowed)]
             c = self.calibration
-            self._kernels.calibrate(c.seen, c.accepted, c.edges, self.forget, *evidence[0], *(evidence[1:] or [none])[0])
+            self._kernels.calibrate(c.seen, c.accepted, c.edges, self.forget,
+                                    *(np.ascontiguousarray(x, t) for e in pieces for x, t in zip(e, (np.float64, np.int64, np.int64))))
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
         probe = step.decision is not None and step.decision.probe  # cut to nothing: it cost our drafting

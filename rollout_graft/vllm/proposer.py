@@ -81,8 +81,8 @@ class RLDraftProposer:
         self.policy = (ChainDCut(self.k) if cfg.budget_policy == "dcut"
                        else FixedDepth(self.k))
         self.stats = ProposerStats()
-        self.start_profile = ("no target loaded: the step time is learned online" if isinstance(self.policy, ChainDCut)
-                              else "a fixed budget prices no step")  # what D-cut starts from (`load_model`)
+        self.profile_note = ("no target loaded: the step time is learned online" if isinstance(self.policy, ChainDCut)
+                             else "a fixed budget prices no step")  # what D-cut starts from, and why (`load_model`)
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._arrived = False  # the last call started a request (the step after it is not timed: `_observe`)
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
@@ -99,8 +99,8 @@ class RLDraftProposer:
         """vLLM hands every drafter the target it loaded: D-cut starts from the roofline of that
         target on this GPU where one models the step (`profile.start_profile`; logged either way)."""
         if isinstance(self.policy, ChainDCut) and model is not None:
-            clock, self.start_profile = start_profile(self.vllm_config, model)
-            logger.info("rollout_graft's vLLM proposer: %s", self.start_profile)
+            clock, self.profile_note = start_profile(self.vllm_config, model)
+            logger.info("rollout_graft's vLLM proposer: %s", self.profile_note)
             if clock is not None:
                 self.use_profile(clock)
 
@@ -230,7 +230,7 @@ class RLDraftProposer:
     def summary(self) -> dict:
         """Counters, plus why the budget policy verifies what it verifies."""
         return {**asdict(self.stats), "mean_accepted_tokens": self.stats.mean_accepted_tokens,
-                "policy": self.policy.explain(), "start_profile": self.start_profile}
+                "policy": self.policy.explain(), "start_profile": self.profile_note}
 
     def save_state(self, directory: str | Path) -> None:
         """Write the prior (`prior.safetensors`: `NgramStore.save`) and the remembered
