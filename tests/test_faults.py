@@ -118,6 +118,32 @@ def test_a_corrupt_cost_cache_warns_naming_it_and_is_profiled_again(tiny_model, 
         assert _profile(tiny_model).latency_ms == cost.latency_ms  # read back from the cache, silently
 
 
+def test_the_profile_times_a_rollouts_steady_steps_not_the_first_forwards_cache_copy(tiny_model, monkeypatch):
+    """The first forward after a prefill copies every row's prompt KV into a cache with spare room
+    (`SlotLayer._reserve`); a rollout's steps append in place. On a clock where that copy costs
+    100 ms and a forward 1 ms, the table holds the forwards alone: a profile that timed the copy priced
+    plain forwards several times too dear and drafts too cheap beside them (D-cut then drafted at a loss)."""
+    from rollout_graft import cost as cost_module
+    from rollout_graft.runner import ModelRunner, SlotLayer
+
+    clock = [0.0]
+    reserve, verify = SlotLayer._reserve, ModelRunner.verify
+
+    def dear_reserve(self, k, v, need):
+        clock[0] += 0.1 if self.used else 0.0  # copying a filled cache (not a prefill's first allocation)
+        return reserve(self, k, v, need)
+
+    def timed_verify(self, *args, **kwargs):
+        clock[0] += 0.001
+        return verify(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlotLayer, "_reserve", dear_reserve)
+    monkeypatch.setattr(ModelRunner, "verify", timed_verify)
+    monkeypatch.setattr(cost_module.time, "perf_counter", lambda: clock[0])
+    cost = CostModel.profile(tiny_model, batches=(1, 4), tokens=(1, 2, 8), context=16, repeats=2, use_cache=False)
+    assert [ms for row in cost.latency_ms for ms in row] == pytest.approx([1.0] * 6)
+
+
 def test_the_cost_cache_records_when_and_under_what_load(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("ROLLOUT_GRAFT_CACHE", str(tmp_path))
     cost = _profile(tiny_model)
