@@ -2,7 +2,8 @@
 
     core.py    numpy only, both backends: BudgetDecision, ScoreCalibration (raw score → observed
                acceptance), ProbeCredit (when to propose again after a plain decision), CostFit (the
-               exponentially weighted least-squares step-cost fit) and RowCost (a + b·rows over it)
+               exponentially weighted least-squares step-cost fit) and RowCost (the same fit of a + b·rows,
+               in closed form)
     trees.py   the engine's policies over draft trees (TreePolicy: FixedBudget, DCut) and their step
                cost (TreeStepCost: the profiled `cost.CostModel` as a prior, corrected by measured steps)
     chains.py  the vLLM proposer's policies over draft chains (ChainPolicy: FixedDepth, ChainDCut) and

@@ -4,9 +4,10 @@ at its boundary: `trees.DCut.calibrated`).
 - `BudgetDecision`: what a policy decided for a step, and why;
 - `ScoreCalibration`: a draft's raw score → the acceptance rate observed for such scores;
 - `ProbeCredit`: when a policy that decided plain decoding proposes again;
-- `CostFit`: a step's time fitted to measured steps by exponentially weighted least squares, the
-  one fit of both backends (vLLM's whole step over rows and draft tokens: `chains.step_cost_fit`; the
-  engine's time outside the forward and the proposer's drafting time over rows: `RowCost`).
+- `CostFit`: a step's time fitted to measured steps by exponentially weighted least squares
+  (vLLM's whole step over rows and draft tokens: `chains.step_cost_fit`);
+- `RowCost`: the same fit of a + b·rows in closed form (the engine's time outside the forward, the
+  vLLM proposer's drafting time).
 """
 
 from __future__ import annotations
@@ -194,22 +195,25 @@ class CostFit:
 
 @dataclass
 class RowCost:
-    """ms ≈ a + b·rows: a `CostFit` over (1, rows), no prior. While the batch sizes measured have not
-    varied (their weighted variance under 1e-6 of their mean's square) a and b are confounded, and
-    it scales with the rows (a = 0, b = Σw·ms / Σw·rows). Past the most rows measured it predicts no less than proportionally to the
-    rows: a fit made on a drained batch's tail (a few rows, noisy) must not price a full batch as
-    cheap. Never negative; 0 before the first observation."""
+    """ms ≈ a + b·rows, fitted by exponentially weighted least squares (as `CostFit`, no prior: each
+    observation multiplies the weight of every earlier one by `forget`). While the batch sizes
+    measured have not varied (their weighted variance under 1e-6 of their mean's square) a and b are
+    confounded, and it scales with the rows (a = 0, b = Σw·ms / Σw·rows). Past the most rows measured
+    it predicts no less than proportionally to the rows: a fit made on a drained batch's tail (a few
+    rows, noisy) must not price a full batch as cheap. Never negative; 0 before the first observation.
+    Its sums are Python floats solved in closed form: an engine step and a vLLM step each update one,
+    and numpy's per-call cost on a 3×3 system would be most of that."""
 
     forget: float
-    fit: CostFit = field(init=False)
     most_rows: int = 0  # the most rows measured
+    # Σw, Σw·rows, Σw·ms, Σw·rows², Σw·rows·ms over the observations (w: their aged weights)
+    _sums: tuple[float, float, float, float, float] = field(default=(0.0, 0.0, 0.0, 0.0, 0.0), init=False, repr=False)
     _line: tuple[float, float] | None = field(default=None, init=False, repr=False)  # (a, b) since the last observation
 
-    def __post_init__(self) -> None:
-        self.fit = CostFit((0.0, 0.0), self.forget)
-
     def observe(self, rows: int, ms: float) -> None:
-        self.fit.observe((1.0, rows), ms)
+        f, x, y = self.forget, float(rows), float(ms)
+        w, sx, sy, sxx, sxy = self._sums
+        self._sums = (w * f + 1.0, sx * f + x, sy * f + y, sxx * f + x * x, sxy * f + x * y)
         self.most_rows = max(self.most_rows, rows)
         self._line = None
 
@@ -228,9 +232,9 @@ class RowCost:
         return max(a + b * rows, 0.0)
 
     def _solve(self) -> tuple[float, float]:
-        (w, sx, sy), (_, sxx, sxy) = self.fit.sums[:2].tolist()
+        w, sx, sy, sxx, sxy = self._sums
         mean = sx / w
         if sxx / w - mean**2 < 1e-6 * max(1.0, mean**2):  # one batch size measured: scale with the rows
             return 0.0, sy / max(sx, 1e-9)
-        det = w * sxx - sx * sx  # the 2×2 normal equations in closed form (a step's bookkeeping: no numpy call)
+        det = w * sxx - sx * sx  # the 2×2 normal equations
         return (sxx * sy - sx * sxy) / det, (w * sxy - sx * sy) / det

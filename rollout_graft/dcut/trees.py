@@ -129,6 +129,7 @@ class TreeStepCost:
     _weight: list[float] = field(init=False, repr=False)
     _sum: list[float] = field(init=False, repr=False)
     _common: list[float] = field(init=False, repr=False)  # [Σ aged weight, Σ aged weight · ratio]
+    _near: dict[float, list[tuple[int, float]]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.plain = RowCost(self.forget)
@@ -136,6 +137,7 @@ class TreeStepCost:
         self._weight = [0.0] * len(self.table.tokens)
         self._sum = [0.0] * len(self.table.tokens)
         self._common = [self.PRIOR_FORWARDS, self.PRIOR_FORWARDS]
+        self._near = {}  # `_neighbours` of each width priced
 
     def observe(self, rows: int, forward_tokens: int, proposed: int, timing: StepTiming) -> None:
         """A step measured by the engine: `proposed` nodes per row asked of the proposer (0: none)."""
@@ -166,9 +168,12 @@ class TreeStepCost:
         self._common[1] += ratio
 
     def _neighbours(self, tokens_per_row: float) -> list[tuple[int, float]]:
-        i, j, w = neighbours(self.table.tokens, tokens_per_row)
-        w = min(max(w, 0.0), 1.0)  # past the grid's ends: the end's own scale
-        return [(k, share) for k, share in ((i, 1.0 - w), (j, w)) if share > 0]
+        near = self._near.get(tokens_per_row)
+        if near is None:  # a few widths, priced several times a step
+            i, j, w = neighbours(self.table.tokens, tokens_per_row)
+            w = min(max(w, 0.0), 1.0)  # past the grid's ends: the end's own scale
+            near = self._near[tokens_per_row] = [(k, share) for k, share in ((i, 1.0 - w), (j, w)) if share > 0]
+        return near
 
     def scale(self, tokens_per_row: float) -> float:
         """Measured / profiled for forwards of `tokens_per_row` tokens per row (1.0: as profiled)."""
