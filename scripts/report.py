@@ -330,8 +330,9 @@ SECTIONS: list[Section] = [
             "interleaved, fresh prompts every repeat. D-cut reads a cost table from `ROLLOUT_GRAFT_CACHE`: first one "
             "profiled while two CPU busy-loops ran, stopped ahead of the rollouts (`engine_cost_table_loaded.json`: "
             "its `loadavg` says the load), then, as the control, one profiled at the machine's present load without "
-            "them (`engine_cost_table_present.json`). The machine is shared (load average 3–4 on 2 cores from other "
-            "jobs during both runs): the twin's spread is the run's noise.",
+            "them (`engine_cost_table_present.json`); each table times a rollout's steady forwards (`CostModel.profile`). "
+            "Under the busy-loops the table priced a 64-row plain forward 1.36× the control's and a 4-token one 1.82× "
+            "its own plain forward (the control: 1.71×). The twin's spread is the run's noise.",
             ("engine_tiny_loaded_profile.json", "engine_tiny_present_profile.json"), render_speed,
             inputs=("engine_cost_table_loaded.json", "engine_cost_table_present.json")),
     Section("Engine, Graft on a real pair: Qwen2.5-Coder 0.5B drafting for 1.5B (CPU)",
