@@ -2,11 +2,14 @@
 """Where the engine's D-cut spends time beside `ar`, and how right its predictions were.
 
     ROLLOUT_GRAFT_CACHE=DIR python lab/engine_dcut_split.py --repeats 6 --json split.json
+    python lab/engine_dcut_split.py --batch 32 --dcut retrieval+recall+dcut --revisit
 
-The embedded tiny target, 64 rows (8 prompts × 8), T = 1, at most 192 new tokens, one thread: `ar`,
-its A/A twin, `retrieval+dcut` and `retrieval-plain` (the same proposer under a budget of 0: its
-bookkeeping without a draft) run in a shuffled order per repeat on fresh prompts (the benchmark's
-engines: `rollout_graft_tools.bench_engine`). Per method: the paired ratio to `ar` (median, range)
+The embedded tiny target, 64 rows (8 prompts × 8; `--batch`), T = 1, at most 192 new tokens, one
+thread: `ar`, its A/A twin, a D-cut method (`--dcut`, `retrieval+dcut` by default) and the same
+method's proposer under a budget of 0 (`-plain`: its bookkeeping without a draft) run in a
+shuffled order per repeat on fresh prompts (the benchmark's
+engines: `rollout_graft_tools.bench_engine`; `--revisit`: each repeat's prompts first once, untimed,
+as a later GRPO epoch). Per method: the paired ratio to `ar` (median, range)
 and each phase's ms per rollout; for D-cut, the µs its `plan`, `cut` and `observe` take per step
 and, on the steps it drafted, its prediction against what the step did: expected / emitted tokens,
 predicted / measured step ms and forward ms. D-cut reads its cost table from `ROLLOUT_GRAFT_CACHE`
@@ -38,6 +41,7 @@ class Recorder:
 
     def __init__(self, policy):
         self.policy, self.us, self.steps, self.drafted = policy, {"plan": 0.0, "cut": 0.0, "observe": 0.0}, 0, []
+        self.enabled = True
         for name in self.us:
             setattr(policy, name, self._timed(name, getattr(policy, name)))
 
@@ -45,6 +49,8 @@ class Recorder:
         def wrapper(*args):
             start = time.perf_counter()
             out = call(*args)
+            if not self.enabled:
+                return out
             self.us[name] += (time.perf_counter() - start) * 1e6
             if name == "plan":
                 self.steps += 1
@@ -89,34 +95,43 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--batch", type=int, default=64, help="rows: prompts × 8")
+    ap.add_argument("--dcut", default="retrieval+dcut", help="the D-cut method (a bench_engine name)")
+    ap.add_argument("--revisit", action="store_true", help="each repeat's prompts run once, untimed, first")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    methods = ["ar", "ar-twin", "retrieval+dcut", "retrieval"]
+    methods = ["ar", "ar-twin", args.dcut]
     backend = EngineBackend(str(TINY_TARGET), str(TINY_PROMPTS), methods)
-    cell = Cell(1.0, 64, 8, 192)
+    cell, prompts_per = Cell(1.0, args.batch, 8, 192), args.batch // 8
     engines = {m: backend._engine(m, cell) for m in methods}
     engines["ar-twin"] = RolloutEngine(backend.model, engines["ar"].config)
-    engines["retrieval-plain"] = engines.pop("retrieval")
-    engines["retrieval-plain"].policy = FixedBudget(0)  # the proposer's bookkeeping, never a draft
+    engines[f"{args.dcut}-plain"] = RolloutEngine(backend.model, engines[args.dcut].config)
+    engines[f"{args.dcut}-plain"].policy = FixedBudget(0)  # the proposer's bookkeeping, never a draft
     for engine in engines.values():
         engine.budget_policy()
-    recorder = Recorder(engines["retrieval+dcut"].policy)
-    warm = backend.prompts(cell, 8)
+    recorder = Recorder(engines[args.dcut].policy)
+    warm = backend.prompts(cell, prompts_per)
     for engine in engines.values():
         engine.generate(_rows(warm, 8), backend._params(cell, 1))
     recorder.us, recorder.steps, recorder.drafted = dict.fromkeys(recorder.us, 0.0), 0, []  # the timed repeats only
     runs: dict[str, list] = {m: [] for m in engines}
     order, rng = list(engines), random.Random(0)
     for rep in range(args.repeats):
-        prompts = backend.prompts(cell, 8)
+        prompts = backend.prompts(cell, prompts_per)
         rng.shuffle(order)
+        if args.revisit:  # the prompts' previous epoch, untimed (recall keeps its completions)
+            recorder.enabled = False
+            for m in order:
+                engines[m].generate(_rows(prompts, 8), backend._params(cell, 1000 + rep))
+            recorder.enabled = True
         for m in order:
             start = time.perf_counter()
             out = engines[m].generate(_rows(prompts, 8), backend._params(cell, 100 + rep))
             runs[m].append({"s": time.perf_counter() - start, "steps": out.stats.target_forwards,
                             "phase_ms": {**{k: v * 1000 for k, v in out.stats.seconds.items()},
                                          "outside phases": (time.perf_counter() - start - sum(out.stats.seconds.values())) * 1000}})
-    result = {"environment": environment("cpu", "float32"), "repeats": args.repeats, "methods": {}, "dcut": recorder.summary()}
+    result = {"environment": environment("cpu", "float32"), "repeats": args.repeats, "batch": args.batch,
+              "revisit": args.revisit, "methods": {}, "dcut": recorder.summary()}
     for m, rs in runs.items():
         ratios = [a["s"] / r["s"] for a, r in zip(runs["ar"], rs)]
         result["methods"][m] = {"vs_ar": statistics.median(ratios), "vs_ar_range": [min(ratios), max(ratios)],
