@@ -446,12 +446,12 @@ SECTIONS: list[Section] = [
             inputs=("vllm_proposer_vs_ngram.json", "replay/rec_tiny_t1.json", "replay/rec_smollm2_t1_r4.json",
                     "replay/rec_tiny_grpo_t1.json", "replay/rec_smollm2_t0_b8.json")),
     Section("GRPO training: the recipe on each backend (CPU)",
-            "`accelerate launch recipes/grpo_qwen3.py --backend graft|vllm|hf`, 60 steps on the embedded demo; "
+            "`accelerate launch recipes/grpo_qwen3.py --backend engine|vllm|hf`, 60 steps on the embedded demo; "
             "the plot is `scripts/plot_training.py` over the three `log_history` files, each in a folder named by its "
             "backend (the folder labels it).",
-            ("recipe/summary-graft.json", "recipe/summary-vllm.json", "recipe/summary-hf.json"), render_recipe,
+            ("recipe/summary-engine.json", "recipe/summary-vllm.json", "recipe/summary-hf.json"), render_recipe,
             images=("plots/grpo_qwen3_backends.png",),
-            inputs=("recipe/log_history-graft.json", "recipe/log_history-vllm.json", "recipe/log_history-hf.json")),
+            inputs=("recipe/log_history-engine.json", "recipe/log_history-vllm.json", "recipe/log_history-hf.json")),
     Section("TRL's own GRPOTrainer tests against GraftGRPOTrainer",
             "TRL's `tests/test_grpo_trainer.py` run offline once with `GRPOTrainer` and once with `GraftGRPOTrainer` "
             "in its place (`lab/trl_grpo_tests.py`): Hub models mapped to the embedded tiny target and random tiny "
