@@ -74,6 +74,26 @@ def test_width_choice_follows_the_cost_table():
     assert cut.valid.tolist() == [[True], [True]] and cut.tokens.tolist() == [[10], [10]]
 
 
+def test_decisions_whose_drafts_earn_less_than_expected_are_discounted():
+    """The calibration may be right over every node verified while the steps D-cut chooses to draft
+    earn less than their estimate (it picks the highest): their own record scales its expectations."""
+    knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)  # W=1: 3.2 / 1.2 = 2.67 beats 2.0
+    d = draft_with_scores(TREES)
+    earns, expects = trusting(knee, gain_prior=4.0), trusting(knee, gain_prior=4.0)
+    for _ in range(12):  # W=1 expects 0.75 + 0.24 accepted tokens (the scores' bins' middles)
+        step(earns, d, ms=1.2, emitted=3)  # its drafts earn a token: as expected, it drafts on
+        step(expects, d, ms=1.2)  # its drafts earn nothing
+    assert earns.expected == pytest.approx(12 * 0.99, rel=0.01) and earns.gain_scale() > 0.99
+    assert not step(earns, d)[1].probe
+    # until its expectations fell below break-even (then it waits for probes), its drafts earned nothing
+    assert expects.earned == 0 and expects.expected >= 4 * 0.99 and expects.gain_scale() < 0.4
+    while (made := step(expects, d)) is None:  # … the next probe
+        pass
+    assert made[1].probe and made[1].expected_mat < made[1].break_even_mat  # plain wins at the discounted gains
+    with pytest.raises(ValueError, match="gain_prior must be > 0"):
+        DCutConfig(gain_prior=0.0)
+
+
 def test_the_proposal_follows_the_choice():
     """The next step proposes the width chosen, twice its proposal when all of it was chosen, and
     the same after a plain decision (the probe proposes what was chosen last)."""

@@ -11,13 +11,16 @@ over W ∈ ratios · budget, W = 0 (plain decoding) included, so a step is never
 "ar". A node's score is the estimated probability that verification reaches and accepts it: the
 prefix product of its path's confidences, calibrated online against observed acceptance.
 
-Three rules around the choice, each measured to matter (a D-cut ablation; see git history):
+Four rules around the choice, each measured to matter (a D-cut ablation, see git history; the last:
+docs/DESIGN.md):
 - the proposal follows the choice: the next step proposes the width chosen, twice its proposal when
   all of it was chosen (from the smallest width up): a wider tree costs more to build and learn from;
 - after a plain decision nothing is proposed until the next proposal (a probe: the tree is built, and
   may again be cut to W = 0) is affordable: probes may cost `DCutConfig.probe_share` of the
   decoding time, plus what speculation saved;
-- the profiled forward table is corrected by what the rollout's forwards measure (`TreeStepCost`).
+- the profiled forward table is corrected by what the rollout's forwards measure (`TreeStepCost`);
+- the expected gains are scaled by what the decisions' own verified drafts earned against them
+  (`DCut.gain_scale`: a decision drafts where its estimates are highest, which earn less).
 The other controllers an earlier D-cut had (switch margin, back-off, advantage average,
 exploration, per-batch-size state) were removed after the same comparison.
 """
@@ -247,6 +250,10 @@ class DCut(TreePolicy):
         self.probes = ProbeCredit(config.probe_share)
         self.reference_every = round(1.0 / config.probe_share)  # drafting steps between plain reference steps
         self.since_plain = 0  # steps since the last plain forward
+        # over the steps that verified a draft: the tokens its drafts earned beyond one a row, and what
+        # the decision expected of them (`gain_scale`); the last decision's expectation until it is measured
+        self.earned, self.expected = 0.0, 0.0
+        self._expected_gain: float | None = None
 
     def plan(self, rows: int) -> int:
         """The proposal width (`_next_proposal`), or 0: after a plain decision until a probe at this
@@ -264,8 +271,19 @@ class DCut(TreePolicy):
         verified = min(self.proposal, self.widest)
         return max(self.cost.step_ms(rows, verified, self.proposal) - self.cost.step_ms(rows, 0, 0), 0.0)
 
+    def gain_scale(self) -> float:
+        """What D-cut's decisions' drafts earned over what it expected of them (accepted tokens), with
+        a prior of `DCutConfig.gain_prior` expected tokens at 1: its expected gains are multiplied by
+        it. The calibration is right on average over the nodes verified, but a decision drafts at the
+        steps whose calibrated gains are highest, and those earned less than their estimate (on the
+        tiny target at 32-64 rows, 2-24 % less: `lab/engine_dcut_split.py`), so near break-even D-cut
+        drafted at a loss; the steps it chose measure that selection, and correct it."""
+        prior = self.config.gain_prior
+        return (self.earned + prior) / (self.expected + prior)
+
     def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
         rows, m = draft.tokens.shape
+        self._expected_gain = None
         if not self.planned:  # waiting for the probe: a plain step, not a decision
             return draft, BudgetDecision(0.0, 0, 0, float(rows))
         if m == 0:  # proposed, found nothing: a probe that decodes plainly
@@ -295,7 +313,8 @@ class DCut(TreePolicy):
         host = torch.cat([gains.float(), kept.float(), counts.max().view(1).float()]).tolist()  # one host transfer
         n = len(widths)
         gains, kept, widest = host[:n], [int(k) for k in host[n : 2 * n]], int(host[-1])
-        expected = [rows + (gains[i] if w else 0.0) for i, w in enumerate(widths)]
+        scale = self.gain_scale()
+        expected = [rows + (gains[i] * scale if w else 0.0) for i, w in enumerate(widths)]
         step_ms = [self.cost.step_ms(rows, min(w, widest), w) for w in widths]
         rates = [e / t for e, t in zip(expected, step_ms)]
         best = max(range(n), key=lambda j: (rates[j], -j))
@@ -303,6 +322,7 @@ class DCut(TreePolicy):
         self.plain = widths[best] == 0
         self.widest = widest
         i = drafting if self.plain else best
+        self._expected_gain = gains[i]  # measured against what this step's drafts earn (`observe`)
         decision = BudgetDecision(widths[i] / self.budget, kept[i], kept[-1], expected[i], probe=self.plain,
                                   break_even_mat=step_ms[drafting] / step_ms[0], expected_mat=expected[drafting] / rows)
         return widths[i], decision
@@ -336,6 +356,10 @@ class DCut(TreePolicy):
                                                           d.source.float()]).cpu().numpy()
             for s, calibration in enumerate(self.calibrations):
                 calibration.observe(score, (valid > 0) & (source == s), accepted > 0)
+        if self._expected_gain is not None and step.forward_tokens > 1:  # a decision's draft, verified
+            self.earned += step.emitted - step.rows
+            self.expected += self._expected_gain
+            self._expected_gain = None
         self.cost.observe(step.rows, step.forward_tokens, step.planned, step.timing)
         self.since_plain = 0 if step.forward_tokens == 1 else self.since_plain + 1
         ms, plain = step.timing.total_ms, self.cost.step_ms(step.rows, 0, 0)
