@@ -335,6 +335,12 @@ SECTIONS: list[Section] = [
             "its own plain forward (the control: 1.71×). The twin's spread is the run's noise.",
             ("engine_tiny_loaded_profile.json", "engine_tiny_present_profile.json"), render_speed,
             inputs=("engine_cost_table_loaded.json", "engine_cost_table_present.json")),
+    Section("Engine, tiny target: D-cut's decisions against their own record (CPU)",
+            "The engine's defaults with D-cut (`retrieval+recall+dcut`) raced against the same with its expected "
+            "gains never scaled by what its decisions' drafts earned (`:gain_prior=1e12`, `DCut.gain_scale`), "
+            "`ar` and its A/A twin interleaved, fresh prompts every repeat; first on revisits (each repeat's prompts "
+            "once untimed before: recall's chains), then on fresh prompts.",
+            ("engine_dcut_gain_revisit.json", "engine_dcut_gain_fresh.json"), render_speed),
     Section("Engine, Graft on a real pair: Qwen2.5-Coder 0.5B drafting for 1.5B (CPU)",
             "Opt-in models (`scripts/prepare_models.py --qwen-coder`).",
             ("qwen_coder_graft.json",), render_speed),
