@@ -339,7 +339,7 @@ SECTIONS: list[Section] = [
             "The engine's defaults with D-cut (`retrieval+recall+dcut`) raced against the same with its expected "
             "gains never scaled by what its decisions' drafts earned (`:gain_prior=1e12`, `DCut.gain_scale`), "
             "`ar` and its A/A twin interleaved, fresh prompts every repeat; first on revisits (each repeat's prompts "
-            "once untimed before: recall's chains), then on fresh prompts.",
+            "run once untimed first: recall's chains), then on fresh prompts.",
             ("engine_dcut_gain_revisit.json", "engine_dcut_gain_fresh.json"), render_speed),
     Section("Engine, Graft on a real pair: Qwen2.5-Coder 0.5B drafting for 1.5B (CPU)",
             "Opt-in models (`scripts/prepare_models.py --qwen-coder`).",
