@@ -40,10 +40,14 @@ class Recorder:
     """Wraps a D-cut's plan / cut / observe: their time, and each drafting step's prediction and outcome."""
 
     def __init__(self, policy):
-        self.policy, self.us, self.steps, self.drafted = policy, {"plan": 0.0, "cut": 0.0, "observe": 0.0}, 0, []
-        self.enabled = True
+        self.policy, self.enabled = policy, True
+        self.reset()
         for name in self.us:
             setattr(policy, name, self._timed(name, getattr(policy, name)))
+
+    def reset(self) -> None:
+        """Forget what was recorded (a warm-up's steps)."""
+        self.us, self.steps, self.records = dict.fromkeys(("plan", "cut", "observe"), 0.0), 0, []
 
     def _timed(self, name, call):
         def wrapper(*args):
@@ -66,23 +70,23 @@ class Recorder:
         width = round(decision.ratio * p.budget)
         if width and not decision.probe:
             verified = min(width, p.widest)
-            self.drafted.append({"expected": decision.expected_emitted, "ms": p.cost.step_ms(rows, verified, width),
+            self.records.append({"expected": decision.expected_emitted, "ms": p.cost.step_ms(rows, verified, width),
                                  "forward_ms": p.cost.forward_ms(rows, 1 + verified)})
         elif draft.tokens.shape[1] == 0:  # a plain step: what D-cut weighs every draft against
-            self.drafted.append({"plain": True, "expected": float(rows), "ms": p.cost.step_ms(rows, 0, 0),
+            self.records.append({"plain": True, "expected": float(rows), "ms": p.cost.step_ms(rows, 0, 0),
                                  "forward_ms": p.cost.forward_ms(rows, 1)})
         else:
-            self.drafted.append(None)
+            self.records.append(None)
 
     def _measured(self, step) -> None:
-        last = self.drafted[-1] if self.drafted else None
+        last = self.records[-1] if self.records else None
         if last is not None and "emitted" not in last:
             last.update(emitted=step.emitted, measured_ms=step.timing.total_ms, measured_forward_ms=step.timing.forward_ms)
 
     def summary(self) -> dict:
         out = {"us_per_step": {k: v / max(self.steps, 1) for k, v in self.us.items()}, "steps": self.steps}
         for kind, plain in (("drafting", False), ("plain", True)):
-            done = [d for d in self.drafted if d and "emitted" in d and d.get("plain", False) == plain]
+            done = [d for d in self.records if d and "emitted" in d and d.get("plain", False) == plain]
             total = lambda key: sum(d[key] for d in done)  # noqa: E731
             out[kind] = {"steps": len(done)} | ({
                 "expected_over_emitted": total("expected") / total("emitted"),
@@ -113,7 +117,7 @@ def main() -> None:
     warm = backend.prompts(cell, prompts_per)
     for engine in engines.values():
         engine.generate(_rows(warm, 8), backend._params(cell, 1))
-    recorder.us, recorder.steps, recorder.drafted = dict.fromkeys(recorder.us, 0.0), 0, []  # the timed repeats only
+    recorder.reset()  # the timed repeats only
     runs: dict[str, list] = {m: [] for m in engines}
     order, rng = list(engines), random.Random(0)
     for rep in range(args.repeats):
