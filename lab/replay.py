@@ -10,6 +10,7 @@ on them. One tool, an adapter per backend:
     python lab/replay.py engine record --num-prompts 8 --group-size 8 --out rec.safetensors
     python lab/replay.py engine run rec.safetensors --variants retrieval retrieval-noshare --json replay.json
     python lab/replay.py engine bound rec.safetensors        # what copying from siblings' text could give
+    python lab/replay.py engine clocks --cell first:8,64 revisit:8,64 --json docs/bench/engine_dcut_clocks.json
     python lab/replay.py vllm record --batch 64 --rollouts 4 --out rec.json
     python lab/replay.py vllm run rec.json --json replay.json
     python lab/replay.py vllm clocks --cell rec.json:first:8,64 --json docs/bench/dcut_clocks.json
@@ -18,7 +19,10 @@ Engine: `run` needs no model: trees come from the real RetrievalProposer, accept
 recorded tokens, index updates from the recorded distributions of on-path positions only (the
 engine also learns from rejected nodes, so replay's MAT is lower than an engine run's: compare
 variants with each other; exactness: rollout_graft_tools/replay.py). Its JSON follows the
-benchmark's layout (`configs[*].methods[variant]`), so `scripts/report.py` renders it.
+benchmark's layout (`configs[*].methods[variant]`), so `scripts/report.py` renders it. `clocks` is
+no replay of a recording: it runs the real engine (every arm seed-exact, so the tokens are the same)
+and prices each verify forward on modelled clocks, D-cut deciding on the clock it is judged by
+(`rollout_graft_tools.engine_clocks`).
 
 vLLM: `record` runs plain vLLM (no speculation) for `--rollouts` GRPO rollouts of `--batch` rows
 (batch/G prompts × G samples, EOS on), each on prompts no earlier rollout used. `run` replays them
@@ -141,6 +145,49 @@ def engine_bound(args) -> dict:
 
 
 # ---------------------------------------------------------------------- vLLM: chains
+
+def engine_clocks(args) -> dict:
+    """ar, fixed tree widths and D-cut on the engine's own CPU cost table and the rooflines, per
+    `--cell` (REGIME:BATCH,BATCH…); prints ours against the best fixed arm and ar."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout_graft.cost import CostModel
+    from rollout_graft_tools import clocks, engine_clocks
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    table = CostModel.profile(model)
+    timers = [engine_clocks.TableClock(table, f"engine-cpu/{Path(args.model).name}")] + list(clocks.rooflines().values())
+    from rollout_graft_tools.benchmark import environment
+
+    out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
+           "environment": environment("cpu", "float32", ["lab/replay.py", *args.argv]),  # the engine-cpu clock's table was profiled here
+           "clocks": {c.name: repr(c) if not isinstance(c, engine_clocks.TableClock) else table.to_json() for c in timers},
+           "cells": []}
+    for spec in args.cell:
+        regime, sizes = spec.split(":")
+        for batch in map(int, sizes.split(",")):
+            if batch % args.group:
+                raise SystemExit(f"batch {batch} is not a multiple of the group size {args.group}")
+            n = batch // args.group
+            prompts = load_prompts(args.prompts, tokenizer, "test", n * args.rollouts)
+            sets = [prompts[i * n : (i + 1) * n] for i in range(args.rollouts)]
+            params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+            for cell in engine_clocks.cells(model, tokenizer, sets, args.group, regime, params, timers, **dict(args.dcut)):
+                cell.update(engine_clocks.verdict(cell))
+                out["cells"].append(cell)
+                a = cell["arms"]
+                print(f"{regime:<8} {cell['clock']:<22} b{cell['batch']:<4} best {cell['best_fixed']:<10} "
+                      f"{a[cell['best_fixed']] / a['ar']:.3f}× ar; ours {cell['vs_ar']:.3f}× ar, {cell['vs_best']:.3f}× best; "
+                      f"nodes/row ours {cell['mean_verified_nodes']['ours-dcut']:.2f}"
+                      f"{'' if cell['meets'] else '  MISS'}{'' if cell['seed_exact'] else '  NOT SEED-EXACT'}", flush=True)
+    cells = out["cells"]
+    print(f"ours-dcut meets the bar in {sum(c['meets'] for c in cells)} of {len(cells)} cells")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
 
 def vllm_record(args) -> None:
     from transformers import AutoTokenizer
@@ -304,6 +351,22 @@ def main(argv=None):
     b.add_argument("recording")
     b.add_argument("--depth", type=int, default=8)
     b.set_defaults(func=engine_bound)
+    k = engine.add_parser("clocks", help="ar, fixed tree widths and D-cut on modelled clocks (real engine runs)")
+    k.add_argument("--cell", nargs="+", required=True, metavar="REGIME:BATCHES",
+                   help="`first` (fresh prompts) or `revisit` (the same prompts a GRPO epoch later, timed the second "
+                        "time) and batch sizes (rows), e.g. first:8,64")
+    k.add_argument("--model", default=str(TINY_TARGET))
+    k.add_argument("--prompts", default=str(TINY_PROMPTS))
+    k.add_argument("--group", type=int, default=8)
+    k.add_argument("--rollouts", type=int, default=4, help="timed rollouts per cell, each on prompts of its own")
+    k.add_argument("--temperature", type=float, default=1.0)
+    k.add_argument("--max-new-tokens", type=int, default=128)
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--threads", type=int, default=1)
+    k.add_argument("--dcut", nargs="*", default=[], metavar="NAME=VALUE", type=_dcut_option,
+                   help="a DCutConfig setting of ours-dcut (e.g. gain_prior=1e9: no gain scale)")
+    k.add_argument("--json", type=Path)
+    k.set_defaults(func=engine_clocks)
     chains = backends.add_parser("vllm", help="the vLLM backend's chains").add_subparsers(dest="cmd", required=True)
     r = chains.add_parser("record", help="plain vLLM rollouts, kept as token ids")
     r.add_argument("--model", default=str(TINY_TARGET))

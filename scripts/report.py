@@ -247,6 +247,24 @@ def render_dcut_clocks(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_engine_clocks(runs: list[dict]) -> str:
+    """Every cell of `lab/replay.py engine clocks`: D-cut against the best fixed tree width and ar (modelled)."""
+    lines = []
+    for run in runs:
+        lines += ["| regime | batch | clock | best fixed width | ×ar | ours-dcut ×ar | ×best fixed | "
+                  "verified nodes per row ours / best fixed | meets | seed-exact |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for c in run["cells"]:
+            a, n, best = c["arms"], c["mean_verified_nodes"], c["best_fixed"]
+            lines.append(f"| {c['regime']} | {c['batch']} | {c['clock']} | {best} | {a[best] / a['ar']:.2f} | "
+                         f"{c['vs_ar']:.3f} | {c['vs_best']:.3f} | {n['ours-dcut']:.1f} / {n[best]:.1f} | "
+                         f"{'yes' if c['meets'] else '**no**'} | {'yes' if c['seed_exact'] else '**no**'} |")
+        met = sum(c["meets"] for c in run["cells"])
+        lines.append(f"\nMeets the bar in {met} of {len(run['cells'])} cells; ≥ 0.99× ar in "
+                     f"{sum(c['vs_ar'] >= 0.99 for c in run['cells'])}.")
+    return "\n".join(lines)
+
+
 def render_trl_tests(runs: list[dict]) -> str:
     """`lab/trl_grpo_tests.py`: TRL's GRPO test file run once per trainer class. The counts, then every
     test that did not pass with both classes (passed / failed / skipped / xfail; GraftGRPOTrainer's
@@ -451,6 +469,20 @@ SECTIONS: list[Section] = [
             ("dcut_clocks_proposer.json",), render_dcut_clocks,
             inputs=("vllm_proposer_vs_ngram.json", "replay/rec_tiny_t1.json", "replay/rec_smollm2_t1_r4.json",
                     "replay/rec_tiny_grpo_t1.json", "replay/rec_smollm2_t0_b8.json")),
+    Section("Engine, tiny target: D-cut's trees on modelled clocks (real rollouts, modelled steps)",
+            "`python lab/replay.py engine clocks --cell first:8,64 revisit:8,64`: the real engine on the tiny target "
+            "(T = 1, 128 new tokens, groups of 8, four timed rollouts per cell on prompts of their own, one engine "
+            "through them as through GRPO steps). Every arm emits the tokens plain sampling emits (seed-exact, checked "
+            "per cell), so only the forwards differ; each verify forward is priced by a clock and the modelled "
+            "throughput is tokens / Σ forward ms — the forward alone (prefill and the engine's host time unpriced; a "
+            "roofline's `spec_ms` charged to every step that verifies a tree). Clocks: `engine-cpu/target`, the "
+            "target's forward-cost table profiled on this machine; the rooflines of the table above. Arms: `ar`; "
+            "`fixed-wW`, the default retrieval proposer verifying trees of W nodes per row (D-cut's widths at its "
+            "budget of 60); `ours-dcut`, D-cut over that proposer, fresh for every clock, its cost table the clock's "
+            "own profile (what `CostModel.profile` measures on a real device), its steps timed by the clock. "
+            "`revisit`: each prompt set twice, a GRPO epoch later with another seed (recall holds the first epoch), "
+            "timed the second time. Meets: as above, `ar` for plain.",
+            ("engine_dcut_clocks.json",), render_engine_clocks),
     Section("GRPO training: the recipe on each backend (CPU)",
             "`accelerate launch recipes/grpo_qwen3.py --backend engine|vllm|hf`, 60 steps on the embedded demo; "
             "the plot is `scripts/plot_training.py` over the three `log_history` files, each in a folder named by its "

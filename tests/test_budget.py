@@ -303,3 +303,23 @@ def test_dcut_maps_scores_on_the_device_as_the_calibration_does():
                       torch.from_numpy(source).to(torch.int8))
         expected = np.choose(source, [c(score) for c in dcut.calibrations])
         assert np.array_equal(dcut.calibrated(draft).numpy(), expected)
+
+
+def test_a_cost_table_prices_a_batch_between_its_rows_at_the_same_tokens_in_all():
+    """`CostModel.predict` reads the neighbouring grid rows where they compute the same tokens in all:
+    on an accelerator's step (flat while the weights' reads dominate, then linear in tokens) a batch
+    between two profiled rows is priced near the step itself, where reading both rows at the same
+    tokens per row put it on a line across the knee; a cost linear in rows and tokens stays exact."""
+    from rollout_graft.dcut.roofline import ACCELERATORS, ModelShape, Roofline
+
+    clock = Roofline(ACCELERATORS["H800"], ModelShape("Qwen3-8B", params=8.2e9, layers=36, q_heads=32, kv_heads=8,
+                                                      head_dim=128))
+    batches, tokens = [1, 4, 16, 64], [1, 2, 4, 8, 16, 32, 64]
+    table = CostModel(batches, tokens, [[float(clock.profile_ms(b, float((q - 1) * b), 128)) for q in tokens]
+                                        for b in batches])
+    for rows, q in ((8, 31), (12, 20), (8, 16), (2, 40), (48, 4)):  # the first two: 19 % and 10 % dear at equal width
+        step = float(clock.profile_ms(rows, float((q - 1) * rows), 128))
+        assert table.predict(rows, q) == pytest.approx(step, rel=0.015), (rows, q)
+    linear = CostModel(batches, tokens, [[2.0 + 0.5 * b + 0.1 * b * q for q in tokens] for b in batches])
+    for rows, q in ((8, 31), (3, 5), (40, 2.5)):
+        assert linear.predict(rows, q) == pytest.approx(2.0 + 0.5 * rows + 0.1 * rows * q)

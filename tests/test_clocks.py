@@ -183,3 +183,28 @@ def test_longer_contexts_price_the_kv_reads_of_longer_rows():
     stale = clocks.LongerContexts(roof, 2048, profiled_without=True)
     assert stale.profile_ms(64, k, 256).tolist() == roof.profile_ms(64, k, 256).tolist()
     assert long.name == roof.name and not long.includes_proposer  # a roofline's steps: the forward alone
+
+
+def test_the_engine_on_a_clock_is_seed_exact_and_its_dcut_decides_on_that_clock():
+    """`engine_clocks`: real engine rollouts whose verify forwards are priced by a clock. Every arm
+    emits the plain path's tokens; D-cut, seeing the clock's milliseconds, decides the same way
+    twice; on the H20 at 64 rows (where no tree pays) it stays near plain, on the H800 at 8 rows
+    (where wide trees are nearly free) it verifies wider trees than on the H20."""
+    from conftest import random_model
+
+    from rollout_graft import SamplingParams
+    from rollout_graft_tools import engine_clocks
+
+    model = random_model(sharp=6.0)
+    gen = np.random.default_rng(0)
+    sets = [[gen.integers(3, 64, 6).tolist() for _ in range(2)]]
+    params = SamplingParams(temperature=1.0, max_new_tokens=24, seed=3)
+    h20, h800 = (clocks.Roofline(clocks.ACCELERATORS[a], clocks.MODELS["Qwen3-8B"]) for a in ("H20", "H800"))
+    plan = engine_clocks.rollouts("first", sets, 4, params)
+    runs = [engine_clocks.run(engine_clocks.dcut_engine(model, None, clock), plan, clock) for clock in (h800, h800, h20)]
+    shapes = [[shape[:2] for shape in steps.shapes] for steps, _, _ in runs]
+    assert shapes[0] == shapes[1] and any(n > 1 for _, n in shapes[0])  # (rows, tokens per row) of every forward
+    cells = engine_clocks.cells(model, None, sets, 4, "first", params, [h20, h800])
+    assert all(c["seed_exact"] for c in cells)
+    nodes = {c["clock"]: c["mean_verified_nodes"]["ours-dcut"] for c in cells}
+    assert nodes["H800/Qwen3-8B"] > nodes["H20/Qwen3-8B"]

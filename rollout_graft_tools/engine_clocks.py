@@ -1,0 +1,183 @@
+"""The engine's tree D-cut on modelled clocks: real rollouts, each step priced by a clock.
+
+Every arm runs the real engine on the real target with one seed, so every arm emits the tokens
+plain sampling emits (seed-exact) and only the steps differ: how many forwards, and how many tree
+nodes per row each verified. A `clocks.StepClock` prices each verify forward (its rows, the nodes
+each row verified, the rows' contexts) in place of the wall clock; the budget policy sees those
+milliseconds too (`clocked`), so D-cut's choices are deterministic and made on the clock it is
+judged by. Arms: `ar` (plain decoding), `fixed-wW` (the default retrieval proposer verifying
+trees of W nodes per row), `ours-dcut` (D-cut over the same proposer, its cost table the clock's
+own profile — what `cost.CostModel.profile` measures on a real device — fresh for every clock).
+Modelled throughput = tokens / Σ forward ms: the forward alone (prefill, the proposer's and the
+engine's host time are not priced; a roofline's `spec_ms` is charged to every step that verifies a
+tree). `engine-cpu/<model>` is the target's own forward-cost table profiled on this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
+from rollout_graft import engine as engine_module
+from rollout_graft.cost import DEFAULT_TOKENS, CostModel
+from rollout_graft.dcut.trees import DCut
+from rollout_graft.stats import StepTimer
+
+from .clocks import StepClock
+
+WIDTHS = (2, 4, 8, 15, 30, 60)  # the fixed arms' trees: D-cut's widths at the default budget (ratios × 60)
+TABLE_BATCHES = (1, 4, 16, 64, 256)
+TABLE_CONTEXT = 128  # `CostModel.profile`'s context
+
+
+@dataclass(frozen=True)
+class TableClock:
+    """A clock from a forward-cost table (`cost.CostModel`): a step of `rows` rows verifying n
+    tokens each costs `table.predict(rows, n)` (context not modelled)."""
+
+    table: CostModel
+    name: str
+    includes_proposer: bool = False
+
+    def step_ms(self, drafts, contexts=None) -> float:
+        drafts = np.asarray(drafts)
+        return self.table.predict(len(drafts), 1 + int(drafts.max(initial=0)))
+
+    def profile_ms(self, rows, draft_tokens, context=0.0) -> np.ndarray:
+        k = np.asarray(draft_tokens, dtype=np.float64)
+        return np.array([self.table.predict(rows, 1 + x / rows) for x in np.atleast_1d(k)]).reshape(k.shape)
+
+
+def table_of(clock: StepClock) -> CostModel:
+    """The forward-cost table a profile of `clock` would measure (`CostModel.profile`'s grid, batches
+    up to 256, at its context)."""
+    if isinstance(clock, TableClock):
+        return clock.table
+    latency = [[float(clock.profile_ms(b, np.float64((q - 1) * b), TABLE_CONTEXT)) for q in DEFAULT_TOKENS]
+               for b in TABLE_BATCHES]
+    return CostModel(list(TABLE_BATCHES), list(DEFAULT_TOKENS), latency, key=f"clock:{clock.name}")
+
+
+@dataclass
+class Steps:
+    """The verify forwards of the rollouts run inside `clocked`: (rows, tokens per row, contexts) each."""
+
+    shapes: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
+
+    def ms(self, clock: StepClock) -> float:
+        return sum(clock.step_ms(np.full(rows, n - 1), ctx) for rows, n, ctx in self.shapes)
+
+
+@contextmanager
+def clocked(engine: RolloutEngine, clock: StepClock | None) -> Iterator[Steps]:
+    """Inside the block, `engine`'s verify forwards are recorded (`Steps`) and — given `clock` — its
+    budget policy sees each step's forward priced by the clock, nothing outside it (`StepTiming`)."""
+    steps, runner = Steps(), engine.runner
+    verify, timer = runner.verify, engine_module.StepTimer
+
+    def recorded(tokens, positions, mask):
+        steps.shapes.append((tokens.shape[0], tokens.shape[1], positions[:, 0].cpu().numpy()))
+        return verify(tokens, positions, mask)
+
+    class ClockTimer(StepTimer):
+        @contextmanager
+        def phase(self, name):
+            with self.stats.timed(name, self.sync):
+                yield
+            if name == "verify":
+                rows, n, ctx = steps.shapes[-1]
+                self.timing.forward_ms += clock.step_ms(np.full(rows, n - 1), ctx)
+
+    runner.verify = recorded
+    if clock is not None:
+        engine_module.StepTimer = ClockTimer
+    try:
+        yield steps
+    finally:
+        runner.verify = verify
+        engine_module.StepTimer = timer
+
+
+def arms(budget: int = 60) -> dict[str, EngineConfig]:
+    """The fixed arms' configurations (`ar`, `fixed-wW`); `ours-dcut` is `dcut_engine`'s."""
+    out = {"ar": EngineConfig(method="ar")}
+    out.update({f"fixed-w{w}": EngineConfig(method="retrieval", budget=w) for w in WIDTHS if w <= budget})
+    return out
+
+
+def dcut_engine(model, tokenizer, clock: StepClock, budget: int = 60, **dcut_options) -> RolloutEngine:
+    """A fresh engine with D-cut over the default retrieval proposer, its cost table `clock`'s profile."""
+    from dataclasses import replace
+
+    cfg = EngineConfig(method="retrieval", budget=budget, budget_policy="dcut")
+    if dcut_options:
+        cfg = replace(cfg, dcut=replace(cfg.dcut, **dcut_options))
+    engine = RolloutEngine(model, cfg, tokenizer=tokenizer)
+    engine.policy = DCut(table_of(clock), cfg.budget, cfg.dcut)
+    return engine
+
+
+def rollouts(regime: str, prompt_sets: list[list[list[int]]], group: int,
+             params: SamplingParams) -> list[tuple[list, SamplingParams, bool]]:
+    """(rows, params, timed) of each rollout a regime runs, one engine through them all (as GRPO's
+    steps): `first` — each prompt set once; `revisit` — each twice in a row, a GRPO epoch later with
+    another seed (recall holds the first epoch's completions), timed the second time."""
+    from dataclasses import replace
+
+    if regime not in ("first", "revisit"):
+        raise ValueError(f"unknown regime {regime!r}; choose 'first' or 'revisit'")
+    plan = []
+    for i, prompts in enumerate(prompt_sets):
+        rows, seeded = [p for p in prompts for _ in range(group)], replace(params, seed=params.seed + 2 * i)
+        if regime == "revisit":
+            plan.append((rows, seeded, False))
+        plan.append((rows, replace(seeded, seed=seeded.seed + 1) if regime == "revisit" else seeded, True))
+    return plan
+
+
+def run(engine: RolloutEngine, plan, clock: StepClock | None) -> tuple[Steps, int, list]:
+    """The plan's rollouts on `engine` (`clocked` by `clock`); the timed ones' steps, tokens and completions."""
+    timed_steps, tokens, completions = Steps(), 0, []
+    for rows, params, timed in plan:
+        with clocked(engine, clock) as steps:
+            out = engine.generate(rows, params)
+        if timed:
+            timed_steps.shapes += steps.shapes
+            tokens += out.stats.emitted_tokens
+            completions += out.completion_ids
+    return timed_steps, tokens, completions
+
+
+def cells(model, tokenizer, prompt_sets: list[list[list[int]]], group: int, regime: str, params: SamplingParams,
+          clocks: list[StepClock], **dcut_options) -> list[dict]:
+    """One cell per clock: each arm's modelled tokens/s, MAT and mean verified nodes per row-step
+    over the timed rollouts (`rollouts`), and whether every arm emitted the same tokens (seed-exact:
+    it must)."""
+    plan = rollouts(regime, prompt_sets, group, params)
+    fixed = {name: run(RolloutEngine(model, cfg, tokenizer=tokenizer), plan, None) for name, cfg in arms().items()}
+    reference = fixed["ar"][2]
+    out = []
+    for clock in clocks:
+        runs = {**fixed, "ours-dcut": run(dcut_engine(model, tokenizer, clock, **dcut_options), plan, clock)}
+        out.append({
+            "clock": clock.name, "regime": regime, "batch": len(prompt_sets[0]) * group, "rollouts": len(prompt_sets),
+            "arms": {n: 1000.0 * tokens / steps.ms(clock) for n, (steps, tokens, _) in runs.items()},
+            "mat": {n: tokens / max(len(steps.shapes), 1) for n, (steps, tokens, _) in runs.items()},
+            "mean_verified_nodes": {n: sum(r * (q - 1) for r, q, _ in s.shapes) / max(sum(r for r, _, _ in s.shapes), 1)
+                                    for n, (s, _, _) in runs.items()},
+            "seed_exact": all(c == reference for _, _, c in runs.values())})
+    return out
+
+
+def verdict(cell: dict) -> dict:
+    """ours-dcut against the best fixed arm and `ar` (the bar of `clock_replay.meets`, `ar` as plain)."""
+    arms_ = cell["arms"]
+    fixed = {n: v for n, v in arms_.items() if n.startswith("fixed-")}
+    best = max(fixed, key=fixed.get)
+    ours, plain = arms_["ours-dcut"], arms_["ar"]
+    bar = max(0.95 * fixed[best], 0.99 * plain) if fixed[best] > plain else 0.99 * plain
+    return {"best_fixed": best, "vs_best": ours / fixed[best], "vs_ar": ours / plain, "meets": bool(ours >= bar - 1e-9)}
