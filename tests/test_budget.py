@@ -323,3 +323,19 @@ def test_a_cost_table_prices_a_batch_between_its_rows_at_the_same_tokens_in_all(
     linear = CostModel(batches, tokens, [[2.0 + 0.5 * b + 0.1 * b * q for q in tokens] for b in batches])
     for rows, q in ((8, 31), (3, 5), (40, 2.5)):
         assert linear.predict(rows, q) == pytest.approx(2.0 + 0.5 * rows + 0.1 * rows * q)
+
+
+def test_after_a_probe_that_found_nothing_the_next_is_priced_by_its_tree_alone():
+    """A probe whose proposer found no node verified nothing and cost its tree only; the next probe
+    is priced so (`DCut.probe_ms` at the last draft's widest row, now none), not as a forward of the
+    whole proposal: on an accelerator's clock, where a wide forward costs whole plain steps more, a
+    new rollout's first empty draft held D-cut plain for 20 steps while it saved for a forward it
+    never made (`lab/replay.py engine clocks`, H200 / Qwen3-32B at 8 rows: 0.87× → 0.95× the best
+    fixed width)."""
+    steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)
+    dcut = trusting(steep)
+    step(dcut, draft_with_scores(TREES), ms=2.0, emitted=2)  # a probe that verified W = 1: plain wins
+    assert dcut.plain and dcut.probe_ms(2) > 0.9  # the next verifies a row's nodes: ~1 ms more than plain
+    dcut.probes.ms = 2.0  # credit for that probe: the next step proposes …
+    assert step(dcut, Draft.empty(2, "cpu"))[1].probe  # … and finds nothing
+    assert dcut.plain and dcut.probe_ms(2) < 0.1  # the next: its tree alone (free here)

@@ -288,6 +288,7 @@ class DCut(TreePolicy):
             return draft, BudgetDecision(0.0, 0, 0, float(rows))
         if m == 0:  # proposed, found nothing: a probe that decodes plainly
             self.plain = True
+            self.widest = 0  # the next probe is priced by its tree alone (`probe_ms`): this one verified nothing
             return draft, BudgetDecision(0.0, 0, 0, float(rows), probe=True)
         width, decision = self._decide(draft)
         self._next_proposal(0 if decision.probe else width, m)
