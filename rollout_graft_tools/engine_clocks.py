@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -111,8 +111,6 @@ def arms(budget: int = 60) -> dict[str, EngineConfig]:
 
 def dcut_engine(model, tokenizer, clock: StepClock, budget: int = 60, **dcut_options) -> RolloutEngine:
     """A fresh engine with D-cut over the default retrieval proposer, its cost table `clock`'s profile."""
-    from dataclasses import replace
-
     cfg = EngineConfig(method="retrieval", budget=budget, budget_policy="dcut")
     if dcut_options:
         cfg = replace(cfg, dcut=replace(cfg.dcut, **dcut_options))
@@ -126,8 +124,6 @@ def rollouts(regime: str, prompt_sets: list[list[list[int]]], group: int,
     """(rows, params, timed) of each rollout a regime runs, one engine through them all (as GRPO's
     steps): `first` — each prompt set once; `revisit` — each twice in a row, a GRPO epoch later with
     another seed (recall holds the first epoch's completions), timed the second time."""
-    from dataclasses import replace
-
     if regime not in ("first", "revisit"):
         raise ValueError(f"unknown regime {regime!r}; choose 'first' or 'revisit'")
     plan = []
