@@ -152,15 +152,14 @@ def engine_clocks(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rollout_graft.cost import CostModel
-    from rollout_graft_tools import clocks, engine_clocks
+    from rollout_graft_tools import clock_replay, clocks, engine_clocks
+    from rollout_graft_tools.benchmark import environment
 
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     table = CostModel.profile(model)
     timers = [engine_clocks.TableClock(table, f"engine-cpu/{Path(args.model).name}")] + list(clocks.rooflines().values())
-    from rollout_graft_tools.benchmark import environment
-
     out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
            "environment": environment("cpu", "float32", ["lab/replay.py", *args.argv]),  # the engine-cpu clock's table was profiled here
            "clocks": {c.name: repr(c) if not isinstance(c, engine_clocks.TableClock) else table.to_json() for c in timers},
@@ -175,11 +174,11 @@ def engine_clocks(args) -> dict:
             sets = [prompts[i * n : (i + 1) * n] for i in range(args.rollouts)]
             params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
             for cell in engine_clocks.cells(model, tokenizer, sets, args.group, regime, params, timers, **dict(args.dcut)):
-                cell.update(engine_clocks.verdict(cell))
+                cell.update(clock_replay.verdict(cell))
                 out["cells"].append(cell)
                 a = cell["arms"]
                 print(f"{regime:<8} {cell['clock']:<22} b{cell['batch']:<4} best {cell['best_fixed']:<10} "
-                      f"{a[cell['best_fixed']] / a['ar']:.3f}× ar; ours {cell['vs_ar']:.3f}× ar, {cell['vs_best']:.3f}× best; "
+                      f"{a[cell['best_fixed']] / a['plain']:.3f}× ar; ours {cell['vs_plain']:.3f}× ar, {cell['vs_best']:.3f}× best; "
                       f"nodes/row ours {cell['mean_verified_nodes']['ours-dcut']:.2f}"
                       f"{'' if cell['meets'] else '  MISS'}{'' if cell['seed_exact'] else '  NOT SEED-EXACT'}", flush=True)
     cells = out["cells"]

@@ -64,9 +64,9 @@ class CostModel:
         counts), then the two are interpolated by batch size. A forward's cost follows the tokens
         it computes and the rows whose caches it reads; on an accelerator it is flat while the
         weights' reads dominate, up to a knee in total tokens: read at equal tokens per row, a
-        batch between two grid rows was priced on a line across that knee (at 8 rows of 31
-        tokens, 20 % dearer than the H800 roofline's step between rows 4 and 16). Exact for a cost
-        linear in rows and tokens, as the old reading was."""
+        batch between two grid rows would be priced on a line across that knee (8 rows of 31
+        tokens on the H800 roofline, between rows 4 and 16: `tests/test_budget.py`). Exact for a
+        cost linear in rows and tokens, as a reading at equal tokens per row is too."""
         ms = self._memo.get((batch, tokens_per_row))
         if ms is None:  # D-cut prices a few (rows, width) pairs every step: interpolate each once
             bi, bj, bw = neighbours(self.batches, batch)

@@ -5,9 +5,10 @@ plain sampling emits (seed-exact) and only the steps differ: how many forwards, 
 nodes per row each verified. A `clocks.StepClock` prices each verify forward (its rows, the nodes
 each row verified, the rows' contexts) in place of the wall clock; the budget policy sees those
 milliseconds too (`clocked`), so D-cut's choices are deterministic and made on the clock it is
-judged by. Arms: `ar` (plain decoding), `fixed-wW` (the default retrieval proposer verifying
+judged by. Arms: `plain` (the engine's `ar`), `fixed-wW` (the default retrieval proposer verifying
 trees of W nodes per row), `ours-dcut` (D-cut over the same proposer, its cost table the clock's
-own profile — what `cost.CostModel.profile` measures on a real device — fresh for every clock).
+own profile — what `cost.CostModel.profile` measures on a real device — fresh for every clock);
+a cell has the layout of `clock_replay.cells`, judged by its `verdict`.
 Modelled throughput = tokens / Σ forward ms: the forward alone (prefill, the proposer's and the
 engine's host time are not priced; a roofline's `spec_ms` is charged to every step that verifies a
 tree). `engine-cpu/<model>` is the target's own forward-cost table profiled on this machine.
@@ -55,8 +56,6 @@ class TableClock:
 def table_of(clock: StepClock) -> CostModel:
     """The forward-cost table a profile of `clock` would measure (`CostModel.profile`'s grid, batches
     up to 256, at its context)."""
-    if isinstance(clock, TableClock):
-        return clock.table
     latency = [[float(clock.profile_ms(b, np.float64((q - 1) * b), TABLE_CONTEXT)) for q in DEFAULT_TOKENS]
                for b in TABLE_BATCHES]
     return CostModel(list(TABLE_BATCHES), list(DEFAULT_TOKENS), latency, key=f"clock:{clock.name}")
@@ -67,6 +66,10 @@ class Steps:
     """The verify forwards of the rollouts run inside `clocked`: (rows, tokens per row, contexts) each."""
 
     shapes: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def row_steps(self) -> int:
+        return sum(rows for rows, _, _ in self.shapes)
 
     def ms(self, clock: StepClock) -> float:
         return sum(clock.step_ms(np.full(rows, n - 1), ctx) for rows, n, ctx in self.shapes)
@@ -103,8 +106,8 @@ def clocked(engine: RolloutEngine, clock: StepClock | None) -> Iterator[Steps]:
 
 
 def arms(budget: int = 60) -> dict[str, EngineConfig]:
-    """The fixed arms' configurations (`ar`, `fixed-wW`); `ours-dcut` is `dcut_engine`'s."""
-    out = {"ar": EngineConfig(method="ar")}
+    """The fixed arms' configurations (`plain`, `fixed-wW`); `ours-dcut` is `dcut_engine`'s."""
+    out = {"plain": EngineConfig(method="ar")}
     out.update({f"fixed-w{w}": EngineConfig(method="retrieval", budget=w) for w in WIDTHS if w <= budget})
     return out
 
@@ -150,30 +153,20 @@ def run(engine: RolloutEngine, plan, clock: StepClock | None) -> tuple[Steps, in
 
 def cells(model, tokenizer, prompt_sets: list[list[list[int]]], group: int, regime: str, params: SamplingParams,
           clocks: list[StepClock], **dcut_options) -> list[dict]:
-    """One cell per clock: each arm's modelled tokens/s, MAT and mean verified nodes per row-step
+    """One cell per clock: each arm's modelled tokens/s, MAT (tokens per row-step) and verified nodes per row-step
     over the timed rollouts (`rollouts`), and whether every arm emitted the same tokens (seed-exact:
     it must)."""
     plan = rollouts(regime, prompt_sets, group, params)
     fixed = {name: run(RolloutEngine(model, cfg, tokenizer=tokenizer), plan, None) for name, cfg in arms().items()}
-    reference = fixed["ar"][2]
+    reference = fixed["plain"][2]
     out = []
     for clock in clocks:
         runs = {**fixed, "ours-dcut": run(dcut_engine(model, tokenizer, clock, **dcut_options), plan, clock)}
         out.append({
             "clock": clock.name, "regime": regime, "batch": len(prompt_sets[0]) * group, "rollouts": len(prompt_sets),
             "arms": {n: 1000.0 * tokens / steps.ms(clock) for n, (steps, tokens, _) in runs.items()},
-            "mat": {n: tokens / max(len(steps.shapes), 1) for n, (steps, tokens, _) in runs.items()},
-            "mean_verified_nodes": {n: sum(r * (q - 1) for r, q, _ in s.shapes) / max(sum(r for r, _, _ in s.shapes), 1)
+            "mat": {n: tokens / max(steps.row_steps, 1) for n, (steps, tokens, _) in runs.items()},
+            "mean_verified_nodes": {n: sum(r * (q - 1) for r, q, _ in s.shapes) / max(s.row_steps, 1)
                                     for n, (s, _, _) in runs.items()},
             "seed_exact": all(c == reference for _, _, c in runs.values())})
     return out
-
-
-def verdict(cell: dict) -> dict:
-    """ours-dcut against the best fixed arm and `ar` (the bar of `clock_replay.meets`, `ar` as plain)."""
-    arms_ = cell["arms"]
-    fixed = {n: v for n, v in arms_.items() if n.startswith("fixed-")}
-    best = max(fixed, key=fixed.get)
-    ours, plain = arms_["ours-dcut"], arms_["ar"]
-    bar = max(0.95 * fixed[best], 0.99 * plain) if fixed[best] > plain else 0.99 * plain
-    return {"best_fixed": best, "vs_best": ours / fixed[best], "vs_ar": ours / plain, "meets": bool(ours >= bar - 1e-9)}

@@ -317,7 +317,7 @@ def test_a_cost_table_prices_a_batch_between_its_rows_at_the_same_tokens_in_all(
     batches, tokens = [1, 4, 16, 64], [1, 2, 4, 8, 16, 32, 64]
     table = CostModel(batches, tokens, [[float(clock.profile_ms(b, float((q - 1) * b), 128)) for q in tokens]
                                         for b in batches])
-    for rows, q in ((8, 31), (12, 20), (8, 16), (2, 40), (48, 4)):  # the first two: 19 % and 10 % dear at equal width
+    for rows, q in ((8, 31), (12, 20), (8, 16), (2, 40), (48, 4)):  # the first two straddle the knee
         step = float(clock.profile_ms(rows, float((q - 1) * rows), 128))
         assert table.predict(rows, q) == pytest.approx(step, rel=0.015), (rows, q)
     linear = CostModel(batches, tokens, [[2.0 + 0.5 * b + 0.1 * b * q for q in tokens] for b in batches])
@@ -329,9 +329,8 @@ def test_after_a_probe_that_found_nothing_the_next_is_priced_by_its_tree_alone()
     """A probe whose proposer found no node verified nothing and cost its tree only; the next probe
     is priced so (`DCut.probe_ms` at the last draft's widest row, now none), not as a forward of the
     whole proposal: on an accelerator's clock, where a wide forward costs whole plain steps more, a
-    new rollout's first empty draft held D-cut plain for 20 steps while it saved for a forward it
-    never made (`lab/replay.py engine clocks`, H200 / Qwen3-32B at 8 rows: 0.87× → 0.95× the best
-    fixed width)."""
+    new rollout's first empty draft held D-cut plain while it saved credit for a forward it
+    never made (`lab/replay.py engine clocks`, H200 / Qwen3-32B at 8 rows)."""
     steep = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 2.0, 3.0, 5.0]] * 3)
     dcut = trusting(steep)
     step(dcut, draft_with_scores(TREES), ms=2.0, emitted=2)  # a probe that verified W = 1: plain wins

@@ -188,8 +188,8 @@ def test_longer_contexts_price_the_kv_reads_of_longer_rows():
 def test_the_engine_on_a_clock_is_seed_exact_and_its_dcut_decides_on_that_clock():
     """`engine_clocks`: real engine rollouts whose verify forwards are priced by a clock. Every arm
     emits the plain path's tokens; D-cut, seeing the clock's milliseconds, decides the same way
-    twice; on the H20 at 64 rows (where no tree pays) it stays near plain, on the H800 at 8 rows
-    (where wide trees are nearly free) it verifies wider trees than on the H20."""
+    twice, and on the H800 (where wide trees are nearly free at 8 rows) verifies wider trees than on
+    the compute-poor H20."""
     from conftest import random_model
 
     from rollout_graft import SamplingParams

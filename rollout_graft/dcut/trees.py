@@ -250,10 +250,9 @@ class DCut(TreePolicy):
         self.probes = ProbeCredit(config.probe_share)
         self.reference_every = round(1.0 / config.probe_share)  # drafting steps between plain reference steps
         self.since_plain = 0  # steps since the last plain forward
-        # over the steps that verified a draft: the tokens its drafts earned beyond one a row, and what
-        # the decision expected of them (`gain_scale`); the last decision's expectation until it is measured
+        # over the steps that verified a decision's draft: the tokens it earned beyond one a row, and what
+        # the decision expected of them (`BudgetDecision.expected_gain`; `gain_scale`)
         self.earned, self.expected = 0.0, 0.0
-        self._expected_gain: float | None = None
 
     def plan(self, rows: int) -> int:
         """The proposal width (`_next_proposal`), or 0: after a plain decision until a probe at this
@@ -283,7 +282,6 @@ class DCut(TreePolicy):
 
     def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
         rows, m = draft.tokens.shape
-        self._expected_gain = None
         if not self.planned:  # waiting for the probe: a plain step, not a decision
             return draft, BudgetDecision(0.0, 0, 0, float(rows))
         if m == 0:  # proposed, found nothing: a probe that decodes plainly
@@ -323,9 +321,9 @@ class DCut(TreePolicy):
         self.plain = widths[best] == 0
         self.widest = widest
         i = drafting if self.plain else best
-        self._expected_gain = gains[i]  # measured against what this step's drafts earn (`observe`)
         decision = BudgetDecision(widths[i] / self.budget, kept[i], kept[-1], expected[i], probe=self.plain,
-                                  break_even_mat=step_ms[drafting] / step_ms[0], expected_mat=expected[drafting] / rows)
+                                  break_even_mat=step_ms[drafting] / step_ms[0], expected_mat=expected[drafting] / rows,
+                                  expected_gain=gains[i])
         return widths[i], decision
 
     def calibrated(self, draft: Draft) -> torch.Tensor:
@@ -357,10 +355,10 @@ class DCut(TreePolicy):
                                                           d.source.float()]).cpu().numpy()
             for s, calibration in enumerate(self.calibrations):
                 calibration.observe(score, (valid > 0) & (source == s), accepted > 0)
-        if self._expected_gain is not None and step.forward_tokens > 1:  # a decision's draft, verified
+        gain = step.decision.expected_gain
+        if gain is not None and step.forward_tokens > 1:  # a decision's draft, verified
             self.earned += step.emitted - step.rows
-            self.expected += self._expected_gain
-            self._expected_gain = None
+            self.expected += gain
         self.cost.observe(step.rows, step.forward_tokens, step.planned, step.timing)
         self.since_plain = 0 if step.forward_tokens == 1 else self.since_plain + 1
         ms, plain = step.timing.total_ms, self.cost.step_ms(step.rows, 0, 0)
