@@ -222,23 +222,24 @@ def vllm_run(args) -> dict:
     step_ms = tuple(args.step_ms) if args.step_ms else None
     results: dict[str, dict] = {}
     variants = [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]
-    names = []  # (label, ChainConfig options, longest context)
-    for name, options in [("ours", {})] + variants:
-        names += [(f"{name}/m{m}", options, m) for m in args.max_match] or [(name, options, MAX_MATCH)]
+    names = []  # (label, ChainConfig options, longest context, counting after the walk)
+    for name, options, after in [("ours", {}, False)] + [(n, o, False) for n, o in variants] + (
+            [("after-walk", {}, True)] if args.count_after_walk else []):
+        names += [(f"{name}/m{m}", options, m, after) for m in args.max_match] or [(name, options, MAX_MATCH, after)]
     try:
-        for name, options, longest in names:
+        for name, options, longest, after in names:
             proposer_module.MAX_MATCH = longest  # a module constant of the proposer, read when one is built
             for tau in args.taus:
-                prop = ours_proposer(args.k, tau, rec["vocab"], max_len, options)
+                prop = ours_proposer(args.k, tau, rec["vocab"], max_len, options, after)
                 results[f"{name}@{args.k}/{tau:g}"] = replay_rollouts(prop, rollouts, step_ms, timed)
             if step_ms is not None:
-                prop = ours_proposer(args.k, None, rec["vocab"], max_len, options)
+                prop = ours_proposer(args.k, None, rec["vocab"], max_len, options, after)
                 results[f"{name}+dcut@{args.k}"] = replay_rollouts(prop, rollouts, step_ms, timed)
     finally:
         proposer_module.MAX_MATCH = MAX_MATCH
     for p in args.min_token_probs:
         results[f"suffix@{args.k}/{p:g}"] = replay_rollouts(SuffixReplay(args.k, p, max_len), rollouts, step_ms, timed)
-    curves = {name: [v for k, v in results.items() if k.startswith(f"{name}@")] for name, _, _ in names}
+    curves = {name: [v for k, v in results.items() if k.startswith(f"{name}@")] for name, *_ in names}
     compare = {k: {"drafted_per_step": v["drafted_per_step"], "suffix_mat": v["mat"],
                    **{f"{name}_mat_at_equal_drafted": at_drafted(curve, v["drafted_per_step"])
                       for name, curve in curves.items()}}
@@ -395,6 +396,9 @@ def main(argv=None):
                         "with D-cut (`NAME+dcut@K`) and each variant's modelled speed-up over plain decoding")
     u.add_argument("--max-match", type=int, nargs="*", default=[],
                    help=f"replay ours with each of these longest contexts (the proposer's MAX_MATCH, {MAX_MATCH})")
+    u.add_argument("--count-after-walk", action="store_true",
+                   help="study: adds `after-walk`, ours counting a step's text after its walk where the last step drafted "
+                        "(what counting beside a GPU's next forward, off the critical path, would draft)")
     u.add_argument("--json", type=Path)
     u.set_defaults(func=vllm_run)
     c = chains.add_parser("clocks", help="plain, fixed arms and D-cut on modelled clocks (CPU-measured, rooflines)")

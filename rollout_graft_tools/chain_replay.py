@@ -257,17 +257,49 @@ class ScoreThreshold(ChainPolicy):
         pass
 
 
-def ours_proposer(k: int, tau: float | None, vocab: int, max_len: int, options: dict | None = None):
-    """Our proposer with chains cut at raw score `tau` (None: the product's D-cut)."""
+def ours_proposer(k: int, tau: float | None, vocab: int, max_len: int, options: dict | None = None,
+                  count_after_walk: bool = False):
+    """Our proposer with chains cut at raw score `tau` (None: the product's D-cut); `count_after_walk`:
+    the study `count_after_walk_class` gives."""
     from rollout_graft.vllm.config import ChainConfig
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     policy = "dcut" if tau is None else "fixed"
-    cls = type("Replayed", (RLDraftProposer,), {"config": ChainConfig(budget_policy=policy, **(options or {}))})
+    base = count_after_walk_class() if count_after_walk else RLDraftProposer
+    cls = type("Replayed", (base,), {"config": ChainConfig(budget_policy=policy, **(options or {}))})
     prop = cls(vllm_config(k, max_len, vocab))
     if tau is not None:
         prop.policy = ScoreThreshold(k, tau)
     return prop
+
+
+def count_after_walk_class():
+    """A study of taking the counting off `propose`'s critical path: the proposer where a step that
+    follows a drafting step walks its chains before it counts the text the step emitted (the
+    tables then hold the text up to the last step), as a thread counting beside a GPU's next
+    forward would leave them; after a step that did not draft, the waiting text is counted first,
+    as in the product. Only the drafts can change (`lab/replay.py vllm run --count-after-walk`)."""
+    from rollout_graft.vllm.groups import catch_up
+    from rollout_graft.vllm.proposer import RLDraftProposer
+
+    class CountAfterWalk(RLDraftProposer):
+        walked = walking = False  # the last call drafted; this one does
+
+        def propose(self, *args, **kwargs):
+            self.walked, self.walking = self.walking, False
+            return super().propose(*args, **kwargs)
+
+        def _draft(self, token_ids):
+            self.walking = True
+            if not self.walked:
+                catch_up(self.tracker.pending)
+            t = self.tracker
+            room = np.minimum(self.k, self.max_model_len - t.num - 1)
+            chains = self.store.chain_arrays(t.tables, self.prior, token_ids, t.active, t.num, room, self.k)
+            catch_up(t.pending)  # this step's text: what the thread would count during the next forward
+            return chains
+
+    return CountAfterWalk
 
 
 class SuffixReplay:

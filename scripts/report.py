@@ -395,6 +395,16 @@ SECTIONS: list[Section] = [
             "replay section above (SmolLM2, 64 rows), no clock.",
             ("replay/chains_smollm2_t0_revisit.json", "replay/chains_smollm2_t1_max_match.json"),
             render_chain_replay_modelled, inputs=("replay/rec_smollm2_t0_b8.json",)),
+    Section("vLLM chains by replay: counting after the walk (a study)",
+            "On a GPU, `propose` waits on every step, and counting the step's text is half its time (the micro-benchmark "
+            "below: count). A thread could count it beside the next forward instead, leaving the tables one step behind "
+            "when the chains are walked. `after-walk` (`--count-after-walk`, `chain_replay.count_after_walk_class`) "
+            "drafts so: a step that follows a drafting step counts its own text after walking its chains; `ours` is the product. "
+            "The recordings above (T = 1, 64 rows) and SmolLM2's greedy revisits (T = 0, 8 rows); no timing.",
+            ("replay/count_after_walk_tiny_t1.json", "replay/count_after_walk_smollm2_t1.json",
+             "replay/count_after_walk_smollm2_t0_revisit.json"),
+            render_chain_replay_modelled,
+            inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1.json", "replay/rec_smollm2_t0_b8.json")),
     Section("The target's logits as a chain source in vLLM, by replay",
             "Plain rollouts recorded with the target's top-8 per position (tiny and SmolLM2, T = 0 and 1, 8 prompts × 8; "
             "a cold rollout, fresh prompts with warm priors, then a revisit) and replayed as vLLM verifies chains "

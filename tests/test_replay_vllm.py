@@ -57,3 +57,24 @@ def test_replay_revisits_a_greedy_recording_on_a_modelled_clock(tmp_path):
     rec.write_text(json.dumps({"args": {"temperature": 1.0}, "vocab": bench.VOCAB, "rollouts": rollouts}))
     with pytest.raises(SystemExit, match="greedy"):
         replay.main(common + ["--revisit"])
+
+
+def test_counting_after_the_walk_changes_the_drafts_only():
+    """The study `--count-after-walk` replays: a step after a drafting step walks its chains on the
+    tables as the last step left them and counts its own text after. Every token is counted all the
+    same (the tables end equal to the product's), the drafts lag: on synthetic GRPO groups the
+    product drafts more accepted tokens, and the first step walks on counted prompts in both."""
+    from rollout_graft.vllm.groups import catch_up
+
+    prompts, outs = bench.completions(np.random.default_rng(0), 16, 8, 64)
+    props, drafts = [], []
+    for after in (False, True):
+        prop = bench.ours_proposer(6, 0.0, bench.VOCAB, 200, count_after_walk=after)
+        drafts.append(bench.replay_rows(prop, prompts, outs))
+        prop.tracker.flush()
+        catch_up(prop.tracker.pending)
+        props.append(prop)
+    ours, after = props
+    assert ours.store.table(ours.prior) == after.store.table(after.prior) and ours.store.table(ours.prior)
+    assert drafts[0][0] == drafts[1][0] and drafts[0] != drafts[1]
+    assert ours.stats.accepted_tokens > after.stats.accepted_tokens
