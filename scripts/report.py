@@ -359,9 +359,6 @@ SECTIONS: list[Section] = [
             "`ar` and its A/A twin interleaved, fresh prompts every repeat; first on revisits (each repeat's prompts "
             "run once untimed first: recall's chains), then on fresh prompts.",
             ("engine_dcut_gain_revisit.json", "engine_dcut_gain_fresh.json"), render_speed),
-    Section("Engine, Graft on a real pair: Qwen2.5-Coder 0.5B drafting for 1.5B (CPU)",
-            "Opt-in models (`scripts/prepare_models.py --qwen-coder`).",
-            ("qwen_coder_graft.json",), render_speed),
     Section("Engine, retrieval variants by replay (SmolLM2, T = 1)",
             "No timing: each variant's trees replayed on one recorded plain rollout (`lab/replay.py engine`).",
             ("smollm2_replay_t1.json",), render_tree_replay),
