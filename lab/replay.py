@@ -32,7 +32,9 @@ plus one token — exactly vLLM's rejection sampler on drafts without probabilit
 plain samples gives the acceptance of a real speculative run in distribution. Variants:
 `ours@K/τ` (chains of at most K tokens cut where the raw score falls below τ) and `suffix@K/p`
 (vLLM's suffix decoding, min_token_prob p; needs arctic-inference); for each suffix variant, our
-curves interpolated at its draft tokens per step ("higher MAT than suffix at equal drafted").
+curves interpolated at its draft tokens per step ("higher MAT than suffix at equal drafted");
+`after-walk@K/τ` (`--count-after-walk`): ours counting a step's text after walking its chains,
+as a thread counting beside a GPU's next forward would (`chain_replay.count_after_walk_class`).
 """
 
 from __future__ import annotations
