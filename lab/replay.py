@@ -146,8 +146,6 @@ def engine_bound(args) -> dict:
     return res
 
 
-# ---------------------------------------------------------------------- vLLM: chains
-
 def engine_clocks(args) -> dict:
     """ar, fixed tree widths and D-cut on the engine's own CPU cost table and the rooflines, per
     `--cell` (REGIME:BATCH,BATCH…); prints ours against the best fixed arm and ar."""
@@ -190,6 +188,8 @@ def engine_clocks(args) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------- vLLM: chains
+
 def vllm_record(args) -> None:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
@@ -223,10 +223,10 @@ def vllm_run(args) -> dict:
     max_len = max(len(p) + len(c) for r in rollouts for p, c in zip(r["prompts"], r["completions"])) + 2 * args.k + 2
     step_ms = tuple(args.step_ms) if args.step_ms else None
     results: dict[str, dict] = {}
-    variants = [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1])) for o in args.ours]
+    variants = [("ours", {}, False)] + [(o.split("=", 1)[0], json.loads(o.split("=", 1)[1]), False) for o in args.ours]
+    variants += [("after-walk", {}, True)] if args.count_after_walk else []
     names = []  # (label, ChainConfig options, longest context, counting after the walk)
-    for name, options, after in [("ours", {}, False)] + [(n, o, False) for n, o in variants] + (
-            [("after-walk", {}, True)] if args.count_after_walk else []):
+    for name, options, after in variants:
         names += [(f"{name}/m{m}", options, m, after) for m in args.max_match] or [(name, options, MAX_MATCH, after)]
     try:
         for name, options, longest, after in names:

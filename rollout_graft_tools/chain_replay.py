@@ -283,20 +283,12 @@ def count_after_walk_class():
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     class CountAfterWalk(RLDraftProposer):
-        walked = walking = False  # the last call drafted; this one does
-
-        def propose(self, *args, **kwargs):
-            self.walked, self.walking = self.walking, False
-            return super().propose(*args, **kwargs)
-
         def _draft(self, token_ids):
-            self.walking = True
-            if not self.walked:
-                catch_up(self.tracker.pending)
-            t = self.tracker
-            room = np.minimum(self.k, self.max_model_len - t.num - 1)
-            chains = self.store.chain_arrays(t.tables, self.prior, token_ids, t.active, t.num, room, self.k)
-            catch_up(t.pending)  # this step's text: what the thread would count during the next forward
+            last = self._pending  # the last call's step (`propose` replaces it after drafting)
+            if last is None or not last.planned:
+                return super()._draft(token_ids)
+            chains = self._walk(token_ids)
+            catch_up(self.tracker.pending)  # this step's text: what the thread would count during the next forward
             return chains
 
     return CountAfterWalk

@@ -42,7 +42,7 @@ class TableClock:
 
     table: CostModel
     name: str
-    includes_proposer: bool = False
+    includes_proposer = False  # a forward-cost table's steps: the forward alone (as a roofline's)
 
     def step_ms(self, drafts, contexts=None) -> float:
         drafts = np.asarray(drafts)

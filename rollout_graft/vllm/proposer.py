@@ -222,6 +222,10 @@ class RLDraftProposer:
         chooses between its prompt's tree and its global tree so). First every group's new text is
         counted (`groups.catch_up`)."""
         catch_up(self.tracker.pending)
+        return self._walk(token_ids)
+
+    def _walk(self, token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`_draft`'s chains over the tables as they stand (the counting done or not)."""
         t = self.tracker
         room = np.minimum(self.k, self.max_model_len - t.num - 1)  # the context left (max_model_len)
         return self.store.chain_arrays(t.tables, self.prior, token_ids, t.active, t.num, room, self.k)
