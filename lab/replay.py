@@ -11,6 +11,7 @@ on them. One tool, an adapter per backend:
     python lab/replay.py engine run rec.safetensors --variants retrieval retrieval-noshare --json replay.json
     python lab/replay.py engine bound rec.safetensors        # what copying from siblings' text could give
     python lab/replay.py engine clocks --cell first:8,64 revisit:8,64 --json docs/bench/engine_dcut_clocks.json
+    python lab/replay.py engine pool --cell first:8 revisit:8 --json docs/bench/engine_cut_pool.json
     python lab/replay.py vllm record --batch 64 --rollouts 4 --out rec.json
     python lab/replay.py vllm run rec.json --json replay.json
     python lab/replay.py vllm clocks --cell rec.json:first:8,64 --json docs/bench/dcut_clocks.json
@@ -22,7 +23,8 @@ variants with each other; exactness: rollout_graft_tools/replay.py). Its JSON fo
 benchmark's layout (`configs[*].methods[variant]`), so `scripts/report.py` renders it. `clocks` is
 no replay of a recording: it runs the real engine (every arm seed-exact, so the tokens are the same)
 and prices each verify forward on modelled clocks, D-cut deciding on the clock it is judged by
-(`rollout_graft_tools.engine_clocks`).
+(`rollout_graft_tools.engine_clocks`). `pool` runs it with a cut of a wider proposal at a fixed
+width, ranked by raw scores or by D-cut's calibration, against the proposer's own tree of that width.
 
 vLLM: `record` runs plain vLLM (no speculation) for `--rollouts` GRPO rollouts of `--batch` rows
 (batch/G prompts × G samples, EOS on), each on prompts no earlier rollout used. `run` replays them
@@ -188,6 +190,35 @@ def engine_clocks(args) -> dict:
     return out
 
 
+def engine_pool(args) -> dict:
+    """Each kept width W verified from the proposer's own W-node trees and cut from wider proposals,
+    ranked by raw scores and by D-cut's calibration (`engine_clocks.pool_cells`), per `--cell`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout_graft_tools import clocks, engine_clocks
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    clock = clocks.rooflines()[args.clock]
+    out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True, "cells": []}
+    for spec in args.cell:
+        regime, sizes = spec.split(":")
+        for batch in map(int, sizes.split(",")):
+            n = batch // args.group
+            prompts = load_prompts(args.prompts, tokenizer, "test", n * args.rollouts)
+            sets = [prompts[i * n : (i + 1) * n] for i in range(args.rollouts)]
+            params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+            cell = engine_clocks.pool_cells(model, tokenizer, sets, args.group, regime, params, clock)
+            out["cells"].append(cell)
+            for a in cell["arms"]:
+                print(f"{regime:<8} b{batch:<4} keep {a['keep']:>2} of {a['pool']:>2} by {a['ranking']:<10} "
+                      f"MAT {a['mat']:.3f}  {a['tokens_per_s']:.0f} tok/s", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
 # ---------------------------------------------------------------------- vLLM: chains
 
 def vllm_record(args) -> None:
@@ -319,6 +350,18 @@ def _dcut_option(text: str) -> tuple[str, float]:
     return name, float(value)
 
 
+def _engine_rollout_args(p: argparse.ArgumentParser) -> None:
+    """The rollouts `engine clocks` and `engine pool` run: model, prompts and sampling."""
+    p.add_argument("--model", default=str(TINY_TARGET))
+    p.add_argument("--prompts", default=str(TINY_PROMPTS))
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--rollouts", type=int, default=4, help="timed rollouts per cell, each on prompts of its own")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     backends = ap.add_subparsers(dest="backend", required=True)
@@ -357,18 +400,17 @@ def main(argv=None):
     k.add_argument("--cell", nargs="+", required=True, metavar="REGIME:BATCHES",
                    help="`first` (fresh prompts) or `revisit` (the same prompts a GRPO epoch later, timed the second "
                         "time) and batch sizes (rows), e.g. first:8,64")
-    k.add_argument("--model", default=str(TINY_TARGET))
-    k.add_argument("--prompts", default=str(TINY_PROMPTS))
-    k.add_argument("--group", type=int, default=8)
-    k.add_argument("--rollouts", type=int, default=4, help="timed rollouts per cell, each on prompts of its own")
-    k.add_argument("--temperature", type=float, default=1.0)
-    k.add_argument("--max-new-tokens", type=int, default=128)
-    k.add_argument("--seed", type=int, default=0)
-    k.add_argument("--threads", type=int, default=1)
+    _engine_rollout_args(k)
     k.add_argument("--dcut", nargs="*", default=[], metavar="NAME=VALUE", type=_dcut_option,
-                   help="a DCutConfig setting of ours-dcut (e.g. gain_prior=1e9: no gain scale)")
+                   help="a DCutConfig setting of ours-dcut (e.g. probe_share=0.02)")
     k.add_argument("--json", type=Path)
     k.set_defaults(func=engine_clocks)
+    q = engine.add_parser("pool", help="a cut of a wider proposal against the proposer's own tree (a study)")
+    q.add_argument("--cell", nargs="+", required=True, metavar="REGIME:BATCHES", help="as `clocks`'")
+    q.add_argument("--clock", default="H200/Qwen3-32B", help="a roofline's name (the steps' prices; MAT does not depend on it)")
+    _engine_rollout_args(q)
+    q.add_argument("--json", type=Path)
+    q.set_defaults(func=engine_pool)
     chains = backends.add_parser("vllm", help="the vLLM backend's chains").add_subparsers(dest="cmd", required=True)
     r = chains.add_parser("record", help="plain vLLM rollouts, kept as token ids")
     r.add_argument("--model", default=str(TINY_TARGET))

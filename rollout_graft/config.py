@@ -323,17 +323,14 @@ class DCutConfig:
             `ar`'s time per token on its own work at batch 8-64.
         calibration_prior: how many verified nodes a raw score counts as in its calibration bin
             before acceptance is observed (large: trust the proposer's raw scores).
-        gain_prior: how many expected draft tokens D-cut's expectations count as before its own
-            decisions' drafts are measured against them (`DCut.gain_scale`; large: trust them).
     """
 
     ratios: tuple[float, ...] = DEFAULT_DCUT_RATIOS
     probe_share: float = 0.01
     calibration_prior: float = 4.0
-    gain_prior: float = 64.0
 
     def __post_init__(self) -> None:
-        check_types(self, reals=("probe_share", "calibration_prior", "gain_prior"))
+        check_types(self, reals=("probe_share", "calibration_prior"))
         if not isinstance(self.ratios, (list, tuple)):
             raise TypeError(f"DCutConfig.ratios must be a tuple of fractions, e.g. (0.5, 1.0); got "
                             f"{type(self.ratios).__name__} {self.ratios!r}")
@@ -344,8 +341,6 @@ class DCutConfig:
             raise ValueError(f"DCutConfig.probe_share must be in (0, 1], got {self.probe_share}")
         if self.calibration_prior <= 0:
             raise ValueError(f"DCutConfig.calibration_prior must be > 0 verified nodes, got {self.calibration_prior}")
-        if self.gain_prior <= 0:
-            raise ValueError(f"DCutConfig.gain_prior must be > 0 expected tokens, got {self.gain_prior}")
 
 
 @dataclass(slots=True)

@@ -19,11 +19,12 @@ import torch
 from .tree import Draft
 
 
-def _rank(score: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-    """Position of each node in its row's best-first order. score, depth: [rows, m]."""
-    by_depth = torch.sort(depth, dim=1, stable=True).indices
-    by_score = torch.sort(score.gather(1, by_depth), dim=1, descending=True, stable=True).indices
-    order = by_depth.gather(1, by_score)  # [rows, m] node ids, best first
+def _rank(depth: torch.Tensor, *scores: torch.Tensor) -> torch.Tensor:
+    """Position of each node in its row's best-first order: by `scores` (the first decides, the next
+    break its ties), then the shallower, then the earlier. depth, scores: [rows, m]."""
+    order = torch.sort(depth, dim=1, stable=True).indices
+    for score in reversed(scores):
+        order = order.gather(1, torch.sort(score.gather(1, order), dim=1, descending=True, stable=True).indices)
     rows, m = order.shape
     return torch.empty_like(order).scatter_(1, order, torch.arange(m, device=order.device).expand(rows, m))
 
@@ -34,14 +35,16 @@ def _keep(draft: Draft, valid: torch.Tensor) -> Draft:
     return Draft(draft.tokens, draft.parents, draft.depth, valid, draft.score, draft.source).compacted()
 
 
-def keep_best(draft: Draft, quota: int | torch.Tensor) -> Draft:
-    """Keep the `quota` best valid nodes of every row (an int, or [rows] int64 per row). Returns a
-    compacted Draft."""
+def keep_best(draft: Draft, quota: int | torch.Tensor, score: torch.Tensor | None = None) -> Draft:
+    """Keep the `quota` best valid nodes of every row (an int, or [rows] int64 per row), best by
+    `score` [rows, m] (non-increasing along every path, as `Draft.path_min` makes it), its ties
+    broken by the draft's own scores (None: by those alone). Returns a compacted Draft."""
     if draft.tokens.shape[1] == 0:
         return draft
     quota = torch.as_tensor(quota, device=draft.tokens.device).view(-1, 1)
-    score = draft.score.masked_fill(~draft.valid, -1.0)
-    return _keep(draft, draft.valid & (_rank(score, draft.depth) < quota))
+    scores = [draft.score] if score is None else [score, draft.score]  # the draft's own scores break ties
+    rank = _rank(draft.depth, *(s.masked_fill(~draft.valid, -1.0) for s in scores))
+    return _keep(draft, draft.valid & (rank < quota))
 
 
 def global_top_k_order(scores: np.ndarray) -> np.ndarray:

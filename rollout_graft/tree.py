@@ -59,6 +59,15 @@ class Draft:
     def max_depth(self) -> int:
         return int(self.depth.masked_fill(~self.valid, 0).max()) if self.valid.numel() else 0
 
+    def path_min(self, values: torch.Tensor) -> torch.Tensor:
+        """values [batch, m] made non-increasing along every path: each node's the least of its own
+        and its ancestors' (a node is accepted only where its parent is, so its estimated acceptance
+        is at most its parent's)."""
+        out, parents = values, self.parents.clamp(min=0)
+        for _ in range(self.max_depth - 1):
+            out = torch.where(self.parents < 0, values, torch.minimum(values, out.gather(1, parents)))
+        return out
+
     def compacted(self) -> "Draft":
         """Valid nodes first (order kept, parents remapped), padding columns dropped."""
         if self.tokens.shape[1] == 0:

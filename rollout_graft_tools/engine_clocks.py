@@ -12,6 +12,8 @@ a cell has the layout of `clock_replay.cells`, judged by its `verdict`.
 Modelled throughput = tokens / Σ forward ms: the forward alone (prefill, the proposer's and the
 engine's host time are not priced; a roofline's `spec_ms` is charged to every step that verifies a
 tree). `engine-cpu/<model>` is the target's own forward-cost table profiled on this machine.
+`pool_cells` is a study on the same runs: how well a cut of a wider proposal keeps what the target
+accepts (the pool D-cut's proposal rule gives its cut, `DCut.proposal_after`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import numpy as np
 from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
 from rollout_graft import engine as engine_module
 from rollout_graft.cost import DEFAULT_TOKENS, CostModel
+from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.dcut.trees import DCut
+from rollout_graft.selection import keep_best
 from rollout_graft.stats import StepTimer
 
 from .clocks import StepClock
@@ -170,3 +174,48 @@ def cells(model, tokenizer, prompt_sets: list[list[list[int]]], group: int, regi
                                     for n, (s, _, _) in runs.items()},
             "seed_exact": all(c == reference for _, _, c in runs.values())})
     return out
+
+
+class PoolCut(DCut):
+    """A study's policy (`pool_cells`): every step proposes `pool` nodes per row and verifies `keep` of
+    them, ranked by the proposer's raw scores (`ranking="raw"`) or by D-cut's calibrated acceptance
+    (`"calibrated"`, what `DCut.cut` keeps), the calibration learning as D-cut's does."""
+
+    def __init__(self, table: CostModel, pool: int, keep: int, ranking: str):
+        if ranking not in ("raw", "calibrated"):
+            raise ValueError(f"ranking must be 'raw' or 'calibrated', got {ranking!r}")
+        super().__init__(table, pool)
+        self.pool, self.keep, self.ranking = pool, keep, ranking
+
+    def plan(self, rows: int) -> int:
+        self.planned = self.pool
+        return self.pool
+
+    def cut(self, draft):
+        if draft.tokens.shape[1] == 0:
+            return draft, BudgetDecision(0.0, 0, 0, float(draft.tokens.shape[0]))
+        _, decision, calibrated = self._decide(draft)
+        return keep_best(draft, self.keep, calibrated if self.ranking == "calibrated" else None), decision
+
+
+POOLS = ((15, 15, "raw"), (30, 15, "raw"), (30, 15, "calibrated"), (60, 15, "calibrated"),
+         (4, 4, "raw"), (8, 4, "raw"), (8, 4, "calibrated"), (16, 4, "calibrated"),
+         (30, 30, "raw"), (60, 30, "calibrated"))
+"""(pool, keep, ranking) of `pool_cells`' arms: each kept width from its own proposal, from twice it
+ranked both ways, and from four times it calibrated."""
+
+
+def pool_cells(model, tokenizer, prompt_sets: list[list[list[int]]], group: int, regime: str, params: SamplingParams,
+               clock: StepClock, pools=POOLS) -> dict:
+    """One cell: for each (pool, keep, ranking), the timed rollouts' MAT (tokens per row-step) and
+    modelled tokens/s on `clock` — how well a cut of a wider proposal keeps the nodes the target
+    accepts, against the proposer's own tree of the kept width."""
+    plan = rollouts(regime, prompt_sets, group, params)
+    arms = []
+    for pool, keep, ranking in pools:
+        engine = RolloutEngine(model, EngineConfig(method="retrieval", budget=pool), tokenizer=tokenizer)
+        engine.policy = PoolCut(table_of(clock), pool, keep, ranking)
+        steps, tokens, _ = run(engine, plan, clock)
+        arms.append({"pool": pool, "keep": keep, "ranking": ranking, "mat": tokens / max(steps.row_steps, 1),
+                     "tokens_per_s": 1000.0 * tokens / steps.ms(clock), "forwards": len(steps.shapes)})
+    return {"clock": clock.name, "regime": regime, "batch": len(prompt_sets[0]) * group, "arms": arms}

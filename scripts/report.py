@@ -265,6 +265,20 @@ def render_engine_clocks(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_engine_pool(runs: list[dict]) -> str:
+    """Every arm of `lab/replay.py engine pool`: a kept width from its own tree and cut from wider proposals."""
+    lines = []
+    for run in runs:
+        lines += ["| regime | batch | kept nodes per row | proposed | ranked by | MAT | × own tree's MAT | modelled tokens/s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in run["cells"]:
+            own = {a["keep"]: a["mat"] for a in c["arms"] if a["pool"] == a["keep"]}
+            for a in c["arms"]:
+                lines.append(f"| {c['regime']} | {c['batch']} | {a['keep']} | {a['pool']} | {a['ranking']} | "
+                             f"{a['mat']:.3f} | {a['mat'] / own[a['keep']]:.3f} | {a['tokens_per_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def render_trl_tests(runs: list[dict]) -> str:
     """`lab/trl_grpo_tests.py`: TRL's GRPO test file run once per trainer class. The counts, then every
     test that did not pass with both classes (passed / failed / skipped / xfail; GraftGRPOTrainer's
@@ -353,12 +367,6 @@ SECTIONS: list[Section] = [
             "its own plain forward (the control: 1.71×). The twin's spread is the run's noise.",
             ("engine_tiny_loaded_profile.json", "engine_tiny_present_profile.json"), render_speed,
             inputs=("engine_cost_table_loaded.json", "engine_cost_table_present.json")),
-    Section("Engine, tiny target: D-cut's decisions against their own record (CPU)",
-            "The engine's defaults with D-cut (`retrieval+recall+dcut`) raced against the same with its expected "
-            "gains never scaled by what its decisions' drafts earned (`:gain_prior=1e12`, `DCut.gain_scale`), "
-            "`ar` and its A/A twin interleaved, fresh prompts every repeat; first on revisits (each repeat's prompts "
-            "run once untimed first: recall's chains), then on fresh prompts.",
-            ("engine_dcut_gain_revisit.json", "engine_dcut_gain_fresh.json"), render_speed),
     Section("Engine, retrieval variants by replay (SmolLM2, T = 1)",
             "No timing: each variant's trees replayed on one recorded plain rollout (`lab/replay.py engine`).",
             ("smollm2_replay_t1.json",), render_tree_replay),
@@ -491,6 +499,14 @@ SECTIONS: list[Section] = [
             "`revisit`: each prompt set twice, a GRPO epoch later with another seed (recall holds the first epoch), "
             "timed the second time. Meets: as above.",
             ("engine_dcut_clocks.json",), render_engine_clocks),
+    Section("Engine, tiny target: which nodes a cut keeps (real rollouts, modelled steps)",
+            "`python lab/replay.py engine pool --cell first:8 revisit:8`: the rollouts of the section above (8 rows, "
+            "four timed rollouts, H200 / Qwen3-32B's roofline pricing the steps), every step verifying a fixed number "
+            "of nodes per row: the proposer's own tree of that many (`raw`, proposed = kept), or cut from a proposal "
+            "two or four times as wide, keeping each row's best by the proposer's raw scores (`raw`) or by D-cut's "
+            "calibrated acceptance (`calibrated`, what `DCut.cut` keeps; its calibration learning as D-cut's does). "
+            "MAT: tokens per row-step; × own tree's: against the proposer's own tree of the kept width.",
+            ("engine_cut_pool.json",), render_engine_pool),
     Section("GRPO training: the recipe on each backend (CPU)",
             "`accelerate launch recipes/grpo_qwen3.py --backend engine|vllm|hf`, 60 steps on the embedded demo; "
             "the plot is `scripts/plot_training.py` over the three `log_history` files, each in a folder named by its "

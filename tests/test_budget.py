@@ -14,7 +14,7 @@ from rollout_graft.dcut.core import RowCost, ScoreCalibration
 from rollout_graft.dcut.trees import DCut, FixedBudget, StepRecord, TreeStepCost
 from rollout_graft.selection import keep_best
 from rollout_graft.stats import StepTiming
-from rollout_graft.tree import Draft
+from rollout_graft.tree import RETRIEVAL, SUFFIX, Draft
 
 # row 0: a confident chain; row 1: a poor bushy tree
 TREES = [
@@ -67,36 +67,16 @@ def test_width_choice_follows_the_cost_table():
     knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)  # one extra token is cheap
     dcut = trusting(knee)
     # W=0 → 2.0 ; W=1 → 3.2/1.2 = 2.67 ; W=2 → 4.2/2 = 2.1 (W=4 → 5.55/4 = 1.39)
-    for proposal in (1, 2, 1, 2):  # W = 1 took the whole proposal of 1: the next proposes 2, W = 1 again …
+    for proposal in (1, 2, 2, 2):  # W = 1 took the whole proposal of 1: the next proposes 2, W = 1 of 2 again …
         assert dcut.plan(2) == proposal
         cut, decision = step(dcut, d)
         assert decision.ratio == 0.25 and decision.kept == 2 and decision.candidates == 2 * proposal
     assert cut.valid.tolist() == [[True], [True]] and cut.tokens.tolist() == [[10], [10]]
 
 
-def test_decisions_whose_drafts_earn_less_than_expected_are_discounted():
-    """The calibration may be right over every node verified while the steps D-cut chooses to draft
-    earn less than their estimate (it picks the highest): their own record scales its expectations."""
-    knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)  # W=1: 3.2 / 1.2 = 2.67 beats 2.0
-    d = draft_with_scores(TREES)
-    earns, expects = trusting(knee, gain_prior=4.0), trusting(knee, gain_prior=4.0)
-    for _ in range(12):  # W=1 expects 0.75 + 0.24 accepted tokens (the scores' bins' middles)
-        step(earns, d, ms=1.2, emitted=3)  # its drafts earn a token: as expected, it drafts on
-        step(expects, d, ms=1.2)  # its drafts earn nothing
-    assert earns.expected == pytest.approx(12 * 0.99, rel=0.01) and earns.gain_scale() > 0.99
-    assert not step(earns, d)[1].probe
-    # until its expectations fell below break-even (then it waits for probes), its drafts earned nothing
-    assert expects.earned == 0 and expects.expected >= 4 * 0.99 and expects.gain_scale() < 0.4
-    while (made := step(expects, d)) is None:  # … the next probe
-        pass
-    assert made[1].probe and made[1].expected_mat < made[1].break_even_mat  # plain wins at the discounted gains
-    with pytest.raises(ValueError, match="gain_prior must be > 0"):
-        DCutConfig(gain_prior=0.0)
-
-
 def test_the_proposal_follows_the_choice():
-    """The next step proposes the width chosen, twice its proposal when all of it was chosen, and
-    the same after a plain decision (the probe proposes what was chosen last)."""
+    """The next step proposes twice the width chosen (so all of a proposal chosen doubles the next),
+    at most the budget, and the same after a plain decision (the probe proposes what was chosen last)."""
     cheap = CostModel([1, 2, 64], [1, 2, 4, 8, 16], [[1.0, 1.05, 1.1, 1.2, 1.3]] * 3)
     dcut = DCut(cheap, 16, DCutConfig(ratios=(1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0), calibration_prior=1e9))
     chain = draft_with_scores([[(-1, 0.9)] + [(i, 0.9 ** (i + 2)) for i in range(15)]] * 2)
@@ -107,13 +87,13 @@ def test_the_proposal_follows_the_choice():
     assert proposals == [1, 2, 4, 8, 16, 16]  # never above the budget
     narrow = draft_with_scores([[(-1, 0.9), (0, 0.9), (1, 0.9), (2, 0.9)] + [(-1, 1e-4)] * 12] * 2)
     assert step(dcut, narrow)[1].ratio == 0.25  # the draft's 4 good nodes (wider: dearer, no gain)
-    assert dcut.plan(2) == 4  # the next proposal: what was chosen
+    assert dcut.plan(2) == 8  # the next proposal: twice what was chosen
     poor = draft_with_scores([[(-1, 1e-4)] * 4] * 2)
     step(dcut, poor, ms=5.0)  # a plain decision (a dear step: the next probe waits for its credit) …
     assert dcut.plan(2) == 0
     while not (planned := dcut.plan(2)):
         step(dcut, Draft.empty(2, "cpu"))
-    assert planned == 4  # … and the probe proposes what was chosen last
+    assert planned == 8  # … and the probe proposes what the last choice led to
 
 
 def test_width_follows_the_batch_size_as_it_drains():
@@ -233,7 +213,7 @@ def test_where_speculation_pays_what_it_saved_funds_the_probes():
         assert step(policy, poor, ms=1.2)[1].probe
     # the next probe (a W = 1 forward) costs more than the share of the time banked, less than what was saved
     assert unpaid.probes.ms < unpaid.probe_ms(2) <= paid.probes.ms
-    assert paid.plan(2) == 1  # what speculation saved pays for the next probe at once …
+    assert paid.plan(2) == 2  # what speculation saved pays for the next probe (the proposal W = 1 led to) at once …
     assert unpaid.plan(2) == 0  # … where nothing was saved, the probe waits for its credit
 
 
@@ -338,3 +318,25 @@ def test_after_a_probe_that_found_nothing_the_next_is_priced_by_its_tree_alone()
     dcut.probes.ms = 2.0  # credit for that probe: the next step proposes …
     assert step(dcut, Draft.empty(2, "cpu"))[1].probe  # … and finds nothing
     assert dcut.plain and dcut.probe_ms(2) < 0.1  # the next: its tree alone (free here)
+
+
+def test_the_cut_keeps_the_best_calibrated_nodes_not_the_best_raw_scores():
+    """Raw scores of different sources do not compare (a suffix chain's are a fixed confidence per
+    node): D-cut keeps the width it chose by the calibrated acceptance its choice expected, so a
+    suffix chain accepted most of the time outranks a retrieval node of higher raw score accepted
+    rarely."""
+    table = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.1, 1.2, 4.0]] * 3)  # W = 2 is cheap, W = 4 is not
+    dcut = DCut(table, 4, DCutConfig(ratios=(0.25, 0.5, 1.0)))
+    # retrieval depth 1 at 0.5 | a suffix chain 0.6 → 0.36 | retrieval depth 1 at 0.45
+    draft = draft_with_scores([[(-1, 0.5), (-1, 0.6), (1, 0.36), (-1, 0.45)]] * 2)
+    draft.source[:] = torch.tensor([RETRIEVAL, SUFFIX, SUFFIX, RETRIEVAL], dtype=torch.int8)
+    many = np.ones((1, 1000), dtype=bool)
+    for source, score, rate in ((SUFFIX, 0.6, 0.9), (SUFFIX, 0.36, 0.8), (RETRIEVAL, 0.5, 0.05), (RETRIEVAL, 0.45, 0.05)):
+        dcut.calibrations[source].observe(np.full((1, 1000), score), many, np.arange(1000).reshape(1, -1) < 1000 * rate)
+    dcut.proposal = 4
+    assert dcut.plan(2) == 4
+    cut, decision = dcut.cut(draft)
+    assert decision.ratio == 0.5 and decision.expected_emitted == pytest.approx(2 + 2 * (0.9 + 0.8), rel=0.02)
+    kept = [[t for t, v in zip(*row) if v] for row in zip(cut.tokens.tolist(), cut.valid.tolist())]
+    assert kept == [[11, 12]] * 2  # the chain, not the raw best (0.6 and 0.5)
+    assert dcut.plan(2) == 4  # the next proposal: twice the width chosen

@@ -208,3 +208,26 @@ def test_the_engine_on_a_clock_is_seed_exact_and_its_dcut_decides_on_that_clock(
     assert all(c["seed_exact"] for c in cells)
     nodes = {c["clock"]: c["mean_verified_nodes"]["ours-dcut"] for c in cells}
     assert nodes["H800/Qwen3-8B"] > nodes["H20/Qwen3-8B"]
+
+
+def test_a_pool_cut_of_the_whole_proposal_is_the_fixed_width():
+    """`engine_clocks.pool_cells` (the cut study): keeping all of a proposal is the fixed-width arm
+    itself (same tokens, same forwards), a cut of a wider proposal verifies the kept width, and a
+    ranking it does not know is refused."""
+    from conftest import random_model
+
+    from rollout_graft import SamplingParams
+    from rollout_graft_tools import engine_clocks
+
+    model = random_model(sharp=6.0)
+    gen = np.random.default_rng(0)
+    sets = [[gen.integers(3, 64, 6).tolist() for _ in range(2)]]
+    params = SamplingParams(temperature=1.0, max_new_tokens=24, seed=3)
+    h800 = clocks.Roofline(clocks.ACCELERATORS["H800"], clocks.MODELS["Qwen3-8B"])
+    cell = engine_clocks.pool_cells(model, None, sets, 4, "first", params, h800, pools=((4, 4, "raw"), (8, 4, "calibrated")))
+    fixed = engine_clocks.cells(model, None, sets, 4, "first", params, [h800])[0]
+    own, cut = cell["arms"]
+    assert own["mat"] == fixed["mat"]["fixed-w4"] and own["tokens_per_s"] == pytest.approx(fixed["arms"]["fixed-w4"])
+    assert cut["pool"] == 8 and cut["keep"] == 4 and cut["mat"] > 1.0
+    with pytest.raises(ValueError, match="ranking must be"):
+        engine_clocks.PoolCut(engine_clocks.table_of(h800), 8, 4, "score")

@@ -466,7 +466,6 @@ def test_the_recipe_refuses_a_bad_dataset_before_training(tmp_path):
     lambda: DraftConfig(depth=7.0),
     lambda: DCutConfig(ratios=(0.5, "1")),
     lambda: DCutConfig(probe_share=None),
-    lambda: DCutConfig(gain_prior="64"),
 ])
 def test_options_of_the_wrong_type_raise_type_errors(make):
     with pytest.raises(TypeError, match=r"must be"):

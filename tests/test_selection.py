@@ -2,6 +2,7 @@
 padded tree forward) and the batch's global top K (vLLM's ragged chains)."""
 
 import numpy as np
+import pytest
 import torch
 from conftest import draft_with_scores
 
@@ -49,3 +50,22 @@ def test_global_top_k_is_a_depth_per_row():
     assert global_top_k_depths(scores, 100).tolist() == [3, 4, 0]  # every token, never a missing one
     ties = np.array([[0.5, 0.5, 0.5]])
     assert global_top_k_depths(ties, 2).tolist() == [2]
+
+
+def test_a_ranking_of_its_own_chooses_the_nodes_and_the_drafts_scores_break_its_ties():
+    """`keep_best` by a ranking other than the draft's scores (D-cut's calibrated acceptance): the
+    ranking decides, the draft's own scores break its ties, and the kept nodes keep their own scores."""
+    draft = draft_with_scores([[(-1, 0.9), (-1, 0.5), (1, 0.4), (-1, 0.3)]])
+    ranking = torch.tensor([[0.2, 0.7, 0.7, 0.2]])  # node 1's path is likelier; nodes 0 and 3 tie
+    kept = keep_best(draft, 3, ranking)
+    assert kept_tokens(kept) == [[10, 11, 12]]  # 11 and its child 12, then 10 (0.9) before 13 (0.3) on the tie
+    assert kept.score.tolist() == [[pytest.approx(0.9), pytest.approx(0.5), pytest.approx(0.4)]]
+
+
+def test_path_min_bounds_every_node_by_its_ancestors():
+    """A node is accepted only where its parent is: `Draft.path_min` lowers a value above an ancestor's
+    to that ancestor's, so a ranking by it keeps the kept nodes ancestor-closed."""
+    draft = draft_with_scores([[(-1, 0.9), (0, 0.8), (1, 0.7), (-1, 0.5)]])
+    values = torch.tensor([[0.3, 0.9, 0.6, 0.5]])  # node 1 above its parent; node 2 above its grandparent
+    assert draft.path_min(values).tolist() == [[pytest.approx(0.3)] * 3 + [pytest.approx(0.5)]]
+    keep_best(draft, 2, draft.path_min(values)).validate()

@@ -32,8 +32,6 @@ class BudgetDecision:
     # why D-cut verifies what it verifies, at its best width W > 0 (None: no such width was weighed):
     break_even_mat: float | None = None  # tokens per row a step at W must emit to match plain decoding's rate
     expected_mat: float | None = None  # tokens per row a step at W is expected to emit (calibrated acceptance)
-    # the chosen width's calibrated accepted tokens, before `DCut.gain_scale` (what its drafts are measured against)
-    expected_gain: float | None = None
 
 
 @dataclass(eq=False)

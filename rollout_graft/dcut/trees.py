@@ -2,25 +2,27 @@
 §2 step 4, "Budget policies").
 
 `FixedBudget` verifies every row's whole draft. `DCut` chooses, each step, one verified width W
-for the batch — every row verifies its W best nodes (`selection.keep_best`) — maximising
+for the batch — every row verifies its W best nodes by calibrated score (`selection.keep_best`) —
+maximising
 
     E[emitted | W] = Σ_rows (1 + Σ_{row's top-W nodes} score)       (bonus/recovered token + accepted)
-    time(W)        = forward(rows, 1 + W) + outside(rows, W)         (profiled table + measured rest)
+    time(W)        = forward(rows, 1 + W) + outside(rows, P(W))      (profiled table + measured rest)
 
 over W ∈ ratios · budget, W = 0 (plain decoding) included, so a step is never predicted slower than
-"ar". A node's score is the estimated probability that verification reaches and accepts it: the
-prefix product of its path's confidences, calibrated online against observed acceptance.
+"ar"; P(W) = `DCut.proposal_after(W)`, the proposal that choosing W leads to. A node's score is the
+estimated probability that verification reaches and accepts it: the prefix product of its path's
+confidences, calibrated online against observed acceptance.
 
 Four rules around the choice, each measured to matter (a D-cut ablation, see git history; the last:
 docs/DESIGN.md):
-- the proposal follows the choice: the next step proposes the width chosen, twice its proposal when
-  all of it was chosen (from the smallest width up): a wider tree costs more to build and learn from;
+- the proposal follows the choice: the next step proposes twice the width chosen (from the smallest
+  width up), so a cut chooses from twice the nodes it keeps: a wider tree costs more to build and
+  learn from;
 - after a plain decision nothing is proposed until the next proposal (a probe: the tree is built, and
   may again be cut to W = 0) is affordable: probes may cost `DCutConfig.probe_share` of the
   decoding time, plus what speculation saved;
 - the profiled forward table is corrected by what the rollout's forwards measure (`TreeStepCost`);
-- the expected gains are scaled by what the decisions' own verified drafts earned against them
-  (`DCut.gain_scale`: a decision drafts where its estimates are highest, which earn less).
+- the cut keeps the nodes the choice's estimate counts: each row's best by calibrated acceptance.
 The other controllers an earlier D-cut had (switch margin, back-off, advantage average,
 exploration, per-batch-size state) were removed after the same comparison.
 """
@@ -250,9 +252,6 @@ class DCut(TreePolicy):
         self.probes = ProbeCredit(config.probe_share)
         self.reference_every = round(1.0 / config.probe_share)  # drafting steps between plain reference steps
         self.since_plain = 0  # steps since the last plain forward
-        # over the steps that verified a decision's draft: the tokens it earned beyond one a row, and what
-        # the decision expected of them (`BudgetDecision.expected_gain`; `gain_scale`)
-        self.earned, self.expected = 0.0, 0.0
 
     def plan(self, rows: int) -> int:
         """The proposal width (`_next_proposal`), or 0: after a plain decision until a probe at this
@@ -270,16 +269,6 @@ class DCut(TreePolicy):
         verified = min(self.proposal, self.widest)
         return max(self.cost.step_ms(rows, verified, self.proposal) - self.cost.step_ms(rows, 0, 0), 0.0)
 
-    def gain_scale(self) -> float:
-        """What D-cut's decisions' drafts earned over what it expected of them (accepted tokens), with
-        a prior of `DCutConfig.gain_prior` expected tokens at 1: its expected gains are multiplied by
-        it. The calibration is right on average over the nodes verified, but a decision drafts at the
-        steps whose calibrated gains are highest, and those earned less than their estimate (on the
-        tiny target at 32-64 rows, 2-24 % less: `lab/engine_dcut_split.py`), so near break-even D-cut
-        drafted at a loss; the steps it chose measure that selection, and correct it."""
-        prior = self.config.gain_prior
-        return (self.earned + prior) / (self.expected + prior)
-
     def cut(self, draft: Draft) -> tuple[Draft, BudgetDecision]:
         rows, m = draft.tokens.shape
         if not self.planned:  # waiting for the probe: a plain step, not a decision
@@ -288,21 +277,23 @@ class DCut(TreePolicy):
             self.plain = True
             self.widest = 0  # the next probe is priced by its tree alone (`probe_ms`): this one verified nothing
             return draft, BudgetDecision(0.0, 0, 0, float(rows), probe=True)
-        width, decision = self._decide(draft)
+        width, decision, score = self._decide(draft)
         self._next_proposal(0 if decision.probe else width, m)
-        return (keep_best(draft, width) if decision.kept < decision.candidates else draft), decision
+        return (keep_best(draft, width, score) if decision.kept < decision.candidates else draft), decision
 
-    def _decide(self, draft: Draft) -> tuple[int, BudgetDecision]:
+    def _decide(self, draft: Draft) -> tuple[int, BudgetDecision, torch.Tensor]:
         """The width with the most expected tokens per predicted ms (ties: the narrower). A width W > 0
-        is priced as the steady state it leads to: trees proposed at W (`_next_proposal`).
+        is priced as the steady state it leads to: trees proposed at `proposal_after(W)`.
 
         A draft that was built is never cut to nothing: where plain decoding wins, the step still
         verifies the best width W > 0 (a probe), so the forward at W and the acceptance of such nodes
         are measured — a cost table profiled under load, or a calibration from an earlier epoch, is
         a prior the probes correct, not a verdict that stands for good. The probe credit pays for it."""
         rows, m = draft.tokens.shape
-        # each row's calibrated scores, best first: expected accepted tokens of its top W = prefix sum
-        score = self.calibrated(draft).masked_fill(~draft.valid, 0.0)
+        # each node's calibrated acceptance capped by its ancestors' (a child is accepted only with its
+        # parent), best first: a row's top W are what the cut keeps (ancestor-closed; not its raw best, whose
+        # sources' scores do not compare), their prefix sum the accepted tokens expected of them
+        score = draft.path_min(self.calibrated(draft).masked_fill(~draft.valid, 0.0))
         cum = torch.sort(score, dim=1, descending=True).values.cumsum(1)  # [rows, m]
         counts = draft.valid.sum(1)
         widths = sorted({min(m, w) for w in self.widths})
@@ -312,9 +303,8 @@ class DCut(TreePolicy):
         host = torch.cat([gains.float(), kept.float(), counts.max().view(1).float()]).tolist()  # one host transfer
         n = len(widths)
         gains, kept, widest = host[:n], [int(k) for k in host[n : 2 * n]], int(host[-1])
-        scale = self.gain_scale()
-        expected = [rows + (gains[i] * scale if w else 0.0) for i, w in enumerate(widths)]
-        step_ms = [self.cost.step_ms(rows, min(w, widest), w) for w in widths]
+        expected = [rows + (gains[i] if w else 0.0) for i, w in enumerate(widths)]
+        step_ms = [self.cost.step_ms(rows, min(w, widest), self.proposal_after(w) if w else 0) for w in widths]
         rates = [e / t for e, t in zip(expected, step_ms)]
         best = max(range(n), key=lambda j: (rates[j], -j))
         drafting = max((j for j in range(n) if widths[j]), key=lambda j: (rates[j], -j))  # the best W > 0
@@ -322,9 +312,8 @@ class DCut(TreePolicy):
         self.widest = widest
         i = drafting if self.plain else best
         decision = BudgetDecision(widths[i] / self.budget, kept[i], kept[-1], expected[i], probe=self.plain,
-                                  break_even_mat=step_ms[drafting] / step_ms[0], expected_mat=expected[drafting] / rows,
-                                  expected_gain=gains[i])
-        return widths[i], decision
+                                  break_even_mat=step_ms[drafting] / step_ms[0], expected_mat=expected[drafting] / rows)
+        return widths[i], decision, score
 
     def calibrated(self, draft: Draft) -> torch.Tensor:
         """[rows, m] each node's score mapped to the acceptance observed for such scores of its source:
@@ -334,17 +323,21 @@ class DCut(TreePolicy):
         return rates[draft.source.long(), device_bins(self.calibrations[0], draft.score)]
 
     def _next_proposal(self, width: int, m: int) -> None:
-        """How wide the next proposal is, after this step chose `width` from a draft of width m: the
-        width chosen, or twice the proposal when the choice took all of it (the decision may want
-        more: a slow start from the smallest width); unchanged after a plain decision (the probe
-        proposes what was chosen last) or when the proposer found fewer nodes than it was asked for
-        and all were chosen. A wider tree costs more to build, cut and learn from (a drafter expands
-        a level per node, up to its depth), so a proposal as wide as the budget where a narrow width
-        is chosen would cost speculation its gain (measured in a D-cut ablation; see git history)."""
-        if width >= self.planned:
-            self.proposal = min(self.budget, 2 * self.planned)
-        elif 0 < width < m:
-            self.proposal = max(width, self.widths[1])
+        """How wide the next proposal is, after this step chose `width` from a draft of width m:
+        `proposal_after(width)`; unchanged after a plain decision (the probe proposes what was chosen
+        last) or when the proposer found fewer nodes than it was asked for and all were chosen."""
+        if width and (width < m or m >= self.planned):
+            self.proposal = self.proposal_after(width)
+
+    def proposal_after(self, width: int) -> int:
+        """The proposal that choosing `width` leads to: twice the width (at most the budget). Choosing
+        all of a proposal doubles the next (the decision may want more: a slow start from the
+        smallest width); a width chosen below the proposal is cut next time from twice as many nodes,
+        so the cut has the best of more than the proposer's own W to choose from (the calibrated best
+        W of 2W mostly accept more than the proposer's own W, of 4W as often less: docs/RESULTS.md,
+        "Engine, tiny target: which nodes a cut keeps"). A wider tree costs more to build, cut and learn from (a drafter expands a
+        level per node, up to its depth): `_decide` prices each width with the proposal it leads to."""
+        return min(self.budget, max(2 * width, self.widths[1]))
 
     def observe(self, step: StepRecord) -> None:
         """Calibrate the scores on what was verified, time the step, and keep the probe credit
@@ -355,10 +348,6 @@ class DCut(TreePolicy):
                                                           d.source.float()]).cpu().numpy()
             for s, calibration in enumerate(self.calibrations):
                 calibration.observe(score, (valid > 0) & (source == s), accepted > 0)
-        gain = step.decision.expected_gain
-        if gain is not None and step.forward_tokens > 1:  # a decision's draft, verified
-            self.earned += step.emitted - step.rows
-            self.expected += gain
         self.cost.observe(step.rows, step.forward_tokens, step.planned, step.timing)
         self.since_plain = 0 if step.forward_tokens == 1 else self.since_plain + 1
         ms, plain = step.timing.total_ms, self.cost.step_ms(step.rows, 0, 0)
