@@ -148,24 +148,19 @@ def engine_bound(args) -> dict:
     return res
 
 
-def engine_clocks(args) -> dict:
-    """ar, fixed tree widths and D-cut on the engine's own CPU cost table and the rooflines, per
-    `--cell` (REGIME:BATCH,BATCH…); prints ours against the best fixed arm and ar."""
+def _engine_target(args):
+    """The target `engine clocks` and `engine pool` run (float32, `--threads`) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rollout_graft.cost import CostModel
-    from rollout_graft_tools import clock_replay, clocks, engine_clocks
-    from rollout_graft_tools.benchmark import environment
 
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    table = CostModel.profile(model)
-    timers = [engine_clocks.TableClock(table, f"engine-cpu/{Path(args.model).name}")] + list(clocks.rooflines().values())
-    out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
-           "environment": environment("cpu", "float32", ["lab/replay.py", *args.argv]),  # the engine-cpu clock's table was profiled here
-           "clocks": {c.name: repr(c) if not isinstance(c, engine_clocks.TableClock) else table.to_json() for c in timers},
-           "cells": []}
+    return AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval(), tokenizer
+
+
+def _engine_cells(args, tokenizer):
+    """(regime, prompt sets, sampling) of each `--cell` REGIME:BATCH,BATCH…: `--rollouts` sets of
+    batch / `--group` prompts each, prompts no other set of the cell uses."""
+    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     for spec in args.cell:
         regime, sizes = spec.split(":")
         for batch in map(int, sizes.split(",")):
@@ -173,16 +168,32 @@ def engine_clocks(args) -> dict:
                 raise SystemExit(f"batch {batch} is not a multiple of the group size {args.group}")
             n = batch // args.group
             prompts = load_prompts(args.prompts, tokenizer, "test", n * args.rollouts)
-            sets = [prompts[i * n : (i + 1) * n] for i in range(args.rollouts)]
-            params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
-            for cell in engine_clocks.cells(model, tokenizer, sets, args.group, regime, params, timers, **dict(args.dcut)):
-                cell.update(clock_replay.verdict(cell))
-                out["cells"].append(cell)
-                a = cell["arms"]
-                print(f"{regime:<8} {cell['clock']:<22} b{cell['batch']:<4} best {cell['best_fixed']:<10} "
-                      f"{a[cell['best_fixed']] / a['plain']:.3f}× ar; ours {cell['vs_plain']:.3f}× ar, {cell['vs_best']:.3f}× best; "
-                      f"nodes/row ours {cell['mean_verified_nodes']['ours-dcut']:.2f}"
-                      f"{'' if cell['meets'] else '  MISS'}{'' if cell['seed_exact'] else '  NOT SEED-EXACT'}", flush=True)
+            yield regime, [prompts[i * n : (i + 1) * n] for i in range(args.rollouts)], params
+
+
+def engine_clocks(args) -> dict:
+    """ar, fixed tree widths and D-cut on the engine's own CPU cost table and the rooflines, per
+    `--cell` (REGIME:BATCH,BATCH…); prints ours against the best fixed arm and ar."""
+    from rollout_graft.cost import CostModel
+    from rollout_graft_tools import clock_replay, clocks, engine_clocks
+    from rollout_graft_tools.benchmark import environment
+
+    model, tokenizer = _engine_target(args)
+    table = CostModel.profile(model)
+    timers = [engine_clocks.TableClock(table, f"engine-cpu/{Path(args.model).name}")] + list(clocks.rooflines().values())
+    out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
+           "environment": environment("cpu", "float32", ["lab/replay.py", *args.argv]),  # the engine-cpu clock's table was profiled here
+           "clocks": {c.name: repr(c) if not isinstance(c, engine_clocks.TableClock) else table.to_json() for c in timers},
+           "cells": []}
+    for regime, sets, params in _engine_cells(args, tokenizer):
+        for cell in engine_clocks.cells(model, tokenizer, sets, args.group, regime, params, timers, **dict(args.dcut)):
+            cell.update(clock_replay.verdict(cell))
+            out["cells"].append(cell)
+            a = cell["arms"]
+            print(f"{regime:<8} {cell['clock']:<22} b{cell['batch']:<4} best {cell['best_fixed']:<10} "
+                  f"{a[cell['best_fixed']] / a['plain']:.3f}× ar; ours {cell['vs_plain']:.3f}× ar, {cell['vs_best']:.3f}× best; "
+                  f"nodes/row ours {cell['mean_verified_nodes']['ours-dcut']:.2f}"
+                  f"{'' if cell['meets'] else '  MISS'}{'' if cell['seed_exact'] else '  NOT SEED-EXACT'}", flush=True)
     cells = out["cells"]
     print(f"ours-dcut meets the bar in {sum(c['meets'] for c in cells)} of {len(cells)} cells")
     if args.json:
@@ -193,27 +204,17 @@ def engine_clocks(args) -> dict:
 def engine_pool(args) -> dict:
     """Each kept width W verified from the proposer's own W-node trees and cut from wider proposals,
     ranked by raw scores and by D-cut's calibration (`engine_clocks.pool_cells`), per `--cell`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from rollout_graft_tools import clocks, engine_clocks
 
-    torch.set_num_threads(args.threads)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    model, tokenizer = _engine_target(args)
     clock = clocks.rooflines()[args.clock]
     out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True, "cells": []}
-    for spec in args.cell:
-        regime, sizes = spec.split(":")
-        for batch in map(int, sizes.split(",")):
-            n = batch // args.group
-            prompts = load_prompts(args.prompts, tokenizer, "test", n * args.rollouts)
-            sets = [prompts[i * n : (i + 1) * n] for i in range(args.rollouts)]
-            params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
-            cell = engine_clocks.pool_cells(model, tokenizer, sets, args.group, regime, params, clock)
-            out["cells"].append(cell)
-            for a in cell["arms"]:
-                print(f"{regime:<8} b{batch:<4} keep {a['keep']:>2} of {a['pool']:>2} by {a['ranking']:<10} "
-                      f"MAT {a['mat']:.3f}  {a['tokens_per_s']:.0f} tok/s", flush=True)
+    for regime, sets, params in _engine_cells(args, tokenizer):
+        cell = engine_clocks.pool_cells(model, tokenizer, sets, args.group, regime, params, clock)
+        out["cells"].append(cell)
+        for a in cell["arms"]:
+            print(f"{regime:<8} b{cell['batch']:<4} keep {a['keep']:>2} of {a['pool']:>2} by {a['ranking']:<10} "
+                  f"MAT {a['mat']:.3f}  {a['tokens_per_s']:.0f} tok/s", flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out

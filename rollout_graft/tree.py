@@ -63,9 +63,15 @@ class Draft:
         """values [batch, m] made non-increasing along every path: each node's the least of its own
         and its ancestors' (a node is accepted only where its parent is, so its estimated acceptance
         is at most its parent's)."""
-        out, parents = values, self.parents.clamp(min=0)
-        for _ in range(self.max_depth - 1):
-            out = torch.where(self.parents < 0, values, torch.minimum(values, out.gather(1, parents)))
+        m = values.shape[1]
+        # pointer jumping: after round r each node holds the least over itself and its 2^r - 1 nearest
+        # ancestors (a child of the root points at itself); a path has at most m nodes, so the rounds
+        # follow from the shape and need no host read of the depth
+        up = torch.where(self.parents < 0, torch.arange(m, device=values.device), self.parents)
+        out = values
+        for _ in range(max(m - 1, 0).bit_length()):
+            out = torch.minimum(out, out.gather(1, up))
+            up = up.gather(1, up)
         return out
 
     def compacted(self) -> "Draft":

@@ -13,7 +13,7 @@ Modelled throughput = tokens / Σ forward ms: the forward alone (prefill, the pr
 engine's host time are not priced; a roofline's `spec_ms` is charged to every step that verifies a
 tree). `engine-cpu/<model>` is the target's own forward-cost table profiled on this machine.
 `pool_cells` is a study on the same runs: how well a cut of a wider proposal keeps what the target
-accepts (the pool D-cut's proposal rule gives its cut, `DCut.proposal_after`).
+accepts (D-cut cuts from the proposal its last choice led to, `DCut.proposal_after`).
 """
 
 from __future__ import annotations
@@ -184,12 +184,12 @@ class PoolCut(DCut):
     def __init__(self, table: CostModel, pool: int, keep: int, ranking: str):
         if ranking not in ("raw", "calibrated"):
             raise ValueError(f"ranking must be 'raw' or 'calibrated', got {ranking!r}")
-        super().__init__(table, pool)
-        self.pool, self.keep, self.ranking = pool, keep, ranking
+        super().__init__(table, pool)  # the budget: every step's proposal
+        self.keep, self.ranking = keep, ranking
 
     def plan(self, rows: int) -> int:
-        self.planned = self.pool
-        return self.pool
+        self.planned = self.budget
+        return self.budget
 
     def cut(self, draft):
         if draft.tokens.shape[1] == 0:

@@ -121,6 +121,22 @@ def test_the_time_outside_the_forward_is_fitted_per_row_and_charged_to_speculati
     assert decision.probe  # plain wins: W=0 → 2/1 ; W=4 → (2+3.75)/(1+5) < 2
 
 
+def test_a_width_is_priced_with_the_proposal_it_leads_to():
+    """Choosing W makes the next proposal `proposal_after(W)` (2W), so W is priced with the time outside
+    the forward of such trees: here W = 1's forward is cheap, but the 2-node trees it leads to cost
+    3 ms to build, so plain decoding wins (W = 1 priced with 1-node trees would win instead)."""
+    knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)  # W=1: 3.2 / 1.2 = 2.67 beats 2.0
+    dcut = trusting(knee)
+    assert [dcut.proposal_after(w) for w in (1, 2, 4)] == [2, 4, 4]
+    for proposed, outside_ms in ((1, 0.0), (2, 3.0), (4, 3.0)):
+        for rows in (1, 2, 4):
+            dcut.cost.observe(rows, 2, proposed, StepTiming(propose_ms=outside_ms, forward_ms=knee.predict(rows, 2)))
+    dcut.proposal = 1
+    assert dcut.plan(2) == 1
+    _, decision = dcut.cut(keep_best(draft_with_scores(TREES), 1))
+    assert decision.probe and decision.ratio == 0.25  # W = 1: (2 + 1.2) / (1.2 + 3) < 2 / 1
+
+
 def test_measured_forwards_correct_the_profiled_table():
     knee = CostModel([1, 2, 64], [1, 2, 3, 5], [[1.0, 1.2, 2.0, 4.0]] * 3)
     cost = TreeStepCost(knee)

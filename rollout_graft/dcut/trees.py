@@ -332,11 +332,11 @@ class DCut(TreePolicy):
     def proposal_after(self, width: int) -> int:
         """The proposal that choosing `width` leads to: twice the width (at most the budget). Choosing
         all of a proposal doubles the next (the decision may want more: a slow start from the
-        smallest width); a width chosen below the proposal is cut next time from twice as many nodes,
-        so the cut has the best of more than the proposer's own W to choose from (the calibrated best
-        W of 2W mostly accept more than the proposer's own W, of 4W as often less: docs/RESULTS.md,
-        "Engine, tiny target: which nodes a cut keeps"). A wider tree costs more to build, cut and learn from (a drafter expands a
-        level per node, up to its depth): `_decide` prices each width with the proposal it leads to."""
+        smallest width); a width chosen below the proposal is cut next time from twice as many nodes
+        (the calibrated best W of 2W mostly accept more than the proposer's own W, of 4W as often
+        less: docs/RESULTS.md, "Engine, tiny target: which nodes a cut keeps"). A wider tree costs
+        more to build, cut and learn from (a drafter expands a level per node, up to its depth):
+        `_decide` prices each width with the proposal it leads to."""
         return min(self.budget, max(2 * width, self.widths[1]))
 
     def observe(self, step: StepRecord) -> None:
