@@ -292,10 +292,7 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
 def settle(prop) -> None:
     """Count every text our proposer has not counted yet (nothing for vLLM's)."""
     if hasattr(prop, "tracker"):
-        from rollout_graft.vllm.groups import catch_up
-
-        prop.tracker.flush()
-        catch_up(prop.tracker.pending)
+        prop.tracker.settle()
 
 
 def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None) -> list[dict]:

@@ -279,7 +279,6 @@ def count_after_walk_class():
     tables then hold the text up to the last step), as a thread counting beside a GPU's next
     forward would leave them; after a step that did not draft, the waiting text is counted first,
     as in the product. Only the drafts can change (`lab/replay.py vllm run --count-after-walk`)."""
-    from rollout_graft.vllm.groups import catch_up
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     class CountAfterWalk(RLDraftProposer):
@@ -288,7 +287,7 @@ def count_after_walk_class():
             if last is None or not last.planned:
                 return super()._draft(token_ids)
             chains = self._walk(token_ids)
-            catch_up(self.tracker.pending)  # this step's text: what the thread would count during the next forward
+            self.tracker.count(token_ids)  # this step's text: what the thread would count during the next forward
             return chains
 
     return CountAfterWalk

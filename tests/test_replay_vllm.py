@@ -64,15 +64,12 @@ def test_counting_after_the_walk_changes_the_drafts_only():
     tables as the last step left them and counts its own text after. Every token is counted all the
     same (the tables end equal to the product's), the drafts lag: on synthetic GRPO groups the
     product drafts more accepted tokens, and the first step walks on counted prompts in both."""
-    from rollout_graft.vllm.groups import catch_up
-
     prompts, outs = bench.completions(np.random.default_rng(0), 16, 8, 64)
     props, drafts = [], []
     for after in (False, True):
         prop = bench.ours_proposer(6, 0.0, bench.VOCAB, 200, count_after_walk=after)
         drafts.append(bench.replay_rows(prop, prompts, outs))
-        prop.tracker.flush()
-        catch_up(prop.tracker.pending)
+        prop.tracker.settle()
         props.append(prop)
     ours, after = props
     assert ours.store.table(ours.prior) == after.store.table(after.prior) and ours.store.table(ours.prior)

@@ -185,7 +185,7 @@ def test_mixed_rollouts_in_one_batch_keep_their_groups():
 
 def chain_of(tracker: RequestTracker, req, depth: int) -> list[int]:
     """The chain the request's group counts continue its text with (its counts caught up first)."""
-    catch_up(tracker.pending)
+    tracker.settle()
     return req.group.store.chain(req.group.slot, req.text, depth)[0]
 
 
@@ -453,6 +453,50 @@ def test_speculative_config_round_trip_and_errors():
         speculative_config(recall=-1)
 
 
+def test_the_tracker_counts_each_text_once_where_vllm_holds_it():
+    """`RequestTracker.count` reads the step's rows from vLLM's token array and the texts of requests
+    that left since from the tracker's own (their rows are gone once vLLM condenses): after steps
+    counted or not (deferred), rows that finish and move, a request preempted and back, and an id
+    whose text started over, the tables are those of counting every text once: each group's prompt
+    and its requests' completions, the completions also in the prior."""
+    store = NgramStore(3)
+    prior = store.slot()
+    tracker = RequestTracker(store, prior)
+    batch = Batch([P1, P1, P2, P1])
+    rng = np.random.default_rng(0)
+
+    def step(count: bool):
+        sampled = [rng.integers(0, 6, int(rng.integers(1, 3))).tolist() for _ in batch.texts]
+        num, ids = batch.extend(sampled)
+        rids, plens = batch.requests()
+        if not tracker.defer(rids, sampled, num):
+            tracker.rows(rids, plens, sampled, num, ids)
+        if count:
+            tracker.count(ids)
+
+    for count in (True, False, False, True, False):
+        step(count)
+    gone = batch.texts[0]
+    batch.texts = [batch.texts[3], batch.texts[1], batch.texts[2]]  # row 0 finishes uncounted; the last row moves in
+    step(False)
+    away = batch.texts[1]
+    batch.texts = [batch.texts[0], batch.texts[2]]  # preempted
+    step(True)
+    batch.texts = [batch.texts[0], batch.texts[1], away, Text(P1, rid=gone.rid)]  # back; a finished id starts over
+    for count in (False, True, False):
+        step(count)
+    tracker.settle()
+    texts = [t for g in tracker.groups.values() for t in g.texts]
+    assert len(texts) == 2 + 5  # two prompts, five requests' texts
+    want_prior = store.slot()
+    for g in tracker.groups.values():
+        want_group = store.slot()
+        store.teach([(want_group, -1, g.prompt, 0, len(g.prompt))]
+                    + [(want_group, want_prior, g.texts[t], len(g.prompt), len(g.texts[t])) for t in g.members])
+        assert store.table(g.slot) == store.table(want_group)
+    assert store.table(prior) == store.table(want_prior) and store.table(prior)
+
+
 def test_tracker_groups_count_in_its_store_and_teach_its_prior():
     store = NgramStore(2, 2)
     prior = store.slot()
@@ -460,7 +504,7 @@ def test_tracker_groups_count_in_its_store_and_teach_its_prior():
     Batch([[1, 2, 3, 4, 5, 6]]).step(tracker, [[9]])
     group = tracker.groups[next(iter(tracker.groups))]
     assert group.store is store and group.prior == prior
-    catch_up(tracker.pending)
+    tracker.settle()
     assert all(len(key) == 2 for key in store.table(group.slot)) and list(store.table(prior)) == [(5, 6)]
 
 

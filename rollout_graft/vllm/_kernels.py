@@ -80,7 +80,7 @@ def _put(w0: int, w1: int, w2: int, w3: int, r: int, tok: int):
     return w0, w1, w2, w3
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _bump_pair(pairs, used, owner, w0, w1, w2, w3, tok, c) -> int:
     """pairs[(owner, words, tok)] += c; returns the new count."""
     j = _find(pairs, owner, w0, w1, w2, w3, tok, True)
@@ -93,7 +93,7 @@ def _bump_pair(pairs, used, owner, w0, w1, w2, w3, tok, c) -> int:
     return pairs[j, COUNT]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok: int, c: int) -> None:
     """Count `tok` after a context `c` times; the context's best successor stays the most frequent
     (ties: the lower id). The pairs table holds every successor's count once a context has two."""
@@ -159,6 +159,27 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> int
                             _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
         base += max(end - first, 0)
     return acc
+
+
+@njit(cache=True)
+def _teach_rows(ctx, pairs, used, sizes, gens, token_ids, rows, slots, other_slot: int, starts, ends, lo: int,
+                hi: int) -> int:
+    """`_teach` over texts held in an array (vLLM's `token_ids_cpu`): row j counts positions
+    [starts[j], ends[j]) of token_ids[rows[j]] in the table of slots[j] and in that of `other_slot`
+    (-1: none)."""
+    n = len(rows)
+    meta = np.empty((n, 4), np.int64)
+    size = 0
+    for j in range(n):
+        meta[j, 0], meta[j, 1], meta[j, 2], meta[j, 3] = slots[j], other_slot, starts[j], ends[j]
+        size += max(ends[j] - max(starts[j] - hi, 0), 0)
+    tokens = np.empty(size, np.int64)
+    at = 0
+    for j in range(n):
+        for i in range(max(starts[j] - hi, 0), ends[j]):
+            tokens[at] = token_ids[rows[j], i]
+            at += 1
+    return _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo, hi)
 
 
 @njit(cache=True, inline="always")

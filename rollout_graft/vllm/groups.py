@@ -3,9 +3,10 @@ backend", step 1).
 
 Before each `propose` our plugin hands the proposer every row's request id and prompt length.
 A new id starts a request, whose group is every request with the same prompt; a known id
-extends its text with the tokens it sampled (counted lazily, at the next draft: `catch_up`); an
-id missing from a step (finished or preempted) is kept aside `forget_after` steps at most and
-taken back when it returns with the length it left with.
+extends its text with the tokens it sampled (counted lazily, at the next draft, where vLLM's
+token array holds them: `RequestTracker.count`); an id missing from a step (finished or
+preempted) is kept aside `forget_after` steps at most and taken back when it returns with the
+length it left with.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from itertools import chain
 
 import numpy as np
 
-from .ngrams import NgramStore
+from .ngrams import NgramStore, TextRows
 
 
 @dataclass(eq=False)
@@ -26,7 +27,9 @@ class Group:
     counting their n-grams, released when the group is collected. Counting is lazy: `extend`
     appends and marks the text stale (the group joins `pending`, shared by every group of a
     tracker); `catch_up` counts every pending group's new positions — the completions' also in the
-    `prior` slot (-1: none)."""
+    `prior` slot (-1: none). A `RequestTracker` counts its requests' texts itself (by request
+    slot, from vLLM's token array: `RequestTracker.count`); its groups count their prompt and
+    recalled completions so."""
 
     prompt: list[int]
     store: NgramStore
@@ -134,7 +137,9 @@ class RequestTracker:
                  forget_after: int = 4096, shared: bool = True):
         self.store = NgramStore() if store is None else store  # every group's table
         self.prior, self.recall, self.shared = prior, recall, shared
-        self.pending: dict[int, Group] = {}  # groups with text not counted yet (`catch_up`)
+        self.pending: dict[int, Group] = {}  # groups with text not counted yet: prompts, recalled completions
+        self.counted = np.zeros(0, dtype=np.int64)  # slot → positions of its request's text counted (`count`)
+        self._left: list[tuple[Group, int, int, int]] = []  # texts of requests that left, to count: (group, text, from, to)
         self.max_groups, self.forget_after = max_groups, forget_after
         self.groups: OrderedDict[tuple[int, int], Group] = OrderedDict()
         self.live: dict[str, Request] = {}  # the last step's requests, by id
@@ -181,11 +186,13 @@ class RequestTracker:
                 req = self._start(token_ids[i, : int(prompt_lens[i])].tolist(),
                                   token_ids[i, int(prompt_lens[i]) : length - len(new)].tolist())
                 self.created = True
-            req.group.extend(req.text_id, new)
+            req.text.extend(new)
             req.length, req.seen = length, self.step
             req.group.last_seen = self.step
             live[rid] = out[i] = req
-        self.away.update(self.live)  # requests that did not sample this step: finished, preempted or prefilling
+        for req in self.live.values():  # requests that did not sample this step: finished, preempted or prefilling
+            self._settle(req)
+        self.away.update(self.live)
         self.live = live
         self.active, self.num, self.lens = active, num[active], lens[active]
         reqs = [out[i] for i in active.tolist()]
@@ -227,7 +234,7 @@ class RequestTracker:
         for step, lens, tokens in self._log:
             flat, at = tokens.tolist(), 0
             for req, n in zip(self._reqs, lens.tolist()):
-                req.group.extend(req.text_id, flat[at : at + n])
+                req.text.extend(flat[at : at + n])
                 req.length += n
                 req.seen = req.group.last_seen = step
                 at += n
@@ -243,6 +250,7 @@ class RequestTracker:
         recomputed) — if its text is the row's as it stood before this step's tokens; else None."""
         req = self.live.pop(rid, None) or self.away.pop(rid, None)
         if req is not None and req.length != before:  # not the row's text: dropped, the row starts a new request
+            self._settle(req)
             self._dropped.append(req.slot)
             return None
         return req
@@ -261,10 +269,11 @@ class RequestTracker:
                 while len(self.groups) > self.max_groups:
                     self.groups.popitem(last=False)
             self.groups.move_to_end(key)
-        tid = group.add(prompt + completion, counted_from=len(prompt), emitted=True)  # the prompt is counted once
+        tid = group.add(prompt + completion, counted_from=len(prompt) + len(completion))  # counted by `count`
         group.members.append(tid)
         group.last_seen = self.step
         req = Request(group, tid, len(prompt) + len(completion), seen=self.step, slot=self._slot())
+        self.counted[req.slot] = len(prompt)  # the prompt is counted once, as its group's first text
         self.by_slot[req.slot] = req
         self.started.append(req.slot)
         return req
@@ -273,7 +282,41 @@ class RequestTracker:
         if self._free_slots:
             return self._free_slots.pop()
         self.slot_capacity += 1
+        if self.slot_capacity > len(self.counted):
+            self.counted = np.concatenate([self.counted, np.zeros(max(self.slot_capacity, len(self.counted)), np.int64)])
         return self.slot_capacity - 1
+
+    # ------------------------------------------------------------------ counting
+    def count(self, token_ids: np.ndarray) -> None:
+        """Count every text not counted yet, in one `NgramStore.teach`: the step's rows where vLLM
+        holds them (`token_ids`, as the last `rows` or `defer` left them: each row's request's
+        positions from where its counting stopped to its length, no Python per row), the texts of
+        requests that left since (`_settle`) and the groups' new texts (prompts, recalled
+        completions). A request's completion teaches its group's table and the prior."""
+        rows = TextRows(token_ids, self.active, self.tables, self.counted[self.slots], self.num, self.prior)
+        self.store.teach(self._take_work(), rows)
+        self.counted[self.slots] = self.num
+
+    def settle(self) -> None:
+        """`count` from the texts the tracker holds (any time, not only in a step: vLLM's rows may
+        have changed since)."""
+        self._apply_log()
+        for req in self.live.values():
+            self._settle(req)
+        self.store.teach(self._take_work())
+
+    def _settle(self, req: Request) -> None:
+        """The request's text not counted yet is counted by the next `count` from its text (it
+        leaves the batch, or a caller reads the tables outside a step)."""
+        start = int(self.counted[req.slot])
+        if start < req.length:
+            self._left.append((req.group, req.text_id, start, req.length))
+            self.counted[req.slot] = req.length
+
+    def _take_work(self) -> list[tuple]:
+        work = [(g.slot, self.prior, g.texts[tid], start, end) for g, tid, start, end in self._left]
+        self._left = []
+        return work + [w for g in list(self.pending.values()) for w in g.take()]
 
     def _new_group(self, prompt: list[int], recalled: list[list[int]]) -> Group:
         group = Group(prompt, self.store, self.prior, self.pending)

@@ -13,6 +13,7 @@ is the same rule in plain Python, which the tests compare every table and chain 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
@@ -50,6 +51,20 @@ def _capacity(rows: int) -> int:
     return max(1024, 1 << int(2 * rows - 1).bit_length())
 
 
+@dataclass
+class TextRows:
+    """Texts `NgramStore.teach` counts where they are held, in an array (vLLM's `token_ids_cpu`):
+    row j counts positions [starts[j], ends[j]) of token_ids[rows[j]] in the table of slots[j] and
+    in that of `also` (-1: none)."""
+
+    token_ids: np.ndarray
+    rows: np.ndarray
+    slots: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    also: int = -1
+
+
 # ---------------------------------------------------------------------- tables
 class NgramStore:
     """The count tables of one proposer, in one pair of hash tables: a table is a slot (an int) of
@@ -80,6 +95,9 @@ class NgramStore:
         (the first growth of the table, seconds on a fresh install) would feed D-cut's step-cost
         fit and guard an outlier of that size."""
         self.teach([])
+        none = np.zeros(0, np.int64)
+        for ids in (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int32)):  # lists' tokens; vLLM's token_ids_cpu
+            self.teach([], TextRows(ids, none, none, none, none))
         for ids in (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int32)):  # lists' tokens; vLLM's token_ids_cpu
             self.chains_at([], -1, ids, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 1)
         for rows, wide in ((self.ctx, False), (self.pairs, True)):
@@ -124,18 +142,26 @@ class NgramStore:
             setattr(self, name, self.kern._rehash(rows, live, _rows(_capacity(n + extra)), i == 1))
             self.used[i] = n
 
-    def teach(self, work: list[tuple[int, int, list[int], int, int]]) -> None:
+    def teach(self, work: list[tuple[int, int, list[int], int, int]], rows: TextRows | None = None) -> None:
         """For each (slot, also, text, start, end): count text[i] after its contexts, i in
-        [start, end), in the table of `slot` and in that of `also` (-1: none). One compiled call;
-        then a table taught past its bound (`slot`) starts over."""
-        hi = self.order
+        [start, end), in the table of `slot` and in that of `also` (-1: none); and the same for
+        texts held in an array (`rows`: no Python per text). Then a table taught past its bound
+        starts over."""
+        hi, orders = self.order, self.order - self.min_order + 1
         meta = np.fromiter(chain.from_iterable((w[0], w[1], w[3], w[4]) for w in work),
                            dtype=np.int64, count=4 * len(work)).reshape(-1, 4)
         tokens = np.fromiter(chain.from_iterable(w[2][max(w[3] - hi, 0) : w[4]] for w in work), dtype=np.int64)
-        adds = sum(max(w[4] - w[3], 0) * (1 if w[1] < 0 else 2) for w in work) * (hi - self.min_order + 1)
+        adds = sum(max(w[4] - w[3], 0) * (1 if w[1] < 0 else 2) for w in work) * orders
+        if rows is not None:
+            adds += int(np.maximum(rows.ends - rows.starts, 0).sum()) * (1 if rows.also < 0 else 2) * orders
         self.reserve(adds, 2 * adds)
         self.kern._teach(self.ctx, self.pairs, self.used, self.sizes, self.gens, meta, tokens, self.min_order, hi)
-        for slot in {s for w in work for s in w[:2]} & self.bounds.keys():  # the bounded tables taught
+        taught = {s for w in work for s in w[:2]}
+        if rows is not None:
+            self.kern._teach_rows(self.ctx, self.pairs, self.used, self.sizes, self.gens, rows.token_ids, rows.rows,
+                                  rows.slots, rows.also, rows.starts, rows.ends, self.min_order, hi)
+            taught |= {rows.also, *rows.slots.tolist()} if self.bounds else set()
+        for slot in taught & self.bounds.keys():  # the bounded tables taught
             if self.sizes[slot] > self.bounds[slot]:
                 self.clear(slot)
                 self.resets[slot] += 1

@@ -20,7 +20,7 @@ from ..dcut.chains import ChainDCut, ChainStep, FixedDepth
 from ..dcut.roofline import ContextProfile
 from ..files import atomic_write_json, is_int, read_json, require_keys
 from .config import MAX_MATCH, MAX_PRIOR_CONTEXTS, MIN_MATCH, PROPOSER_CLASS, RECALL_PROMPTS, ChainConfig
-from .groups import RequestTracker, catch_up
+from .groups import RequestTracker
 from .inflight import InFlight
 from .ngrams import NgramStore, read_prior
 from .profile import start_profile
@@ -138,8 +138,6 @@ class RLDraftProposer:
         planned, drafted, decision = self.policy.plan(rows), 0, None
         draft_start = time.perf_counter()
         if planned:
-            if quiet:
-                self.tracker.flush()
             tokens, scores, lengths = self._draft(token_ids_cpu)
             chains = [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())]
             depths, decision = self.policy.cut(chains, scores)
@@ -219,9 +217,9 @@ class RLDraftProposer:
         (0 past a chain's end) and lengths [rows]: the chain from the group's counts or the one from
         the prior's (`NgramStore.chain_arrays`, read from vLLM's `token_ids` rows, each request's
         text), whichever expects more accepted tokens (the larger sum of scores; suffix decoding
-        chooses between its prompt's tree and its global tree so). First every group's new text is
-        counted (`groups.catch_up`)."""
-        catch_up(self.tracker.pending)
+        chooses between its prompt's tree and its global tree so). First the new text is counted
+        (`groups.RequestTracker.count`)."""
+        self.tracker.count(token_ids)
         return self._walk(token_ids)
 
     def _walk(self, token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -241,9 +239,8 @@ class RLDraftProposer:
         completions per prompt (`recall.json`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.tracker.flush()  # the texts of steps it deferred
+        self.tracker.settle()  # the texts of steps it deferred, counted
         if self.prior >= 0:
-            catch_up(self.tracker.pending)
             self.store.save(self.prior, directory / "prior.safetensors")
         groups = [{"prompt": g.prompt, "completions": g.completions()[-self.config.recall :]}
                   for g in self.tracker.groups.values()] if self.config.recall else []
@@ -254,10 +251,9 @@ class RLDraftProposer:
         the saved one. ValueError naming the file when one is corrupt (nothing is changed then)."""
         directory = Path(directory)
         recall = read_recall(directory / "recall.json", self.vocab) if (directory / "recall.json").exists() else None
-        self.tracker.flush()
         if self.prior >= 0 and (directory / "prior.safetensors").exists():
             read_prior(directory / "prior.safetensors", self.vocab)  # checked before the old prior is cleared
-            catch_up(self.tracker.pending)
+            self.tracker.settle()  # what the old prior has still to count, before it is replaced
             self.store.clear(self.prior)
             self.store.load(self.prior, directory / "prior.safetensors", self.vocab)
         if recall is not None:
