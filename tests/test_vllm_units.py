@@ -403,9 +403,9 @@ def test_dcut_drafts_nothing_that_does_not_pay_the_speculative_paths_cost():
     assert policy.cut(*chains(one))[1].kept == 4
 
 
-def chains(scores: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
-    """Chains of made-up tokens with these raw scores."""
-    return [list(range(int((row > 0).sum()))) for row in scores], scores
+def chains(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Chains of made-up tokens with these raw scores (tokens [rows, depth], as the proposer passes them)."""
+    return np.tile(np.arange(scores.shape[1]), (len(scores), 1)), scores
 
 
 def timed(policy, rows: int, drafted: int, ms: float, emitted: int, draft_ms: float = 0.0, verified=None) -> None:
@@ -631,7 +631,7 @@ class FirstToken(FixedDepth):
         self.steps: list[ChainStep] = []
 
     def cut(self, tokens, scores):
-        return np.array([min(len(t), 1) for t in tokens], dtype=np.int64), BudgetDecision(1.0 / self.depth)
+        return np.minimum(np.count_nonzero(scores, axis=1), 1), BudgetDecision(1.0 / self.depth)
 
     def observe(self, step: ChainStep) -> None:
         self.steps.append(step)

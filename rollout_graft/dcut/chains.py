@@ -29,9 +29,10 @@ import numpy as np
 from .core import RIDGE, BudgetDecision, CostFit, ProbeCredit, RowCost, ScoreCalibration
 
 
-def cut(tokens: list[list[int]], depths: np.ndarray) -> list[list[int]]:
-    """Each chain's first `depths[i]` tokens."""
-    return [t[:d] for t, d in zip(tokens, depths.tolist())]
+def cut(tokens: np.ndarray | list[list[int]], depths: np.ndarray) -> list[list[int]]:
+    """Each chain's first `depths[i]` tokens (chains as rows of an array or as lists)."""
+    rows = tokens.tolist() if isinstance(tokens, np.ndarray) else tokens
+    return [t[:d] for t, d in zip(rows, depths.tolist())]
 
 
 @dataclass(slots=True)
@@ -69,9 +70,10 @@ class ChainPolicy(Protocol):
         """Draft depth this step, for `rows` requests (0: decode plainly)."""
         ...
 
-    def cut(self, tokens: list[list[int]], scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
-        """How many tokens of each chain (`tokens`, with the raw score of each token: [rows, depth],
-        0 past a chain's end, non-increasing along it) vLLM verifies this step: depths [rows]."""
+    def cut(self, tokens: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
+        """How many tokens of each chain (`tokens` [rows, depth], with the raw score of each token
+        `scores` [rows, depth]: > 0 along a chain, 0 past its end, non-increasing) vLLM verifies this
+        step: depths [rows]."""
         ...
 
     def observe(self, step: ChainStep) -> None:
@@ -91,8 +93,8 @@ class FixedDepth(ChainPolicy):
     def plan(self, rows: int) -> int:
         return self.depth
 
-    def cut(self, tokens: list[list[int]], scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
-        return np.array([len(t) for t in tokens], dtype=np.int64), BudgetDecision(1.0)
+    def cut(self, tokens: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
+        return np.count_nonzero(scores, axis=1).astype(np.int64), BudgetDecision(1.0)
 
 
 def step_ms(coef: np.ndarray, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
@@ -220,7 +222,7 @@ class ChainDCut(ChainPolicy):
         """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
         return 0 if self.plain and not self.credit.affords(self.draft_cost.predict(rows)) else self.depth
 
-    def cut(self, tokens: list[list[int]], scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
+    def cut(self, tokens: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
         rows = self.rows = scores.shape[0]
         probe = self.plain  # proposed after a plain decision
         proposed = int(np.count_nonzero(scores))  # the tokens with a score > 0

@@ -139,15 +139,15 @@ class RLDraftProposer:
         draft_start = time.perf_counter()
         if planned:
             tokens, scores, lengths = self._draft(token_ids_cpu)
-            chains = [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())]
-            depths, decision = self.policy.cut(chains, scores)
+            depths, decision = self.policy.cut(tokens, scores)
             # every chain a shadow where its request holds none; a sent draft's evidence: its shadow's (the
             # whole chain), else what vLLM verifies of it
             kept = self.inflight.send(self.tracker.slots, tokens, scores, lengths, depths, self.tracker.num,
                                       self.policy.learns)
-            for i, chain, n in zip(self.tracker.active.tolist(), chains, kept.tolist()):
+            for i, draft, n in zip(self.tracker.active.tolist(), tokens.tolist(), kept.tolist()):
                 if n:
-                    out[i] = chain[:n]
+                    del draft[n:]
+                    out[i] = draft
             drafted = int(kept.sum())
             proposed = int((scores > 0).sum())
             self.stats.proposed_tokens += proposed
