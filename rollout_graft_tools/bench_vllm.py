@@ -49,7 +49,8 @@ class OracleProposer:
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         out, pending = [], {}
-        rows = self.tracker.rows(*self.requests, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        self.tracker.rows(*self.requests, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        rows = self.tracker.requests()
         for req, new in zip(rows, sampled_token_ids):
             if req is None:
                 out.append([])

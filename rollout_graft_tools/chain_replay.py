@@ -287,7 +287,7 @@ def count_after_walk_class():
             if last is None or not last.planned:
                 return super()._draft(token_ids)
             chains = self._walk(token_ids)
-            self.tracker.count(token_ids)  # this step's text: what the thread would count during the next forward
+            self.tracker.count()  # this step's text: what the thread would count during the next forward
             return chains
 
     return CountAfterWalk

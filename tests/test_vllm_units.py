@@ -59,7 +59,8 @@ class Batch:
 
     def step(self, tracker: RequestTracker, sampled: list[list[int]]):
         num, ids = self.extend(sampled)
-        return tracker.rows(*self.requests(), sampled, num, ids)
+        tracker.rows(*self.requests(), sampled, num, ids)
+        return tracker.requests()
 
     def propose(self, prop, sampled: list[list[int]]):
         num, ids = self.extend(sampled)
@@ -225,6 +226,24 @@ def test_chains_take_the_most_frequent_successor_of_the_longest_known_context():
     pairs = NgramStore(3, 2)  # contexts of 2-3 tokens only: "3" alone is not one
     pairs.teach([(p := pairs.slot(), -1, text, 0, len(text))])
     assert pairs.chain(p, [0, 3], 2) == ([], []) and pairs.chain(p, [2, 3], 1)[0] == [4]
+
+
+def test_a_pass_that_fills_the_tables_grows_them_as_it_goes():
+    """One `teach` of many new contexts into a fresh store (1,024 rows a table): its pass stops where
+    a table would pass half full, the table is rebuilt twice as large and the pass goes on, so the
+    counts are the Python rule's and the tables' rows stay within a small multiple of what they
+    hold (not sized for the worst case of every position)."""
+    rng = np.random.default_rng(2)
+    store = NgramStore(8, 1)
+    mine, prior = store.slot(), store.slot()
+    ref, ref_prior = PyNgramCounts(8, 1), PyNgramCounts(8, 1)
+    texts = [rng.integers(0, 6, 400).tolist() for _ in range(6)]
+    store.teach([(mine, prior, t, 0, len(t)) for t in texts])
+    for t in texts:
+        ref.teach(t, 0, also=ref_prior)
+    assert store.table(mine) == ref.table() and store.table(prior) == ref_prior.table()
+    assert store.used[0] > 4 * 1024 and store.used[1] > 1024  # it grew, several times
+    assert len(store.ctx) <= 8 * store.used[0] and len(store.pairs) <= 8 * store.used[1]
 
 
 def test_compiled_tables_count_and_chain_as_the_python_rule():
@@ -472,7 +491,7 @@ def test_the_tracker_counts_each_text_once_where_vllm_holds_it():
         if not tracker.defer(rids, sampled, num):
             tracker.rows(rids, plens, sampled, num, ids)
         if count:
-            tracker.count(ids)
+            tracker.count()
 
     for count in (True, False, False, True, False):
         step(count)
@@ -492,7 +511,7 @@ def test_the_tracker_counts_each_text_once_where_vllm_holds_it():
     for g in tracker.groups.values():
         want_group = store.slot()
         store.teach([(want_group, -1, g.prompt, 0, len(g.prompt))]
-                    + [(want_group, want_prior, g.texts[t], len(g.prompt), len(g.texts[t])) for t in g.members])
+                    + [(want_group, want_prior, g.text(t), len(g.prompt), len(g.text(t))) for t in g.members])
         assert store.table(g.slot) == store.table(want_group)
     assert store.table(prior) == store.table(want_prior) and store.table(prior)
 

@@ -132,17 +132,25 @@ def _touch(keys, owner, w0, w1, w2, w3, extra):
 
 
 @njit(cache=True)
-def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> int:
+def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at) -> int:
     """Segment s = meta[s] (table slot, also slot or -1, start, end): count the text's positions
     [start, end) as the successor of their contexts of lo…hi tokens in both tables. `tokens` holds
     each segment's text[max(start - hi, 0):end], one after the other. Each position first loads its
-    keys' rows (`_touch`; returns their sum: no result): independent loads, their misses overlap."""
-    base, acc = 0, 0
-    for s in range(len(meta)):
+    keys' rows (`_touch`; returns their sum: no result): independent loads, their misses overlap.
+    Runs from `at` = (segment, position, its segment's start in `tokens`) and stops before a
+    position that could fill a table past half (`at` is then where to go on; at[0] = len(meta):
+    done), so a table grows with what it holds (`ngrams.NgramStore.teach`)."""
+    acc = 0
+    orders = hi - lo + 1
+    base = at[2]
+    for s in range(at[0], len(meta)):
         slot, other_slot, start, end = meta[s, 0], meta[s, 1], meta[s, 2], meta[s, 3]
         owner, other = _owner(gens, slot), _owner(gens, other_slot)
         first = max(start - hi, 0)
-        for pos in range(max(start, lo), end):
+        for pos in range(max(start, lo, at[1] if s == at[0] else 0), end):
+            if 2 * (used[0] + 2 * orders) > len(ctx) or 2 * (used[1] + 4 * orders) > len(pairs):
+                at[0], at[1], at[2] = s, pos, base
+                return acc
             i = base + pos - first
             tok = tokens[i]
             for touch in (True, False):
@@ -158,15 +166,15 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int) -> int
                         if other > 0:
                             _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
         base += max(end - first, 0)
+    at[0], at[1], at[2] = len(meta), 0, base
     return acc
 
 
 @njit(cache=True)
-def _teach_rows(ctx, pairs, used, sizes, gens, token_ids, rows, slots, other_slot: int, starts, ends, lo: int,
-                hi: int) -> int:
-    """`_teach` over texts held in an array (vLLM's `token_ids_cpu`): row j counts positions
-    [starts[j], ends[j]) of token_ids[rows[j]] in the table of slots[j] and in that of `other_slot`
-    (-1: none)."""
+def _gather(token_ids, rows, slots, other_slot: int, starts, ends, hi: int):
+    """`_teach`'s segments (meta, tokens) for texts held in an array (vLLM's `token_ids_cpu`): row j
+    counts positions [starts[j], ends[j]) of token_ids[rows[j]] in the table of slots[j] and in
+    that of `other_slot` (-1: none)."""
     n = len(rows)
     meta = np.empty((n, 4), np.int64)
     size = 0
@@ -179,7 +187,18 @@ def _teach_rows(ctx, pairs, used, sizes, gens, token_ids, rows, slots, other_slo
         for i in range(max(starts[j] - hi, 0), ends[j]):
             tokens[at] = token_ids[rows[j], i]
             at += 1
-    return _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo, hi)
+    return meta, tokens
+
+
+@njit(cache=True)
+def _append_rows(texts, rows, num, lens, tokens) -> None:
+    """Row j's `lens[j]` new tokens (`tokens`, one row's after another) into texts[rows[j]], which
+    they take to num[j] tokens (`groups.RequestTracker`)."""
+    at = 0
+    for j in range(len(rows)):
+        for q in range(num[j] - lens[j], num[j]):
+            texts[rows[j], q] = tokens[at]
+            at += 1
 
 
 @njit(cache=True, inline="always")

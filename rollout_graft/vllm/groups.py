@@ -14,7 +14,7 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class Group:
     stale: dict[int, None] = field(default_factory=dict)  # texts with positions not counted yet, in order
     recalled: list[int] = field(default_factory=list)  # text ids of completions from earlier rollouts
     members: list[int] = field(default_factory=list)  # text ids of this rollout's requests
-    last_seen: int = 0  # step a member was last seen
+    live: dict[int, "Request"] = field(default_factory=dict)  # text id → its request, while in the batch
     slot: int = field(init=False)  # the group's table in `store`
 
     def __post_init__(self) -> None:
@@ -79,9 +79,13 @@ class Group:
             self.pending.pop(id(self), None)
         return work
 
+    def text(self, tid: int) -> list[int]:
+        """Text `tid` as it stands (a request's in the batch is its tracker's: `Request.text`)."""
+        return self.live[tid].text if tid in self.live else self.texts[tid]
+
     def completions(self) -> list[list[int]]:
         """Completions known for this prompt, oldest first (recalled ones, then this rollout's)."""
-        return [self.texts[t][len(self.prompt) :] for t in self.recalled + self.members]
+        return [self.text(t)[len(self.prompt) :] for t in self.recalled + self.members]
 
 
 def catch_up(pending: dict[int, Group]) -> None:
@@ -93,20 +97,39 @@ def catch_up(pending: dict[int, Group]) -> None:
 
 @dataclass(eq=False)
 class Request:
+    """A request the tracker holds: its group, its slot, and its text — a row of the tracker's
+    text array while the request is in the batch, group.texts[text_id] once it left."""
+
     group: Group
-    text_id: int  # its text in group.texts
-    length: int  # tokens committed (prompt + completion)
-    seen: int = 0  # step it was last seen
-    slot: int = -1  # its row in the arrays of per-request state (`RequestTracker.slots`; the proposer's `InFlight`)
+    text_id: int  # its text in group.texts (the text it started with, until it leaves the batch)
+    rid: str  # its vLLM request id
+    tracker: "RequestTracker"
+    slot: int  # its row in the arrays of per-request state (`RequestTracker.slots`; the proposer's `InFlight`)
+    seen: int = 0  # step it was last seen (set when it leaves the batch)
+
+    @property
+    def length(self) -> int:
+        """Tokens committed (prompt + completion)."""
+        return int(self.tracker.length[self.slot])
 
     @property
     def text(self) -> list[int]:
-        return self.group.texts[self.text_id]
+        row = int(self.tracker.row_of[self.slot])
+        return self.tracker.texts[row, : self.length].tolist() if row >= 0 else self.group.texts[self.text_id]
 
 
 def _key(prompt) -> tuple[int, int]:
     """A group's key in `RequestTracker.groups` (its prompt compared in full on a hit)."""
     return len(prompt), hash(tuple(prompt))
+
+
+def _grown(a: np.ndarray, n: int, fill: int = 0) -> np.ndarray:
+    """`a` with room for at least n entries along its first axis (doubling; new entries `fill`)."""
+    if n <= len(a):
+        return a
+    out = np.full((max(n, 2 * len(a)), *a.shape[1:]), fill, dtype=a.dtype)
+    out[: len(a)] = a
+    return out
 
 
 class RequestTracker:
@@ -116,11 +139,16 @@ class RequestTracker:
     of that prompt (a later GRPO epoch): its group is rebuilt with the last `recall` completions
     of the previous rollout as read-only texts.
 
-    After `rows`, the step's arrays are kept for the proposer: `active` (rows that sampled),
-    `num` (committed tokens per active row), `lens` (tokens sampled per active row), `slots` (each
-    active row's request slot: the proposer's per-request state is arrays by slot; a request keeps
-    its slot while the tracker holds it, `started` lists the slots new this step, reused ones
-    included, and `by_slot` finds a request), `tables` (its group's table) and `created` (a
+    State is arrays by request slot (a request keeps its slot while the tracker holds it): its
+    length, its text's row in `texts` (an int32 array of the texts of the requests in the batch,
+    -1 once it left), the positions counted and its group's table. A step whose rows continue the
+    last step's requests is array work only; Python runs per request that arrives, returns or
+    leaves (its text then moves to its group's list: vLLM's row is gone once it condenses).
+
+    After `rows` (or `defer`), the step's arrays are kept for the proposer: `active` (rows that
+    sampled), `num` (committed tokens per active row), `lens` (tokens sampled per active row),
+    `slots` (each active row's request slot; `started` lists the slots new this step, reused
+    ones included, and `by_slot` finds a request), `tables` (its group's table) and `created` (a
     request started this step: its prefill ran).
 
     Args:
@@ -138,124 +166,209 @@ class RequestTracker:
         self.store = NgramStore() if store is None else store  # every group's table
         self.prior, self.recall, self.shared = prior, recall, shared
         self.pending: dict[int, Group] = {}  # groups with text not counted yet: prompts, recalled completions
-        self.counted = np.zeros(0, dtype=np.int64)  # slot → positions of its request's text counted (`count`)
-        self._left: list[tuple[Group, int, int, int]] = []  # texts of requests that left, to count: (group, text, from, to)
         self.max_groups, self.forget_after = max_groups, forget_after
         self.groups: OrderedDict[tuple[int, int], Group] = OrderedDict()
-        self.live: dict[str, Request] = {}  # the last step's requests, by id
+        self.slot_of: dict[str, int] = {}  # the requests in the batch (the last step's), by id → slot
         self.away: dict[str, Request] = {}  # requests that left the batch (finished or preempted), by id
+        self.by_slot: dict[int, Request] = {}  # every request the tracker holds, by slot
         self.step = 0
+        # by slot
+        self.length = np.zeros(0, dtype=np.int64)  # tokens committed
+        self.row_of = np.zeros(0, dtype=np.int64)  # its text's row in `texts` (-1: it left the batch)
+        self.counted = np.zeros(0, dtype=np.int64)  # positions of its text counted (`count`)
+        self.table_of = np.zeros(0, dtype=np.int64)  # its group's table
+        self.group_seen = np.zeros(0, dtype=np.int64)  # by table: the step a request of the group was last seen
+        self.texts = np.zeros((0, 64), dtype=np.int32)  # the texts of the requests in the batch, a row each
+        self._free_rows: list[int] = []
+        self._left: list[tuple[Group, int, int, int]] = []  # texts moved to lists, to count: (group, text, from, to)
+        self._departed: list[int] = []  # slots of requests that left since the last `count`
+        # the last step
         self.active = np.zeros(0, dtype=np.int64)
         self.num = self.lens = np.zeros(0, dtype=np.int64)
-        self.created = False
-        self._ids: list | None = None  # the last step's ids, where every row sampled (`defer`)
-        self._reqs: list[Request] | None = None  # and its request per row
-        self._log: list[tuple[int, np.ndarray, np.ndarray]] = []  # deferred steps: (step, tokens per row, the tokens)
-        self.slots = np.zeros(0, dtype=np.int64)  # the slot of each active row's request (`rows`)
+        self.slots = np.zeros(0, dtype=np.int64)  # the slot of each active row's request
         self.tables = np.zeros(0, dtype=np.int64)  # and its group's table (a slot of `store`)
-        self.by_slot: dict[int, Request] = {}  # every request the tracker holds, by slot
+        self.created = False
+        self.started: list[int] = []  # slots of the requests the last `rows` call started (their state starts empty)
+        self.token_ids: np.ndarray | None = None  # the last `rows` call's token ids (vLLM's token_ids_cpu)
+        self._ids: list | None = None  # the last step's ids, where every row sampled (`defer`)
+        self._n_rows = 0  # the last step's rows (`requests`)
         self.slot_capacity = 0  # slots handed out so far
         self._free_slots: list[int] = []  # slots of requests dropped before the last `rows` call: reused
         self._dropped: list[int] = []  # slots of requests dropped since (their state is read this step still)
-        self.token_ids: np.ndarray | None = None  # the last `rows` call's token ids (vLLM's token_ids_cpu)
-        self.started: list[int] = []  # slots of the requests the last `rows` call started (their state starts empty)
+        none = np.zeros(0, dtype=np.int64)
+        self.store.kern._append_rows(self.texts, none, none, none, none)  # compiled now, not in a timed step
 
+    @property
+    def live(self) -> dict[str, Request]:
+        """The requests of the last step, by id."""
+        return {rid: self.by_slot[slot] for rid, slot in self.slot_of.items()}
+
+    # ------------------------------------------------------------------ the step
     def rows(self, ids: list, prompt_lens, sampled: list[list[int]], num_tokens: np.ndarray,
-             token_ids: np.ndarray) -> list[Request | None]:
-        """The request of each row (None: nothing sampled this step — a prefill chunk or an empty
-        slot), with this step's tokens appended to its text. ids / prompt_lens: the request id and
-        prompt length of rows 0…len(ids)-1 (vLLM's input batch); rows past them are empty."""
-        self._apply_log()
+             token_ids: np.ndarray) -> None:
+        """Take this step's rows: each row that sampled (a row that did not — a prefill chunk or an
+        empty slot — has no request this step) continues its request, or returns one that left,
+        or starts one; the sampled tokens are appended to its text; the last step's requests not
+        in a row left the batch. ids / prompt_lens: the request id and prompt length of rows
+        0…len(ids)-1 (vLLM's input batch); rows past them are empty. `requests()`: each row's."""
+        self._release_dropped()
+        if self.defer(ids, sampled, num_tokens):
+            self.token_ids = token_ids
+            return
         self.step += 1
-        for slot in self._dropped:
-            del self.by_slot[slot]
-        self._free_slots += self._dropped
-        self._dropped = []
         n = min(len(sampled), len(ids))
-        lens = np.fromiter((len(sampled[i]) for i in range(n)), dtype=np.int64, count=n)
+        lens = np.fromiter(map(len, sampled[:n]), dtype=np.int64, count=n)
         active = np.flatnonzero(lens)
-        num = np.asarray(num_tokens[:n], dtype=np.int64)
-        out: list[Request | None] = [None] * len(sampled)
-        live: dict[str, Request] = {}
-        self.created = False
-        self.started = []
-        for i, length in zip(active.tolist(), num[active].tolist()):
-            rid, new = ids[i], sampled[i]
-            req = self._take(rid, length - len(new))
+        num, lens = np.asarray(num_tokens[:n], dtype=np.int64)[active], lens[active]
+        before = num - lens
+        slot_of = self.slot_of
+        every = len(active) == n  # every row sampled (no per-row selection)
+        rids = ids[:n] if every else [ids[i] for i in active.tolist()]
+        slots = np.fromiter(map(slot_of.get, rids, repeat(-1, len(rids))), dtype=np.int64, count=len(rids))
+        known = slots >= 0
+        known[known] = self.length[slots[known]] == before[known]  # the row continues its request
+        self.created, self.started = False, []
+        kept = self._mark(slots[known])
+        for slot in self.slots[~kept[self.slots]].tolist():  # the last step's requests not continued in a row: they left (or start over)
+            self._leave(self.by_slot[slot])
+        for j in np.flatnonzero(~known).tolist():  # arrivals: Python per request
+            i = int(active[j])
+            req = self._returning(ids[i], int(before[j]))
             if req is None:
-                req = self._start(token_ids[i, : int(prompt_lens[i])].tolist(),
-                                  token_ids[i, int(prompt_lens[i]) : length - len(new)].tolist())
+                plen = int(prompt_lens[i])
+                req = self._start(ids[i], token_ids[i, :plen].tolist(), token_ids[i, plen : before[j]].tolist())
                 self.created = True
-            req.text.extend(new)
-            req.length, req.seen = length, self.step
-            req.group.last_seen = self.step
-            live[rid] = out[i] = req
-        for req in self.live.values():  # requests that did not sample this step: finished, preempted or prefilling
-            self._settle(req)
-        self.away.update(self.live)
-        self.live = live
-        self.active, self.num, self.lens = active, num[active], lens[active]
-        reqs = [out[i] for i in active.tolist()]
-        self.slots = np.fromiter((r.slot for r in reqs), dtype=np.int64, count=len(reqs))
-        self.tables = np.fromiter((r.group.slot for r in reqs), dtype=np.int64, count=len(reqs))
+            slots[j] = req.slot
+            slot_of[ids[i]] = req.slot
+        self._n_rows = len(sampled)
+        self._append(slots, num, lens, chain.from_iterable(sampled[:n] if every else [sampled[i] for i in active.tolist()]))
+        self.active, self.num, self.lens, self.slots = active, num, lens, slots
+        self.tables = self.table_of[slots]
+        self.group_seen[self.tables] = self.step
         self.token_ids = token_ids
         self._prune()
-        full = len(active) == n
-        self._ids, self._reqs = (list(ids[:n]), out[:n]) if full else (None, None)
-        return out
+        self._ids = list(ids[:n]) if every else None
 
     def defer(self, ids: list, sampled: list[list[int]], num_tokens: np.ndarray) -> bool:
-        """A step whose rows are the last step's requests in the same rows, each having sampled what
-        takes it to its row's length (none arrived, left, moved, was preempted or is prefilling):
-        logged instead of applied — no Python per row — until `flush` (the next `rows`, or a caller
-        that reads the texts). Returns False, logging nothing, for any other step (`rows` then)."""
-        reqs = self._reqs
+        """Take a step whose rows are the last step's requests in the same rows, each having sampled
+        what takes it to its row's length (none arrived, left, moved, was preempted or is
+        prefilling): array work only. Returns False, changing nothing, for any other step (take it
+        with `rows`)."""
         n = min(len(sampled), len(ids))
-        if reqs is None or n != len(reqs) or list(ids[:n]) != self._ids:
+        if self._ids is None or n != len(self._ids) or list(ids[:n]) != self._ids:
             return False
         lens = np.fromiter(map(len, sampled[:n]), dtype=np.int64, count=n)
         num = np.array(num_tokens[:n], dtype=np.int64)
         if not lens.all() or not np.array_equal(num, self.num + lens):
             return False
         self.step += 1
-        tokens = np.fromiter(chain.from_iterable(sampled[:n]), dtype=np.int64, count=int(lens.sum()))  # a copy: vLLM owns the lists
-        self._log.append((self.step, lens, tokens))
-        self.num, self.lens, self.created = num, lens, False
+        self._append(self.slots, num, lens, chain.from_iterable(sampled[:n]))
+        self.num, self.lens, self.created, self.started = num, lens, False, []
+        self.group_seen[self.tables] = self.step
         self._prune()
         return True
 
     def flush(self) -> list[Request | None]:
-        """Apply the deferred steps (`defer`): each row's tokens appended to its request's text, as
-        `rows` would have. Returns the request of each row of the last step."""
-        self._apply_log()
-        return self._reqs
+        """The request of each row of the last step (None: it did not sample)."""
+        return self.requests()
 
-    def _apply_log(self) -> None:
-        for step, lens, tokens in self._log:
-            flat, at = tokens.tolist(), 0
-            for req, n in zip(self._reqs, lens.tolist()):
-                req.text.extend(flat[at : at + n])
-                req.length += n
-                req.seen = req.group.last_seen = step
-                at += n
-        self._log.clear()
+    def text_from(self, slot: int, start: int) -> list[int]:
+        """The text of the request of `slot` from position `start`."""
+        row = int(self.row_of[slot])
+        if row >= 0:
+            return self.texts[row, start : self.length[slot]].tolist()
+        return self.by_slot[slot].text[start:]
+
+    def requests(self) -> list[Request | None]:
+        """The request of each row of the last step that sampled, by row (None: it did not)."""
+        out: list[Request | None] = [None] * self._n_rows
+        for i, slot in zip(self.active.tolist(), self.slots.tolist()):
+            out[i] = self.by_slot[slot]
+        return out
+
+    def _mark(self, slots: np.ndarray) -> np.ndarray:
+        """A mask by slot, True at `slots`."""
+        mask = np.zeros(self.slot_capacity, dtype=np.bool_)
+        mask[slots] = True
+        return mask
+
+    def _append(self, slots: np.ndarray, num: np.ndarray, lens: np.ndarray, sampled) -> None:
+        """The tokens each active row sampled (`lens` of them, from vLLM's lists: `sampled`, flat)
+        appended to its request's row of `texts`, now `num` long."""
+        if len(num) and int(num.max()) > self.texts.shape[1]:
+            self._widen(int(num.max()))
+        tokens = np.fromiter(sampled, dtype=np.int64, count=int(lens.sum()))
+        self.store.kern._append_rows(self.texts, self.row_of[slots], num, lens, tokens)
+        self.length[slots] = num
+
+    def _widen(self, width: int) -> None:
+        wider = np.zeros((len(self.texts), max(width, 2 * self.texts.shape[1])), dtype=np.int32)
+        wider[:, : self.texts.shape[1]] = self.texts
+        self.texts = wider
+
+    # ------------------------------------------------------------------ arrivals and departures
+    def _leave(self, req: Request) -> None:
+        """`req` left the batch (away: it may return). Its text keeps its row (counted by the next
+        `count`) until the rows run out (`_to_row`) or the request is dropped."""
+        del self.slot_of[req.rid]
+        req.seen = self.step - 1
+        self.away[req.rid] = req
+        self._departed.append(req.slot)
+
+    def _to_list(self, req: Request) -> None:
+        """`req`'s text from its row to its group's list (what is not counted yet is counted from
+        there: `_settle`); the row is free."""
+        row = int(self.row_of[req.slot])
+        if row >= 0:
+            self._settle(req)
+            req.group.texts[req.text_id] = self.texts[row, : req.length].tolist()
+            req.group.live.pop(req.text_id, None)
+            self.row_of[req.slot] = -1
+            self._free_rows.append(row)
+
+    def _to_row(self, req: Request) -> None:
+        """A row of `texts` for `req`'s text: a free one, else the rows of the requests away move to
+        their lists (each request's once), else more rows."""
+        if not self._free_rows:
+            for other in self.away.values():
+                self._to_list(other)
+        if not self._free_rows:
+            old = len(self.texts)
+            self.texts = _grown(self.texts, old + 1)
+            self._free_rows = list(range(len(self.texts) - 1, old - 1, -1))
+        row = self._free_rows.pop()
+        text = req.group.texts[req.text_id]
+        if len(text) > self.texts.shape[1]:
+            self._widen(len(text))
+        self.texts[row, : len(text)] = text
+        self.row_of[req.slot] = row
+        req.group.live[req.text_id] = req
+
+    def _returning(self, rid, before: int) -> Request | None:
+        """The request `rid` returning to the batch (preempted, recomputed; or of the last step, in a
+        row whose text is not its own: it left first) if its text is the row's as it stood before
+        this step's tokens; else None (it is dropped: the row starts a new request)."""
+        req = self.away.pop(rid, None)
+        if req is not None and req.length != before:
+            self._dropped.append(req.slot)
+            return None
+        if req is not None and self.row_of[req.slot] < 0:
+            self._to_row(req)
+        return req
 
     def _prune(self) -> None:
         if self.step % 256 == 0:
             self._dropped += [r.slot for r in self.away.values() if self.step - r.seen > self.forget_after]
             self.away = {rid: r for rid, r in self.away.items() if self.step - r.seen <= self.forget_after}
 
-    def _take(self, rid, before: int) -> Request | None:
-        """The known request `rid` — of the last step, or returning to the batch (preempted,
-        recomputed) — if its text is the row's as it stood before this step's tokens; else None."""
-        req = self.live.pop(rid, None) or self.away.pop(rid, None)
-        if req is not None and req.length != before:  # not the row's text: dropped, the row starts a new request
-            self._settle(req)
-            self._dropped.append(req.slot)
-            return None
-        return req
+    def _release_dropped(self) -> None:
+        for slot in self._dropped:
+            self._to_list(self.by_slot[slot])  # its text stays its group's
+            del self.by_slot[slot]
+        self._free_slots += self._dropped
+        self._dropped = []
 
-    def _start(self, prompt: list[int], completion: list[int]) -> Request:
+    def _start(self, rid, prompt: list[int], completion: list[int]) -> Request:
         """A new request: its group (this rollout's of its prompt) and its text, prompt + the
         completion it already has (one the tracker has not seen: forgotten while away)."""
         if not self.shared:  # a group of its own, not remembered
@@ -263,7 +376,7 @@ class RequestTracker:
         else:
             key = _key(prompt)
             group = self.groups.get(key)
-            if group is None or group.prompt != prompt or group.last_seen < self.step - 1:
+            if group is None or group.prompt != prompt or self.group_seen[group.slot] < self.step - 1:
                 recalled = group.completions()[-self.recall :] if group is not None and self.recall else []
                 group = self.groups[key] = self._new_group(prompt, recalled)
                 while len(self.groups) > self.max_groups:
@@ -271,43 +384,57 @@ class RequestTracker:
             self.groups.move_to_end(key)
         tid = group.add(prompt + completion, counted_from=len(prompt) + len(completion))  # counted by `count`
         group.members.append(tid)
-        group.last_seen = self.step
-        req = Request(group, tid, len(prompt) + len(completion), seen=self.step, slot=self._slot())
-        self.counted[req.slot] = len(prompt)  # the prompt is counted once, as its group's first text
+        self.group_seen[group.slot] = self.step
+        req = Request(group, tid, rid, self, self._slot(), seen=self.step)
         self.by_slot[req.slot] = req
         self.started.append(req.slot)
+        self.length[req.slot] = len(prompt) + len(completion)
+        self.counted[req.slot] = len(prompt)  # the prompt is counted once, as its group's first text
+        self.table_of[req.slot] = group.slot
+        self._to_row(req)
         return req
 
     def _slot(self) -> int:
         if self._free_slots:
             return self._free_slots.pop()
         self.slot_capacity += 1
-        if self.slot_capacity > len(self.counted):
-            self.counted = np.concatenate([self.counted, np.zeros(max(self.slot_capacity, len(self.counted)), np.int64)])
-        return self.slot_capacity - 1
+        n = self.slot_capacity
+        self.length, self.counted, self.table_of = (_grown(a, n) for a in (self.length, self.counted, self.table_of))
+        self.row_of = _grown(self.row_of, n, -1)
+        return n - 1
+
+    def _new_group(self, prompt: list[int], recalled: list[list[int]]) -> Group:
+        group = Group(prompt, self.store, self.prior, self.pending)
+        group.add(prompt)
+        group.recalled = [group.add(prompt + completion, counted_from=len(prompt)) for completion in recalled]
+        self.group_seen = _grown(self.group_seen, group.slot + 1)
+        self.group_seen[group.slot] = 0  # no request yet (a restored group's first one starts a rollout)
+        return group
 
     # ------------------------------------------------------------------ counting
-    def count(self, token_ids: np.ndarray) -> None:
-        """Count every text not counted yet, in one `NgramStore.teach`: the step's rows where vLLM
-        holds them (`token_ids`, as the last `rows` or `defer` left them: each row's request's
-        positions from where its counting stopped to its length, no Python per row), the texts of
-        requests that left since (`_settle`) and the groups' new texts (prompts, recalled
-        completions). A request's completion teaches its group's table and the prior."""
-        rows = TextRows(token_ids, self.active, self.tables, self.counted[self.slots], self.num, self.prior)
+    def count(self) -> None:
+        """Count every text not counted yet, in one `NgramStore.teach`: the texts of the requests in
+        the batch from their rows of `texts` (each from where its counting stopped to its length:
+        no Python per row; those that left since too, while their rows hold them, else from their
+        lists: `_settle`) and the groups' new
+        texts (prompts, recalled completions). A request's completion teaches its group's table
+        and the prior."""
+        slots = self.slots
+        if self._departed:  # those whose rows still hold them (else they count from their lists: `_settle`)
+            left = np.unique(self._departed)
+            left = left[(self.row_of[left] >= 0) & ~self._mark(slots)[left]]
+            slots = np.concatenate([slots, left])
+            self._departed = []
+        rows = TextRows(self.texts, self.row_of[slots], self.table_of[slots], self.counted[slots], self.length[slots],
+                        self.prior)
         self.store.teach(self._take_work(), rows)
-        self.counted[self.slots] = self.num
+        self.counted[slots] = self.length[slots]
 
-    def settle(self) -> None:
-        """`count` from the texts the tracker holds (any time, not only in a step: vLLM's rows may
-        have changed since)."""
-        self._apply_log()
-        for req in self.live.values():
-            self._settle(req)
-        self.store.teach(self._take_work())
+    settle = count  # any time, not only in a step: the texts are the tracker's own
 
     def _settle(self, req: Request) -> None:
-        """The request's text not counted yet is counted by the next `count` from its text (it
-        leaves the batch, or a caller reads the tables outside a step)."""
+        """The request's text not counted yet is counted by the next `count` from its group's list
+        (its row is freed)."""
         start = int(self.counted[req.slot])
         if start < req.length:
             self._left.append((req.group, req.text_id, start, req.length))
@@ -317,12 +444,6 @@ class RequestTracker:
         work = [(g.slot, self.prior, g.texts[tid], start, end) for g, tid, start, end in self._left]
         self._left = []
         return work + [w for g in list(self.pending.values()) for w in g.take()]
-
-    def _new_group(self, prompt: list[int], recalled: list[list[int]]) -> Group:
-        group = Group(prompt, self.store, self.prior, self.pending)
-        group.add(prompt)
-        group.recalled = [group.add(prompt + completion, counted_from=len(prompt)) for completion in recalled]
-        return group
 
     def restore(self, saved: list[tuple[list[int], list[list[int]]]]) -> None:
         """Prompts and their completions (`Group.completions`) saved with a checkpoint: a request

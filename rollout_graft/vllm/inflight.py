@@ -92,7 +92,8 @@ class InFlight:
         differs (the rest counts as verified and rejected, as vLLM counts a draft), or matched whole.
         `slots` are the requests that sampled this step, whose text is token_ids[rows[j], :nums[j]];
         a shadow of any other request (finished, preempted or prefilling) resolves with what its
-        text `texts(slot)` holds after the shadow, every token of it counted as matched."""
+        text holds after the shadow (`texts(slot, start)`: its text from `start`), every token of it
+        counted as matched."""
         if not self.shadows:
             return None
         held, scores, depth, accepted = self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores,
@@ -101,7 +102,7 @@ class InFlight:
         if self.shadows > held:  # shadows of requests that left the batch: rare, per request
             away = np.ones(len(self.shadow_len), np.bool_)
             away[slots] = False
-            more = [self._left(s, texts(s)) for s in np.flatnonzero(away & (self.shadow_len > 0)).tolist()]
+            more = [self._left(s, texts(s, int(self.shadow_at[s]))) for s in np.flatnonzero(away & (self.shadow_len > 0)).tolist()]
             resolved += len(more)
             keep = [(sc, d, a) for sc, d, a in more if d]
             if keep:
@@ -113,8 +114,9 @@ class InFlight:
         return (scores[keep], depth[keep], accepted[keep]) if keep.any() else None
 
     def _left(self, slot: int, text: list[int]) -> tuple[np.ndarray, int, int]:
-        """The shadow of a request that left the batch, resolved with its text (scores, depth, accepted)."""
-        chain, text = self.shadow_tokens[slot, : self.shadow_len[slot]].tolist(), text[self.shadow_at[slot] :]
+        """The shadow of a request that left the batch, resolved with its text after the shadow
+        (scores, depth, accepted)."""
+        chain = self.shadow_tokens[slot, : self.shadow_len[slot]].tolist()
         m = min(len(chain), len(text))
         n = next((j for j, (a, b) in enumerate(zip(chain, text)) if a != b), m)
         depth = len(chain) if n < m or n == len(chain) else n

@@ -96,7 +96,7 @@ class NgramStore:
         fit and guard an outlier of that size."""
         self.teach([])
         none = np.zeros(0, np.int64)
-        for ids in (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int32)):  # lists' tokens; vLLM's token_ids_cpu
+        for ids in (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int32)):  # lists' tokens; the tracker's texts
             self.teach([], TextRows(ids, none, none, none, none))
         for ids in (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int32)):  # lists' tokens; vLLM's token_ids_cpu
             self.chains_at([], -1, ids, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 1)
@@ -145,26 +145,35 @@ class NgramStore:
     def teach(self, work: list[tuple[int, int, list[int], int, int]], rows: TextRows | None = None) -> None:
         """For each (slot, also, text, start, end): count text[i] after its contexts, i in
         [start, end), in the table of `slot` and in that of `also` (-1: none); and the same for
-        texts held in an array (`rows`: no Python per text). Then a table taught past its bound
-        starts over."""
+        texts held in an array (`rows`: no Python per text). One compiled pass, which stops where a
+        hash table would pass half full: it is rebuilt twice as large and the pass goes on. Then a
+        table taught past its bound starts over."""
         hi, orders = self.order, self.order - self.min_order + 1
         meta = np.fromiter(chain.from_iterable((w[0], w[1], w[3], w[4]) for w in work),
                            dtype=np.int64, count=4 * len(work)).reshape(-1, 4)
         tokens = np.fromiter(chain.from_iterable(w[2][max(w[3] - hi, 0) : w[4]] for w in work), dtype=np.int64)
-        adds = sum(max(w[4] - w[3], 0) * (1 if w[1] < 0 else 2) for w in work) * orders
-        if rows is not None:
-            adds += int(np.maximum(rows.ends - rows.starts, 0).sum()) * (1 if rows.also < 0 else 2) * orders
-        self.reserve(adds, 2 * adds)
-        self.kern._teach(self.ctx, self.pairs, self.used, self.sizes, self.gens, meta, tokens, self.min_order, hi)
         taught = {s for w in work for s in w[:2]}
         if rows is not None:
-            self.kern._teach_rows(self.ctx, self.pairs, self.used, self.sizes, self.gens, rows.token_ids, rows.rows,
-                                  rows.slots, rows.also, rows.starts, rows.ends, self.min_order, hi)
+            more, text = self.kern._gather(rows.token_ids, rows.rows, rows.slots, rows.also, rows.starts, rows.ends, hi)
+            meta, tokens = np.concatenate([meta, more]), np.concatenate([tokens, text])
             taught |= {rows.also, *rows.slots.tolist()} if self.bounds else set()
+        at = np.zeros(3, np.int64)
+        while True:
+            self.kern._teach(self.ctx, self.pairs, self.used, self.sizes, self.gens, meta, tokens, self.min_order, hi, at)
+            if at[0] == len(meta):
+                break
+            self._grow(2 * orders, 4 * orders)
         for slot in taught & self.bounds.keys():  # the bounded tables taught
             if self.sizes[slot] > self.bounds[slot]:
                 self.clear(slot)
                 self.resets[slot] += 1
+
+    def _grow(self, contexts: int, pairs: int) -> None:
+        """Each hash table that `contexts` / `pairs` more rows would fill past half, rebuilt without
+        dead generations at twice the rows it holds (at least)."""
+        full = [2 * (int(self.used[i]) + extra) > len(rows)
+                for i, (rows, extra) in enumerate(((self.ctx, contexts), (self.pairs, pairs)))]
+        self.reserve(max(int(self.used[0]), contexts) if full[0] else 0, max(int(self.used[1]), pairs) if full[1] else 0)
 
     def chains(self, slots: list[int], prior: int, contexts: list[list[int]], room: np.ndarray,
                k: int) -> tuple[list[list[int]], np.ndarray]:

@@ -204,7 +204,7 @@ class RLDraftProposer:
         """Shadows whose outcome the emitted text now shows (`InFlight.resolve`): raw scores [n, depth],
         depths [n] and accepted [n] as `_learn` gives them (None: nothing resolved)."""
         t = self.tracker
-        evidence = self.inflight.resolve(t.slots, t.active, t.num, t.token_ids, lambda slot: t.by_slot[slot].text)
+        evidence = self.inflight.resolve(t.slots, t.active, t.num, t.token_ids, t.text_from)
         if evidence is not None:
             _, depths, accepted = evidence
             self.stats.shadows += len(depths)
@@ -219,7 +219,7 @@ class RLDraftProposer:
         text), whichever expects more accepted tokens (the larger sum of scores; suffix decoding
         chooses between its prompt's tree and its global tree so). First the new text is counted
         (`groups.RequestTracker.count`)."""
-        self.tracker.count(token_ids)
+        self.tracker.count()
         return self._walk(token_ids)
 
     def _walk(self, token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
