@@ -308,6 +308,7 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
     for batch, context in cells:
         max_len = context + 4 * steps + 2 * k + 8
         got = {arm: [] for arm in arms}
+        mb: dict[str, list[float]] = {}  # ours: MB of its hash tables after the window
         parts = {arm: None for arm in arms}
         for rep in range(repeats + 1):  # repeat 0 warms up (numba's caches, allocation)
             for arm in arms:
@@ -320,6 +321,8 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
                     w = window(prop, batch, context, steps, k, 1000 * rep + batch, clock_ms,
                                clock if arm.startswith("dcut") else None, ids, p)
                 sec = p.seconds() if p is not None else None
+                if p is not None and rep:
+                    mb.setdefault(arm, []).append((prop.store.ctx.nbytes + prop.store.pairs.nbytes) / 1e6)
                 del prop, p  # its tables (GBs at 1,024 long rows) go before the next arm builds its own
                 gc.collect()
                 if rep:
@@ -338,6 +341,8 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
                  "rows_per_call": sum(w["rows"] for w in ws) / sum(len(w["calls"]) for w in ws),
                  "mat": sum(w["emitted"] for w in ws) / sum(w["rows"] for w in ws),
                  "drafted_per_row": sum(w["drafted"] for w in ws) / sum(w["rows"] for w in ws)}
+            if arm in mb:
+                r["tables_mb"] = statistics.median(mb[arm])
             if parts[arm] is not None:
                 r["parts_us_per_request_step"] = {**parts[arm], "other": r["us_per_request_step_mean"] - sum(parts[arm].values())}
             out.append(r)

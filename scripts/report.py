@@ -55,8 +55,8 @@ def render_proposer_profile(runs: list[dict]) -> str:
     """`lab/profile_vllm_proposer.py --compare --json`: ours and vLLM's n-gram proposer on one persistent batch."""
     parts = ("tracker", "learn", "count", "walk", "policy", "other")
     lines = ["| batch | context | proposer | µs per call | µs per request-step | × ngram's | mean, counting settled | MAT | "
-             "drafted / row | " + " | ".join(f"{p} µs" for p in parts) + " |",
-             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(parts)]
+             "drafted / row | " + " | ".join(f"{p} µs" for p in parts) + " | tables MB |",
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(parts) + "---|"]
     for run in runs:
         cells = {(r["batch"], r["context"], r["arm"]): r for r in run["results"]}
         for r in run["results"]:
@@ -67,7 +67,7 @@ def render_proposer_profile(runs: list[dict]) -> str:
             settled = f"{r['us_per_request_step_settled']:.1f}" if "us_per_request_step_settled" in r else "–"
             lines.append(f"| {r['batch']} | {r['context']} | {r['arm']} | {r['us_per_call_median']:.0f} | "
                          f"{r['us_per_request_step_median']:.1f} | {ratio:.1f} | {settled} | {r['mat']:.2f} | "
-                         f"{r['drafted_per_row']:.2f} | {split} |")
+                         f"{r['drafted_per_row']:.2f} | {split} | {_num(r.get('tables_mb'), 0)} |")
     return "\n".join(lines)
 
 
@@ -438,7 +438,7 @@ SECTIONS: list[Section] = [
             "(`lab/profile_vllm_proposer.py --compare`). µs per call and per request-step: medians (a call's time "
             "over its rows); the split of ours (count: the new text counted; walk: the chains), means per request-step; "
             "the mean with the counting the timed calls left undone (a D-cut that does not draft defers it to its next "
-            "draft), for what a spell of plain decisions costs. "
+            "draft), for what a spell of plain decisions costs; tables MB: our hash tables' size after the window. "
             "MAT: tokens per request-step on this batch, drafts accepted up to their first token off the row's "
             "completion. Measured on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_vs_ngram.json",), render_proposer_profile),

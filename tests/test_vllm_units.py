@@ -14,7 +14,7 @@ from rollout_graft.dcut.chains import ChainDCut, ChainStep, FixedDepth, cut, ste
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.vllm.config import MAX_MATCH, PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import Group, RequestTracker, catch_up
-from rollout_graft.vllm.ngrams import NgramStore
+from rollout_graft.vllm.ngrams import SPARE, NgramStore
 from rollout_graft.vllm.plugin import expand_kernel_impl
 
 P1 = [5, 6, 7, 8]  # prompt of group 1
@@ -230,7 +230,7 @@ def test_chains_take_the_most_frequent_successor_of_the_longest_known_context():
 
 def test_a_pass_that_fills_the_tables_grows_them_as_it_goes():
     """One `teach` of many new contexts into a fresh store (1,024 rows a table): its pass stops where
-    a table would pass half full, the table is rebuilt twice as large and the pass goes on, so the
+    a table would pass 1 / SPARE full, the table is rebuilt larger and the pass goes on, so the
     counts are the Python rule's and the tables' rows stay within a small multiple of what they
     hold (not sized for the worst case of every position)."""
     rng = np.random.default_rng(2)
@@ -243,7 +243,7 @@ def test_a_pass_that_fills_the_tables_grows_them_as_it_goes():
         ref.teach(t, 0, also=ref_prior)
     assert store.table(mine) == ref.table() and store.table(prior) == ref_prior.table()
     assert store.used[0] > 4 * 1024 and store.used[1] > 1024  # it grew, several times
-    assert len(store.ctx) <= 8 * store.used[0] and len(store.pairs) <= 8 * store.used[1]
+    assert len(store.ctx) <= 4 * SPARE * store.used[0] and len(store.pairs) <= 4 * SPARE * store.used[1]
 
 
 def test_compiled_tables_count_and_chain_as_the_python_rule():

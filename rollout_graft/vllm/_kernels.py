@@ -132,13 +132,13 @@ def _touch(keys, owner, w0, w1, w2, w3, extra):
 
 
 @njit(cache=True)
-def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at) -> int:
+def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, spare: int) -> int:
     """Segment s = meta[s] (table slot, also slot or -1, start, end): count the text's positions
     [start, end) as the successor of their contexts of lo…hi tokens in both tables. `tokens` holds
     each segment's text[max(start - hi, 0):end], one after the other. Each position first loads its
     keys' rows (`_touch`; returns their sum: no result): independent loads, their misses overlap.
     Runs from `at` = (segment, position, its segment's start in `tokens`) and stops before a
-    position that could fill a table past half (`at` is then where to go on; at[0] = len(meta):
+    position that could fill a table past 1 / `spare` of its rows (`at` is then where to go on; at[0] = len(meta):
     done), so a table grows with what it holds (`ngrams.NgramStore.teach`)."""
     acc = 0
     orders = hi - lo + 1
@@ -148,7 +148,7 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at) ->
         owner, other = _owner(gens, slot), _owner(gens, other_slot)
         first = max(start - hi, 0)
         for pos in range(max(start, lo, at[1] if s == at[0] else 0), end):
-            if 2 * (used[0] + 2 * orders) > len(ctx) or 2 * (used[1] + 4 * orders) > len(pairs):
+            if spare * (used[0] + 2 * orders) > len(ctx) or spare * (used[1] + 4 * orders) > len(pairs):
                 at[0], at[1], at[2] = s, pos, base
                 return acc
             i = base + pos - first

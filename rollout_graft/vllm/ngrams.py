@@ -46,9 +46,16 @@ def _rows(capacity: int) -> np.ndarray:
     return buf[at : at + 8 * capacity].reshape(capacity, 8)
 
 
+SPARE = 4
+"""Rows of a hash table per key it holds, at least: a table is rebuilt larger before it is a quarter
+full. At half full the chains' walks, whose bisections mostly look up contexts a table lacks (a
+miss probes to the next empty row), made the micro-benchmark's calls measurably slower; an eighth
+doubled the memory for no gain beyond the run's noise."""
+
+
 def _capacity(rows: int) -> int:
-    """Rows of a table holding `rows` keys at most half full (a power of two, at least 1024)."""
-    return max(1024, 1 << int(2 * rows - 1).bit_length())
+    """Rows of a table holding `rows` keys with `SPARE` rows a key at least (a power of two, at least 1024)."""
+    return max(1024, 1 << int(SPARE * rows - 1).bit_length())
 
 
 @dataclass
@@ -135,7 +142,7 @@ class NgramStore:
         """Room for this many new rows in each hash table (rebuilt without dead generations)."""
         for i, (name, extra) in enumerate((("ctx", contexts), ("pairs", pairs))):
             rows = getattr(self, name)
-            if 2 * (int(self.used[i]) + extra) <= len(rows):
+            if SPARE * (int(self.used[i]) + extra) <= len(rows):
                 continue
             live = self.kern._live(rows, self.gens)
             n = int(live.sum())
@@ -146,7 +153,8 @@ class NgramStore:
         """For each (slot, also, text, start, end): count text[i] after its contexts, i in
         [start, end), in the table of `slot` and in that of `also` (-1: none); and the same for
         texts held in an array (`rows`: no Python per text). One compiled pass, which stops where a
-        hash table would pass half full: it is rebuilt twice as large and the pass goes on. Then a
+        hash table would pass 1 / `SPARE` full: it is rebuilt for twice the keys it holds and the
+        pass goes on (so a table's rows follow what it holds, not a pass's worst case). Then a
         table taught past its bound starts over."""
         hi, orders = self.order, self.order - self.min_order + 1
         meta = np.fromiter(chain.from_iterable((w[0], w[1], w[3], w[4]) for w in work),
@@ -159,7 +167,7 @@ class NgramStore:
             taught |= {rows.also, *rows.slots.tolist()} if self.bounds else set()
         at = np.zeros(3, np.int64)
         while True:
-            self.kern._teach(self.ctx, self.pairs, self.used, self.sizes, self.gens, meta, tokens, self.min_order, hi, at)
+            self.kern._teach(self.ctx, self.pairs, self.used, self.sizes, self.gens, meta, tokens, self.min_order, hi, at, SPARE)
             if at[0] == len(meta):
                 break
             self._grow(2 * orders, 4 * orders)
@@ -169,9 +177,9 @@ class NgramStore:
                 self.resets[slot] += 1
 
     def _grow(self, contexts: int, pairs: int) -> None:
-        """Each hash table that `contexts` / `pairs` more rows would fill past half, rebuilt without
-        dead generations at twice the rows it holds (at least)."""
-        full = [2 * (int(self.used[i]) + extra) > len(rows)
+        """Each hash table that `contexts` / `pairs` more keys would fill past 1 / `SPARE`, rebuilt
+        without dead generations for twice the keys it holds (at least)."""
+        full = [SPARE * (int(self.used[i]) + extra) > len(rows)
                 for i, (rows, extra) in enumerate(((self.ctx, contexts), (self.pairs, pairs)))]
         self.reserve(max(int(self.used[0]), contexts) if full[0] else 0, max(int(self.used[1]), pairs) if full[1] else 0)
 
