@@ -516,6 +516,33 @@ def test_the_tracker_counts_each_text_once_where_vllm_holds_it():
     assert store.table(prior) == store.table(want_prior) and store.table(prior)
 
 
+def test_a_group_without_requests_clears_its_table_and_keeps_its_texts():
+    """Once a group's requests are all dropped (away past `forget_after`) and none ran for a step, no
+    request can draft from its table again (a later request of its prompt starts a new group), so
+    the table is cleared — every prompt remembered used to keep one, up to `max_groups` — while its
+    completions stay for recall and still teach the prior."""
+    store = NgramStore(2)
+    prior = store.slot()
+    tracker = RequestTracker(store, prior, recall=2, forget_after=8)
+    first = Batch([P1, P1])
+    first.step(tracker, [[10], [11]])
+    first.step(tracker, [[12, 13], [14]])
+    (old, _) = tracker.requests()
+    tracker.settle()
+    assert store.sizes[old.group.slot] > 0
+    other = Batch([P2])
+    for _ in range(300):  # P1's requests leave; past forget_after they are dropped (checked every 256 steps)
+        other.step(tracker, [[int(np.random.default_rng(_).integers(20, 30))]])
+    tracker.settle()
+    assert old.group.idle and store.sizes[old.group.slot] == 0 and not old.group.held
+    assert old.group.completions() == [[10, 12, 13], [11, 14]]
+    assert store.chain(prior, [12], 1)[0] == [13]  # the prior keeps what the group taught it
+    again = Batch([P1]).step(tracker, [[10]])[0]  # the prompt again: a new rollout recalls the completions
+    assert again.group is not old.group and again.group.completions()[:2] == [[10, 12, 13], [11, 14]]
+    tracker.settle()
+    assert store.chain(again.group.slot, P1 + [10], 2)[0] == [12, 13]
+
+
 def test_tracker_groups_count_in_its_store_and_teach_its_prior():
     store = NgramStore(2, 2)
     prior = store.slot()

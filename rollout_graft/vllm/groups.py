@@ -41,7 +41,9 @@ class Group:
     stale: dict[int, None] = field(default_factory=dict)  # texts with positions not counted yet, in order
     recalled: list[int] = field(default_factory=list)  # text ids of completions from earlier rollouts
     members: list[int] = field(default_factory=list)  # text ids of this rollout's requests
-    live: dict[int, "Request"] = field(default_factory=dict)  # text id → its request, while in the batch
+    live: dict[int, "Request"] = field(default_factory=dict)  # text id → its request, while its text is a row
+    held: int = 0  # requests of the group a tracker holds (in the batch or away)
+    idle: bool = False  # no request can draft from its table again: the table is cleared (`RequestTracker`)
     slot: int = field(init=False)  # the group's table in `store`
 
     def __post_init__(self) -> None:
@@ -362,9 +364,18 @@ class RequestTracker:
             self.away = {rid: r for rid, r in self.away.items() if self.step - r.seen <= self.forget_after}
 
     def _release_dropped(self) -> None:
+        """Free the slots of the requests dropped last step. A group left without requests and not
+        seen for a step is idle: a later request of its prompt starts a new group (`_start`), so
+        its table is cleared (its texts stay, for recall); what it still had to count teaches the
+        prior only (`_take_work`). Else every prompt remembered kept a table (up to `max_groups`)."""
         for slot in self._dropped:
-            self._to_list(self.by_slot[slot])  # its text stays its group's
-            del self.by_slot[slot]
+            req = self.by_slot.pop(slot)
+            self._to_list(req)  # its text stays its group's
+            group = req.group
+            group.held -= 1
+            if not group.held and self.group_seen[group.slot] < self.step - 1 and not group.idle:
+                group.idle = True
+                self.store.clear(group.slot)
         self._free_slots += self._dropped
         self._dropped = []
 
@@ -386,6 +397,7 @@ class RequestTracker:
         group.members.append(tid)
         self.group_seen[group.slot] = self.step
         req = Request(group, tid, rid, self, self._slot(), seen=self.step)
+        group.held += 1
         self.by_slot[req.slot] = req
         self.started.append(req.slot)
         self.length[req.slot] = len(prompt) + len(completion)
@@ -441,7 +453,8 @@ class RequestTracker:
             self.counted[req.slot] = req.length
 
     def _take_work(self) -> list[tuple]:
-        work = [(g.slot, self.prior, g.texts[tid], start, end) for g, tid, start, end in self._left]
+        work = [(self.prior, -1, g.texts[tid], start, end) if g.idle else (g.slot, self.prior, g.texts[tid], start, end)
+                for g, tid, start, end in self._left if self.prior >= 0 or not g.idle]
         self._left = []
         return work + [w for g in list(self.pending.values()) for w in g.take()]
 
