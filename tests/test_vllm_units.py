@@ -13,7 +13,7 @@ from ngram_reference import PyNgramCounts
 from rollout_graft.dcut.chains import ChainDCut, ChainStep, FixedDepth, cut, step_cost_fit, step_ms
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.vllm.config import MAX_MATCH, PROPOSER_CLASS, ChainConfig, speculative_config
-from rollout_graft.vllm.groups import Group, RequestTracker, catch_up
+from rollout_graft.vllm.groups import Group, RequestTracker
 from rollout_graft.vllm.ngrams import SPARE, NgramStore
 from rollout_graft.vllm.plugin import expand_kernel_impl
 
@@ -287,7 +287,7 @@ def test_a_collected_group_frees_its_slot():
     store = NgramStore(2)
     group = Group([1, 2, 3], store)
     group.add([1, 2, 3])
-    catch_up({0: group})
+    store.teach(group.take())
     slot = group.slot
     assert store.sizes[slot] > 0
     del group
@@ -301,36 +301,30 @@ def test_a_collected_group_frees_its_slot():
 
 
 def test_group_counts_are_made_lazily_and_as_on_arrival():
-    """`extend` only appends; `catch_up` counts every pending group's new text.
-    The counts and chains are those of counting each token on arrival, in any order; a request's
-    completion (not the prompt, not a recalled text) also teaches the shared prior."""
+    """Steps only append; the tracker's `count` counts every text not counted yet. The counts and
+    chains are those of counting each token on arrival; a request's completion (not the prompt,
+    not a recalled text) also teaches the shared prior."""
     rng = np.random.default_rng(0)
-    store, pending = NgramStore(3), {}
+    prompt = [9, 9, 8]
+    store = NgramStore(3)
     prior = store.slot()
-    index = Group([9, 9, 8], store, prior, pending)
-    index.add([9, 9, 8])  # the prompt
-    recalled = index.add([9, 9, 8, 4, 4], counted_from=3)
-    tids = [index.add([9, 9, 8], counted_from=3, emitted=True) for _ in range(3)]
-    eager, eager_prior = store.slot(), store.slot()
-    store.teach([(eager, -1, [9, 9, 8], 0, 3), (eager, -1, [9, 9, 8, 4, 4], 3, 5)])
-    texts = {t: [9, 9, 8] for t in tids}
+    tracker = RequestTracker(store, prior, recall=1)
+    tracker.restore([(prompt, [[4, 4]])])  # a completion of an earlier rollout, recalled by this one
+    batch = Batch([prompt] * 3)
     for _ in range(40):
-        for tid in rng.permutation(tids).tolist():
-            tokens = rng.integers(0, 5, int(rng.integers(1, 4))).tolist()
-            index.extend(tid, tokens)
-            start = len(texts[tid])
-            texts[tid] += tokens
-            store.teach([(eager, eager_prior, texts[tid], start, len(texts[tid]))])
-        assert pending and index.stale and store.sizes[prior] == 0  # nothing counted while nothing drafts
-    catch_up(pending)
-    assert not pending and not index.stale
-    assert store.table(index.slot) == store.table(eager) and store.table(prior) == store.table(eager_prior)
-    assert store.chain(index.slot, texts[tids[0]], 4) == store.chain(eager, texts[tids[0]], 4)
-    index.extend(tids[1], [7, 6])
-    index.extend(tids[2], [7])
-    catch_up(pending)
-    assert store.chain(index.slot, index.texts[tids[2]], 1)[0] == [6]  # a sibling's new text
-    assert not pending and store.chain(prior, [7], 1)[0] == [6] and recalled not in index.stale
+        batch.step(tracker, [rng.integers(0, 5, int(rng.integers(1, 4))).tolist() for _ in range(3)])
+        assert store.sizes[prior] == 0 and not store.sizes[tracker.requests()[0].group.slot]  # nothing counted yet
+    group = tracker.requests()[0].group
+    tracker.count()
+    eager, eager_prior = store.slot(), store.slot()
+    store.teach([(eager, -1, prompt, 0, 3), (eager, -1, prompt + [4, 4], 3, 5)]
+                + [(eager, eager_prior, list(t), 3, len(t)) for t in batch.texts])
+    assert store.table(group.slot) == store.table(eager) and store.table(prior) == store.table(eager_prior)
+    assert store.chain(group.slot, batch.texts[0], 4) == store.chain(eager, batch.texts[0], 4)
+    batch.step(tracker, [[1], [7, 6], [7]])
+    tracker.count()
+    assert store.chain(group.slot, batch.texts[2], 1)[0] == [6]  # a sibling's new text
+    assert store.chain(prior, [7], 1)[0] == [6]
 
 
 def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
@@ -549,7 +543,7 @@ def test_tracker_groups_count_in_its_store_and_teach_its_prior():
     tracker = RequestTracker(store, prior)
     Batch([[1, 2, 3, 4, 5, 6]]).step(tracker, [[9]])
     group = tracker.groups[next(iter(tracker.groups))]
-    assert group.store is store and group.prior == prior
+    assert group.store is store and tracker.prior == prior
     tracker.settle()
     assert all(len(key) == 2 for key in store.table(group.slot)) and list(store.table(prior)) == [(5, 6)]
 

@@ -23,22 +23,18 @@ from .ngrams import NgramStore, TextRows
 
 @dataclass(eq=False)
 class Group:
-    """The requests of one prompt (a GRPO group): their texts and the table (a slot of `store`)
-    counting their n-grams, released when the group is collected. Counting is lazy: `extend`
-    appends and marks the text stale (the group joins `pending`, shared by every group of a
-    tracker); `catch_up` counts every pending group's new positions — the completions' also in the
-    `prior` slot (-1: none). A `RequestTracker` counts its requests' texts itself (by request
-    slot, from vLLM's token array: `RequestTracker.count`); its groups count their prompt and
-    recalled completions so."""
+    """The requests of one prompt (a GRPO group): its texts — the prompt, completions recalled from
+    its earlier rollouts and its requests' (a request's text is its tracker's while it holds a row:
+    `text`) — and the table (a slot of `store`) counting their n-grams, released when the group
+    is collected. A text added is counted lazily, by its tracker's next `count` (`take`; the group
+    joins `pending`, shared by a tracker's groups); a request's new tokens are its tracker's to
+    count."""
 
     prompt: list[int]
     store: NgramStore
-    prior: int = -1
-    pending: dict[int, "Group"] | None = None  # stale groups of every group (`catch_up`)
+    pending: dict[int, "Group"] | None = None  # groups with texts not counted yet (`take`)
     texts: list[list[int]] = field(default_factory=list)  # every text of the group
-    counted: list[int] = field(default_factory=list)  # per text: positions counted
-    teaches_prior: list[bool] = field(default_factory=list)  # per text: its new positions teach `prior`
-    stale: dict[int, None] = field(default_factory=dict)  # texts with positions not counted yet, in order
+    fresh: list[tuple[int, int]] = field(default_factory=list)  # texts added, not counted yet: (text, from)
     recalled: list[int] = field(default_factory=list)  # text ids of completions from earlier rollouts
     members: list[int] = field(default_factory=list)  # text ids of this rollout's requests
     live: dict[int, "Request"] = field(default_factory=dict)  # text id → its request, while its text is a row
@@ -50,33 +46,22 @@ class Group:
         self.slot = self.store.slot()
         weakref.finalize(self, self.store.release, self.slot).atexit = False
 
-    def add(self, tokens: list[int], counted_from: int = 0, emitted: bool = False) -> int:
-        """A new text: a prompt, a request (prompt + completion so far: `emitted`, its completion
-        teaches the prior too) or a recalled completion (prompt + completion); positions before
-        `counted_from` are not counted (a sibling's prompt is the first text's). Returns its id."""
-        self.texts.append(list(tokens[:counted_from]))
-        self.counted.append(len(self.texts[-1]))
-        self.teaches_prior.append(emitted)
+    def add(self, tokens: list[int], counted_from: int = 0) -> int:
+        """A new text: the prompt, a recalled completion (prompt + completion) or a request's text;
+        its positions from `counted_from` on are counted by the next `take` (a sibling's prompt is
+        the first text's). Returns its id."""
+        self.texts.append(list(tokens))
         tid = len(self.texts) - 1
-        self.extend(tid, tokens[counted_from:])
+        if counted_from < len(tokens):
+            self.fresh.append((tid, counted_from))
+            if self.pending is not None:
+                self.pending[id(self)] = self
         return tid
 
-    def extend(self, tid: int, tokens: list[int]) -> None:
-        """Append `tokens` to text `tid`; they are counted by the next `catch_up`."""
-        if tokens:
-            self.texts[tid].extend(tokens)
-            if not self.stale and self.pending is not None:
-                self.pending[id(self)] = self
-            self.stale[tid] = None
-
     def take(self) -> list[tuple]:
-        """The stale texts' new positions, as `NgramStore.teach` work; they count as counted."""
-        work = []
-        for tid in self.stale:
-            text = self.texts[tid]
-            work.append((self.slot, self.prior if self.teaches_prior[tid] else -1, text, self.counted[tid], len(text)))
-            self.counted[tid] = len(text)
-        self.stale.clear()
+        """The texts added since the last call, as `NgramStore.teach` work (its table only)."""
+        work = [(self.slot, -1, self.texts[tid], start, len(self.texts[tid])) for tid, start in self.fresh]
+        self.fresh = []
         if self.pending is not None:
             self.pending.pop(id(self), None)
         return work
@@ -88,13 +73,6 @@ class Group:
     def completions(self) -> list[list[int]]:
         """Completions known for this prompt, oldest first (recalled ones, then this rollout's)."""
         return [self.text(t)[len(self.prompt) :] for t in self.recalled + self.members]
-
-
-def catch_up(pending: dict[int, Group]) -> None:
-    """Count every stale group's new positions: one compiled call (the groups share one store)."""
-    groups = list(pending.values())
-    if groups:
-        groups[0].store.teach([w for g in groups for w in g.take()])
 
 
 @dataclass(eq=False)
@@ -393,7 +371,7 @@ class RequestTracker:
                 while len(self.groups) > self.max_groups:
                     self.groups.popitem(last=False)
             self.groups.move_to_end(key)
-        tid = group.add(prompt + completion, counted_from=len(prompt) + len(completion))  # counted by `count`
+        tid = group.add(prompt + completion, counted_from=len(prompt) + len(completion))  # the tracker counts it
         group.members.append(tid)
         self.group_seen[group.slot] = self.step
         req = Request(group, tid, rid, self, self._slot(), seen=self.step)
@@ -416,7 +394,7 @@ class RequestTracker:
         return n - 1
 
     def _new_group(self, prompt: list[int], recalled: list[list[int]]) -> Group:
-        group = Group(prompt, self.store, self.prior, self.pending)
+        group = Group(prompt, self.store, self.pending)
         group.add(prompt)
         group.recalled = [group.add(prompt + completion, counted_from=len(prompt)) for completion in recalled]
         self.group_seen = _grown(self.group_seen, group.slot + 1)
