@@ -1192,9 +1192,9 @@ class EveryNth(FixedDepth):
 
 @pytest.mark.parametrize("preempt_every", [0, 7])
 def test_deferred_steps_change_nothing(monkeypatch, tmp_path, preempt_every):
-    """Steps with nothing to learn and the same requests in the same rows are logged by the tracker
-    (`RequestTracker.defer`, no Python per row) and applied when a step drafts or the rows change:
-    the drafts, the counters, the texts and the saved state are those of applying every step."""
+    """Steps with nothing to learn and the same requests in the same rows take the tracker's quiet
+    path (`RequestTracker.defer`: array work only) and skip learning: the drafts, the counters, the
+    texts and the saved state are those of taking every step through `rows`."""
     from rollout_graft_tools.chain_replay import VOCAB, ours_proposer, replay
 
     def run(defer: bool):

@@ -119,7 +119,7 @@ class RLDraftProposer:
                                "this runner did not run; build the engine with rollout_graft.vllm.speculative_config")
         (ids, prompt_lens), self._requests = self._requests, None
         # nothing to learn from the last step (it drafted nothing, no shadow waits) and the same requests in
-        # the same rows: the tracker logs the step, no Python per row, until this or a later step drafts
+        # the same rows: the tracker appends the step (array work) and nothing is learned
         quiet = (not self.inflight.shadows and (self._pending is None or not self._pending.drafted)
                  and self.tracker.defer(ids, sampled_token_ids, num_tokens_no_spec))
         if quiet:
