@@ -78,10 +78,10 @@ class Group:
 @dataclass(eq=False)
 class Request:
     """A request the tracker holds: its group, its slot, and its text — a row of the tracker's
-    text array while the request is in the batch, group.texts[text_id] once it left."""
+    text array, or group.texts[text_id] once it moved there (`RequestTracker._to_list`)."""
 
     group: Group
-    text_id: int  # its text in group.texts (the text it started with, until it leaves the batch)
+    text_id: int  # its text in group.texts (the text it started with, while its text is a row)
     rid: str  # its vLLM request id
     tracker: "RequestTracker"
     slot: int  # its row in the arrays of per-request state (`RequestTracker.slots`; the proposer's `InFlight`)
@@ -120,10 +120,11 @@ class RequestTracker:
     of the previous rollout as read-only texts.
 
     State is arrays by request slot (a request keeps its slot while the tracker holds it): its
-    length, its text's row in `texts` (an int32 array of the texts of the requests in the batch,
-    -1 once it left), the positions counted and its group's table. A step whose rows continue the
-    last step's requests is array work only; Python runs per request that arrives, returns or
-    leaves (its text then moves to its group's list: vLLM's row is gone once it condenses).
+    length, its text's row in `texts` (an int32 array: the tracker's own copy, since vLLM's row is
+    gone once the batch condenses; -1 once the text moved to its group's list, when the rows ran
+    out or the request was dropped), the positions counted and its group's table. A step whose
+    rows continue the last step's requests is array work only; Python runs per request that
+    arrives, returns or leaves.
 
     After `rows` (or `defer`), the step's arrays are kept for the proposer: `active` (rows that
     sampled), `num` (committed tokens per active row), `lens` (tokens sampled per active row),
