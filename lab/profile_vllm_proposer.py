@@ -62,7 +62,7 @@ class Parts:
         self.policy_in_learn = 0.0
         self._in_learn = False
         self.running = True  # False: calls are not timed (the counting a window settles after its timed calls)
-        for name in ("rows", "defer", "flush"):  # the request tracking, deferred or not
+        for name in ("rows", "defer"):  # the request tracking, quiet or not
             setattr(proposer.tracker, name, self._wrap(getattr(proposer.tracker, name), "tracker"))
         proposer.store.teach = self._wrap(proposer.store.teach, "count")  # counting the new text (drafting's first part)
         proposer.store.chain_arrays = self._wrap(proposer.store.chain_arrays, "walk")  # the chains' walks (its second)
@@ -292,7 +292,7 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
 def settle(prop) -> None:
     """Count every text our proposer has not counted yet (nothing for vLLM's)."""
     if hasattr(prop, "tracker"):
-        prop.tracker.settle()
+        prop.tracker.count()
 
 
 def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None) -> list[dict]:

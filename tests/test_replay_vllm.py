@@ -69,7 +69,7 @@ def test_counting_after_the_walk_changes_the_drafts_only():
     for after in (False, True):
         prop = bench.ours_proposer(6, 0.0, bench.VOCAB, 200, count_after_walk=after)
         drafts.append(bench.replay_rows(prop, prompts, outs))
-        prop.tracker.settle()
+        prop.tracker.count()
         props.append(prop)
     ours, after = props
     assert ours.store.table(ours.prior) == after.store.table(after.prior) and ours.store.table(ours.prior)

@@ -186,7 +186,7 @@ def test_mixed_rollouts_in_one_batch_keep_their_groups():
 
 def chain_of(tracker: RequestTracker, req, depth: int) -> list[int]:
     """The chain the request's group counts continue its text with (its counts caught up first)."""
-    tracker.settle()
+    tracker.count()
     return req.group.store.chain(req.group.slot, req.text, depth)[0]
 
 
@@ -498,7 +498,7 @@ def test_the_tracker_counts_each_text_once_where_vllm_holds_it():
     batch.texts = [batch.texts[0], batch.texts[1], away, Text(P1, rid=gone.rid)]  # back; a finished id starts over
     for count in (False, True, False):
         step(count)
-    tracker.settle()
+    tracker.count()
     texts = [t for g in tracker.groups.values() for t in g.texts]
     assert len(texts) == 2 + 5  # two prompts, five requests' texts
     want_prior = store.slot()
@@ -522,18 +522,18 @@ def test_a_group_without_requests_clears_its_table_and_keeps_its_texts():
     first.step(tracker, [[10], [11]])
     first.step(tracker, [[12, 13], [14]])
     (old, _) = tracker.requests()
-    tracker.settle()
+    tracker.count()
     assert store.sizes[old.group.slot] > 0
     other = Batch([P2])
     for _ in range(300):  # P1's requests leave; past forget_after they are dropped (checked every 256 steps)
         other.step(tracker, [[int(np.random.default_rng(_).integers(20, 30))]])
-    tracker.settle()
+    tracker.count()
     assert old.group.idle and store.sizes[old.group.slot] == 0 and not old.group.held
     assert old.group.completions() == [[10, 12, 13], [11, 14]]
     assert store.chain(prior, [12], 1)[0] == [13]  # the prior keeps what the group taught it
     again = Batch([P1]).step(tracker, [[10]])[0]  # the prompt again: a new rollout recalls the completions
     assert again.group is not old.group and again.group.completions()[:2] == [[10, 12, 13], [11, 14]]
-    tracker.settle()
+    tracker.count()
     assert store.chain(again.group.slot, P1 + [10], 2)[0] == [12, 13]
 
 
@@ -544,7 +544,7 @@ def test_tracker_groups_count_in_its_store_and_teach_its_prior():
     Batch([[1, 2, 3, 4, 5, 6]]).step(tracker, [[9]])
     group = tracker.groups[next(iter(tracker.groups))]
     assert group.store is store and tracker.prior == prior
-    tracker.settle()
+    tracker.count()
     assert all(len(key) == 2 for key in store.table(group.slot)) and list(store.table(prior)) == [(5, 6)]
 
 
@@ -698,6 +698,18 @@ def test_a_chain_verified_in_part_teaches_its_tail_too():
     assert depths.max() > 1 and (accepted > 1).sum() > 10  # tails matched past the verified token
     verified = sum(len(v[1]) for s in policy.steps if (v := s.verified) is not None)
     assert 0 < verified < prop.stats.drafts  # drafts whose chain was a shadow taught only through it
+
+
+def test_the_proposer_micro_benchmark_times_our_parts():
+    """`lab/profile_vllm_proposer.py --compare` on a small cell runs our arms with their time split
+    by part and their tables' size kept (it wraps the proposer's methods by name: a part renamed
+    fails here, not in a benchmark run)."""
+    from conftest import load_script
+
+    bench = load_script("lab/profile_vllm_proposer.py")
+    for r in bench.compare([(16, 64)], ["fixed", "dcut-plain"], 4, 2, 1, (5.0, 0.01, 0.02)):
+        assert set(r["parts_us_per_request_step"]) == {*bench.Parts.NAMES, "other"}
+        assert r["tables_mb"] > 0 and r["rows_per_call"] > 0
 
 
 def test_a_shadow_resolves_at_its_first_wrong_token_or_whole():
@@ -1207,7 +1219,6 @@ def test_deferred_steps_change_nothing(monkeypatch, tmp_path, preempt_every):
             real = prop.tracker.defer
             monkeypatch.setattr(prop.tracker, "defer", lambda *a: deferred.append(real(*a)) or deferred[-1])
         drafts = replay(prop, 24, group=8, length=60, seed=3, preempt_every=preempt_every)
-        prop.tracker.flush()  # the texts as a reader sees them (`flush`: what the tracker may still hold back)
         texts = {rid.split("-")[1]: list(r.text) for rid, r in {**prop.tracker.away, **prop.tracker.live}.items()}
         stats = {k: v for k, v in prop.summary().items() if not k.endswith("_s") and k != "policy"}
         return drafts, texts, stats, sum(deferred), prop

@@ -37,7 +37,7 @@ class Group:
     fresh: list[tuple[int, int]] = field(default_factory=list)  # texts added, not counted yet: (text, from)
     recalled: list[int] = field(default_factory=list)  # text ids of completions from earlier rollouts
     members: list[int] = field(default_factory=list)  # text ids of this rollout's requests
-    live: dict[int, "Request"] = field(default_factory=dict)  # text id → its request, while its text is a row
+    in_rows: dict[int, "Request"] = field(default_factory=dict)  # text id → its request, while its text is a row
     held: int = 0  # requests of the group a tracker holds (in the batch or away)
     idle: bool = False  # no request can draft from its table again: the table is cleared (`RequestTracker`)
     slot: int = field(init=False)  # the group's table in `store`
@@ -68,7 +68,7 @@ class Group:
 
     def text(self, tid: int) -> list[int]:
         """Text `tid` as it stands (a request's in the batch is its tracker's: `Request.text`)."""
-        return self.live[tid].text if tid in self.live else self.texts[tid]
+        return self.in_rows[tid].text if tid in self.in_rows else self.texts[tid]
 
     def completions(self) -> list[list[int]]:
         """Completions known for this prompt, oldest first (recalled ones, then this rollout's)."""
@@ -249,10 +249,6 @@ class RequestTracker:
         self._prune()
         return True
 
-    def flush(self) -> list[Request | None]:
-        """The request of each row of the last step (None: it did not sample)."""
-        return self.requests()
-
     def text_from(self, slot: int, start: int) -> list[int]:
         """The text of the request of `slot` from position `start`."""
         row = int(self.row_of[slot])
@@ -303,7 +299,7 @@ class RequestTracker:
         if row >= 0:
             self._settle(req)
             req.group.texts[req.text_id] = self.texts[row, : req.length].tolist()
-            req.group.live.pop(req.text_id, None)
+            req.group.in_rows.pop(req.text_id, None)
             self.row_of[req.slot] = -1
             self._free_rows.append(row)
 
@@ -323,7 +319,7 @@ class RequestTracker:
             self._widen(len(text))
         self.texts[row, : len(text)] = text
         self.row_of[req.slot] = row
-        req.group.live[req.text_id] = req
+        req.group.in_rows[req.text_id] = req
 
     def _returning(self, rid, before: int) -> Request | None:
         """The request `rid` returning to the batch (preempted, recomputed; or of the last step, in a
@@ -409,7 +405,7 @@ class RequestTracker:
         no Python per row; those that left since too, while their rows hold them, else from their
         lists: `_settle`) and the groups' new
         texts (prompts, recalled completions). A request's completion teaches its group's table
-        and the prior."""
+        and the prior. Callable any time (the texts are the tracker's own, not vLLM's rows)."""
         slots = self.slots
         if self._departed:  # those whose rows still hold them (else they count from their lists: `_settle`)
             left = np.unique(self._departed)
@@ -420,8 +416,6 @@ class RequestTracker:
                         self.prior)
         self.store.teach(self._take_work(), rows)
         self.counted[slots] = self.length[slots]
-
-    settle = count  # any time, not only in a step: the texts are the tracker's own
 
     def _settle(self, req: Request) -> None:
         """The request's text not counted yet is counted by the next `count` from its group's list

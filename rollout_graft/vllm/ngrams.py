@@ -48,9 +48,10 @@ def _rows(capacity: int) -> np.ndarray:
 
 SPARE = 4
 """Rows of a hash table per key it holds, at least: a table is rebuilt larger before it is a quarter
-full. At half full the chains' walks, whose bisections mostly look up contexts a table lacks (a
-miss probes to the next empty row), made the micro-benchmark's calls measurably slower; an eighth
-doubled the memory for no gain beyond the run's noise."""
+full. The chains' walks mostly look up contexts a table lacks (their bisections), and a miss
+probes to the next empty row: the fuller the table, the longer. Chosen on the proposer's
+micro-benchmark (`lab/profile_vllm_proposer.py --compare`, `SPARE` set by hand: 2, 4 and 8 tried),
+not kept; see docs/DESIGN.md."""
 
 
 def _capacity(rows: int) -> int:
@@ -160,18 +161,17 @@ class NgramStore:
         meta = np.fromiter(chain.from_iterable((w[0], w[1], w[3], w[4]) for w in work),
                            dtype=np.int64, count=4 * len(work)).reshape(-1, 4)
         tokens = np.fromiter(chain.from_iterable(w[2][max(w[3] - hi, 0) : w[4]] for w in work), dtype=np.int64)
-        taught = {s for w in work for s in w[:2]}
         if rows is not None:
             more, text = self.kern._gather(rows.token_ids, rows.rows, rows.slots, rows.also, rows.starts, rows.ends, hi)
             meta, tokens = np.concatenate([meta, more]), np.concatenate([tokens, text])
-            taught |= {rows.also, *rows.slots.tolist()} if self.bounds else set()
         at = np.zeros(3, np.int64)
         while True:
             self.kern._teach(self.ctx, self.pairs, self.used, self.sizes, self.gens, meta, tokens, self.min_order, hi, at, SPARE)
             if at[0] == len(meta):
                 break
             self._grow(2 * orders, 4 * orders)
-        for slot in taught & self.bounds.keys():  # the bounded tables taught
+        taught = np.unique(meta[:, :2])  # the tables taught (and -1): a bounded one past its bound starts over
+        for slot in (s for s in self.bounds if s in taught):
             if self.sizes[slot] > self.bounds[slot]:
                 self.clear(slot)
                 self.resets[slot] += 1

@@ -239,7 +239,7 @@ class RLDraftProposer:
         completions per prompt (`recall.json`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.tracker.settle()  # the texts of steps it deferred, counted
+        self.tracker.count()  # the texts of steps it deferred, counted
         if self.prior >= 0:
             self.store.save(self.prior, directory / "prior.safetensors")
         groups = [{"prompt": g.prompt, "completions": g.completions()[-self.config.recall :]}
@@ -253,7 +253,7 @@ class RLDraftProposer:
         recall = read_recall(directory / "recall.json", self.vocab) if (directory / "recall.json").exists() else None
         if self.prior >= 0 and (directory / "prior.safetensors").exists():
             read_prior(directory / "prior.safetensors", self.vocab)  # checked before the old prior is cleared
-            self.tracker.settle()  # what the old prior has still to count, before it is replaced
+            self.tracker.count()  # what the old prior has still to count, before it is replaced
             self.store.clear(self.prior)
             self.store.load(self.prior, directory / "prior.safetensors", self.vocab)
         if recall is not None:
