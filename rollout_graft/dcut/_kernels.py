@@ -164,3 +164,72 @@ def top_k_cut(scores, edges, accepted, seen, mid, prior_weight, coef, profile_ms
     for i in range(k):
         depths[order[i] // depth] += 1
     return depths, k, gains[k]
+
+
+@njit(cache=True)
+def fit_observe(sums, x, ms, forget) -> None:
+    """`core.CostFit.observe`: sums ← forget·sums + z·zᵀ, z = (x, ms), in place."""
+    n = len(x)
+    z = np.empty(n + 1)
+    z[:n] = x
+    z[n] = ms
+    for i in range(n + 1):
+        for j in range(n + 1):
+            sums[i, j] = sums[i, j] * forget + z[i] * z[j]
+
+
+@njit(cache=True)
+def _fit(sums, ridge, free, k, coef) -> None:
+    """The normal equations (sums[:n, :n] + diag(ridge)) c = sums[:n, n] on the first `k`
+    coefficients of `free` (the others 0), by Gaussian elimination with partial pivoting, into `coef`."""
+    n = len(ridge)
+    m = np.empty((k, k + 1))
+    for a in range(k):
+        for b in range(k):
+            m[a, b] = sums[free[a], free[b]] + (ridge[free[a]] if a == b else 0.0)
+        m[a, k] = sums[free[a], n]
+    for c in range(k):
+        p = c
+        for r in range(c + 1, k):
+            if abs(m[r, c]) > abs(m[p, c]):
+                p = r
+        if p != c:
+            for j in range(k + 1):
+                m[c, j], m[p, j] = m[p, j], m[c, j]
+        for r in range(c + 1, k):
+            f = m[r, c] / m[c, c]
+            for j in range(c, k + 1):
+                m[r, j] -= f * m[c, j]
+    coef[:] = 0.0
+    for c in range(k - 1, -1, -1):
+        s = m[c, k]
+        for j in range(c + 1, k):
+            s -= m[c, j] * coef[free[j]]
+        coef[free[c]] = s / m[c, c]
+
+
+@njit(cache=True)
+def fit_solve(sums, ridge, nonnegative: bool):
+    """`core.CostFit`'s coefficients: the weighted least squares with `ridge`'s priors at 0 and —
+    `nonnegative` — a coefficient driven below 0 fixed at 0 and the others refitted, the most
+    negative first."""
+    n = len(ridge)
+    free = np.arange(n)
+    k = n
+    coef = np.zeros(n)
+    _fit(sums, ridge, free, k, coef)
+    while nonnegative and k > 1:
+        worst = 0
+        for a in range(1, k):
+            if coef[free[a]] < coef[free[worst]]:
+                worst = a
+        if coef[free[worst]] >= 0.0:
+            break
+        for a in range(worst, k - 1):
+            free[a] = free[a + 1]
+        k -= 1
+        _fit(sums, ridge, free, k, coef)
+    if nonnegative:
+        for i in range(n):
+            coef[i] = max(coef[i], 0.0)
+    return coef

@@ -1,5 +1,5 @@
-"""What both backends' D-cut share, in numpy only (the vLLM worker imports it; the engine converts
-at its boundary: `trees.DCut.calibrated`).
+"""What both backends' D-cut share, in numpy (the vLLM worker imports it; the engine converts at its
+boundary: `trees.DCut.calibrated`) — `CostFit` compiled (numba, imported when one is built).
 
 - `BudgetDecision`: what a policy decided for a step, and why;
 - `ScoreCalibration`: a draft's raw score → the acceptance rate observed for such scores;
@@ -147,8 +147,13 @@ class CostFit:
     are forgotten. `nonnegative`: a coefficient the fit drives below 0 is fixed at 0 and the others
     refitted, the most negative first — a time has no negative parts, and a negative draft-token
     cost would price the longest drafts cheapest. `unmeasured`: the coefficients before the first
-    observation (zeros unless given). `coef` is solved when read after an observation (numpy on a
-    2×2 or 4×4 system: a few µs, once per step at most)."""
+    observation (zeros unless given). `coef` is solved when read after an observation.
+
+    Compiled (`_kernels.fit_observe`, `_kernels.fit_solve`: Gaussian elimination with partial
+    pivoting; numba, imported when a fit is built): the vLLM proposer observes and reads the fit
+    every step, plain steps included, and numpy's per-call cost (an array, an outer product,
+    `linalg.solve` and the refits) came to about 50 µs a step inside a vLLM worker, most of
+    D-cut's own time while it decodes plainly."""
 
     ridge: tuple[float, ...]
     forget: float
@@ -157,17 +162,23 @@ class CostFit:
     sums: np.ndarray = field(init=False)  # Σ w·z·zᵀ, z = (x, ms), over the observations (w: their aged weights)
     samples: int = 0  # observations so far
     _coef: np.ndarray | None = field(default=None, init=False, repr=False)  # `coef` since the last observation
-    _prior: np.ndarray = field(init=False, repr=False)  # diag(ridge)
+    _ridge: np.ndarray = field(init=False, repr=False)
+    _x: np.ndarray = field(init=False, repr=False)  # the features being observed
 
     def __post_init__(self) -> None:
+        from . import _kernels  # numba: see `_kernels` on when it may be imported
+
         n = len(self.ridge)
         self.sums = np.zeros((n + 1, n + 1))
-        self._prior = np.diag(np.asarray(self.ridge, dtype=np.float64))
+        self._ridge = np.asarray(self.ridge, dtype=np.float64)
+        self._x = np.zeros(n)
+        self._kernels = _kernels
+        _kernels.fit_observe(np.zeros_like(self.sums), self._x, 0.0, 1.0)  # compiled (or loaded) now, not in a step
+        _kernels.fit_solve(self.sums, self._ridge, self.nonnegative)
 
     def observe(self, x: Sequence[float], ms: float) -> None:
-        z = np.array((*x, ms), dtype=np.float64)
-        self.sums *= self.forget
-        self.sums += np.outer(z, z)
+        self._x[:] = x
+        self._kernels.fit_observe(self.sums, self._x, float(ms), float(self.forget))
         self.samples += 1
         self._coef = None
 
@@ -175,22 +186,12 @@ class CostFit:
     def coef(self) -> np.ndarray:
         """The fitted coefficients, one per feature (ms per unit of it)."""
         if self._coef is None:
-            self._coef = self._solve()
+            if self.samples == 0:
+                self._coef = np.array(self.unmeasured if self.unmeasured is not None else [0.0] * len(self.ridge),
+                                      dtype=np.float64)
+            else:
+                self._coef = self._kernels.fit_solve(self.sums, self._ridge, self.nonnegative)
         return self._coef
-
-    def _solve(self) -> np.ndarray:
-        n = len(self.ridge)
-        if self.samples == 0:
-            return np.array(self.unmeasured if self.unmeasured is not None else [0.0] * n, dtype=np.float64)
-        system, moment = self.sums[:-1, :-1] + self._prior, self.sums[:-1, -1]
-        coef = np.linalg.solve(system, moment)
-        free = list(range(n))
-        while self.nonnegative and coef.min() < 0 and len(free) > 1:  # fix the most negative at 0, refit the rest
-            del free[int(np.argmin(coef[free]))]
-            at = np.array(free)
-            coef = np.zeros(n)
-            coef[at] = np.linalg.solve(system[at[:, None], at], moment[at])
-        return np.maximum(coef, 0.0) if self.nonnegative else coef
 
 
 @dataclass

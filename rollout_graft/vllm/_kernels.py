@@ -201,6 +201,32 @@ def _append_rows(texts, rows, num, lens, tokens) -> None:
             at += 1
 
 
+@njit(cache=True)
+def _step_rows(texts, row_of, length, slots, prev, num_tokens, lens, tokens, num, group_seen, tables, step: int) -> int:
+    """`groups.RequestTracker.defer`'s step in one pass, for rows that hold the last step's requests
+    (slots[j]; prev[j] tokens then): 1, changing nothing, unless every row sampled (lens[j] > 0) what
+    takes it to num_tokens[j] = prev[j] + lens[j]; 2, changing nothing, where a text would outgrow
+    `texts`; else 0, the tokens appended (as `_append_rows`), length[slots] and num set to
+    num_tokens, and group_seen[tables] to `step`."""
+    n = len(slots)
+    for j in range(n):
+        if lens[j] <= 0 or num_tokens[j] != prev[j] + lens[j]:
+            return 1
+    for j in range(n):
+        if num_tokens[j] > texts.shape[1]:
+            return 2
+    at = 0
+    for j in range(n):
+        end = np.int64(num_tokens[j])
+        for q in range(end - lens[j], end):
+            texts[row_of[slots[j]], q] = tokens[at]
+            at += 1
+        length[slots[j]] = end
+        num[j] = end
+        group_seen[tables[j]] = step
+    return 0
+
+
 @njit(cache=True, inline="always")
 def _window_words(win, words, w: int, hi: int) -> int:
     """words[w, n] = walk w's window's last n tokens packed (`_put`), n = 1…the tokens it holds

@@ -178,6 +178,8 @@ class RequestTracker:
         self._dropped: list[int] = []  # slots of requests dropped since (their state is read this step still)
         none = np.zeros(0, dtype=np.int64)
         self.store.kern._append_rows(self.texts, none, none, none, none)  # compiled now, not in a timed step
+        for num_tokens in (none, none.astype(np.int32)):  # vLLM's num_tokens_no_spec: int32
+            self.store.kern._step_rows(self.texts, none, none, none, none, num_tokens, none, none, none, none, none, 0)
 
     @property
     def live(self) -> dict[str, Request]:
@@ -233,19 +235,25 @@ class RequestTracker:
     def defer(self, ids: list, sampled: list[list[int]], num_tokens: np.ndarray) -> bool:
         """Take a step whose rows are the last step's requests in the same rows, each having sampled
         what takes it to its row's length (none arrived, left, moved, was preempted or is
-        prefilling): array work only. Returns False, changing nothing, for any other step (take it
-        with `rows`)."""
+        prefilling): array work only, one compiled pass (`_kernels._step_rows`). Returns False,
+        changing nothing, for any other step (take it with `rows`)."""
         n = min(len(sampled), len(ids))
         if self._ids is None or n != len(self._ids) or list(ids[:n]) != self._ids:
             return False
         lens = np.fromiter(map(len, sampled[:n]), dtype=np.int64, count=n)
-        num = np.array(num_tokens[:n], dtype=np.int64)
-        if not lens.all() or not np.array_equal(num, self.num + lens):
+        tokens = np.fromiter(chain.from_iterable(sampled[:n]), dtype=np.int64)
+        num_tokens = num_tokens[:n] if isinstance(num_tokens, np.ndarray) else np.asarray(num_tokens[:n], dtype=np.int64)
+        num = np.empty(n, dtype=np.int64)
+        args = (self.row_of, self.length, self.slots, self.num, num_tokens, lens, tokens, num, self.group_seen,
+                self.tables, self.step + 1)
+        done = self.store.kern._step_rows(self.texts, *args)
+        if done == 2:  # a text outgrows the rows
+            self._widen(int(num_tokens.max()))
+            done = self.store.kern._step_rows(self.texts, *args)
+        if done:
             return False
         self.step += 1
-        self._append(self.slots, num, lens, chain.from_iterable(sampled[:n]))
         self.num, self.lens, self.created, self.started = num, lens, False, []
-        self.group_seen[self.tables] = self.step
         self._prune()
         return True
 
