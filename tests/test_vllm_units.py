@@ -13,6 +13,7 @@ from ngram_reference import PyNgramCounts
 from rollout_graft.dcut.chains import ChainDCut, ChainStep, FixedDepth, cut, step_cost_fit, step_ms
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.vllm.config import MAX_MATCH, PROPOSER_CLASS, ChainConfig, speculative_config
+from rollout_graft.vllm import groups
 from rollout_graft.vllm.groups import Group, RequestTracker
 from rollout_graft.vllm.ngrams import SPARE, NgramStore
 from rollout_graft.vllm.plugin import expand_kernel_impl
@@ -535,6 +536,32 @@ def test_a_group_without_requests_clears_its_table_and_keeps_its_texts():
     assert again.group is not old.group and again.group.completions()[:2] == [[10, 12, 13], [11, 14]]
     tracker.count()
     assert store.chain(again.group.slot, P1 + [10], 2)[0] == [12, 13]
+
+
+def test_text_deferred_past_the_backlog_bound_is_dropped_oldest_first(monkeypatch):
+    """A spell of plain decisions defers the counting of every text that leaves the batch to the next
+    draft; past `groups.MAX_BACKLOG` tokens the oldest go uncounted (counted in `dropped_tokens`),
+    so the deferred text and a probe's count stay bounded however long the spell; what is kept is
+    counted exactly as before."""
+    monkeypatch.setattr(groups, "MAX_BACKLOG", 4)
+    store = NgramStore(2)
+    prior = store.slot()
+    tracker = RequestTracker(store, prior, forget_after=8)
+    first = Batch([P1, P1])
+    first.step(tracker, [[10], [11]])
+    first.step(tracker, [[12, 13], [14]])
+    other = Batch([P2])
+    for i in range(300):  # P1's requests leave uncounted; past forget_after they are dropped (every 256 steps)
+        other.step(tracker, [[20 + i % 7]])
+    assert tracker._left_tokens <= 4 and tracker._left_tokens + tracker.dropped_tokens == 3 + 2
+    kept = [(g, tid, start, end) for g, tid, start, end in tracker._left]
+    assert len(kept) == 1 and tracker.dropped_tokens in (2, 3)
+    tracker.count()
+    want = store.slot()
+    g, tid, start, end = kept[0]
+    store.teach([(want, -1, g.text(tid), start, end)] + [(want, -1, t, len(P2), len(t)) for t in
+                                                          [r.group.text(r.text_id) for r in tracker.requests()]])
+    assert store.table(prior) == store.table(want)
 
 
 def test_tracker_groups_count_in_its_store_and_teach_its_prior():

@@ -12,13 +12,26 @@ length it left with.
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
 import numpy as np
 
 from .ngrams import NgramStore, TextRows
+
+MAX_BACKLOG = 1 << 18
+"""Tokens of text that left the batch uncounted (`RequestTracker._settle`) kept for the next
+`count`, at most; past it the oldest are dropped uncounted (`RequestTracker.dropped_tokens`).
+Text is counted at the next draft, and D-cut that decides not to draft probes only as its probe
+credit allows (1 % of the time), each probe paying the counting deferred since the last: in a
+long spell of plain decisions (a batch where drafting cannot pay) the deferred text would grow
+with the run, each probe's count with it, and probes would grow rarer as they grow dearer — host
+memory without bound and, at a probe, one step stalled for as long as counting everything since
+the last took. 2^18 tokens bound a probe's count to about a third of a second on this CPU (about
+1 µs a token, RESULTS' micro-benchmark) and the text held to a few MB; a spell that long costs the
+prior what it did not count (and a group still running, the text of its requests that finished
+first). The kept recordings and replays never reach it (their whole text is smaller)."""
 
 
 @dataclass(eq=False)
@@ -161,7 +174,9 @@ class RequestTracker:
         self.group_seen = np.zeros(0, dtype=np.int64)  # by table: the step a request of the group was last seen
         self.texts = np.zeros((0, 64), dtype=np.int32)  # the texts of the requests in the batch, a row each
         self._free_rows: list[int] = []
-        self._left: list[tuple[Group, int, int, int]] = []  # texts moved to lists, to count: (group, text, from, to)
+        self._left: deque[tuple[Group, int, int, int]] = deque()  # texts moved to lists, to count: (group, text, from, to)
+        self._left_tokens = 0  # their tokens (at most `MAX_BACKLOG`)
+        self.dropped_tokens = 0  # tokens dropped uncounted past `MAX_BACKLOG`
         self._departed: list[int] = []  # slots of requests that left since the last `count`
         # the last step
         self.active = np.zeros(0, dtype=np.int64)
@@ -431,12 +446,17 @@ class RequestTracker:
         start = int(self.counted[req.slot])
         if start < req.length:
             self._left.append((req.group, req.text_id, start, req.length))
+            self._left_tokens += req.length - start
             self.counted[req.slot] = req.length
+            while self._left_tokens > MAX_BACKLOG:  # the oldest go uncounted
+                _, _, first, end = self._left.popleft()
+                self._left_tokens -= end - first
+                self.dropped_tokens += end - first
 
     def _take_work(self) -> list[tuple]:
         work = [(self.prior, -1, g.texts[tid], start, end) if g.idle else (g.slot, self.prior, g.texts[tid], start, end)
                 for g, tid, start, end in self._left if self.prior >= 0 or not g.idle]
-        self._left = []
+        self._left, self._left_tokens = deque(), 0
         return work + [w for g in list(self.pending.values()) for w in g.take()]
 
     def restore(self, saved: list[tuple[list[int], list[list[int]]]]) -> None:

@@ -232,6 +232,7 @@ class RLDraftProposer:
     def summary(self) -> dict:
         """Counters, plus why the budget policy verifies what it verifies."""
         return {**asdict(self.stats), "mean_accepted_tokens": self.stats.mean_accepted_tokens,
+                "uncounted_tokens": self.tracker.dropped_tokens,  # text past `groups.MAX_BACKLOG` deferred
                 "policy": self.policy.explain(), "start_profile": self.profile_note}
 
     def save_state(self, directory: str | Path) -> None:
