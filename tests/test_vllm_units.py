@@ -12,8 +12,8 @@ from ngram_reference import PyNgramCounts
 
 from rollout_graft.dcut.chains import ChainDCut, ChainStep, FixedDepth, cut, step_cost_fit, step_ms
 from rollout_graft.dcut.core import BudgetDecision
-from rollout_graft.vllm.config import MAX_MATCH, PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm import groups
+from rollout_graft.vllm.config import MAX_MATCH, PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import Group, RequestTracker
 from rollout_graft.vllm.ngrams import SPARE, NgramStore
 from rollout_graft.vllm.plugin import expand_kernel_impl
