@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from rollout_graft.dcut.chains import ChainDCut, FixedDepth
 
 from .chain_replay import ScoreThreshold, SuffixReplay, fake_clock, ours_proposer, replay_rows
@@ -66,15 +68,29 @@ def run_arm(prop, rollouts: list[dict], timed: Sequence[bool], clocks: Sequence,
     is the one the proposer reads; `cost`: our proposer's own time and its policy kind, added on
     clocks without it: `TotalClock`): {"ms": {clock: Σ ms of the timed rollouts}, "emitted",
     "drafted", "steps", "accepted"}."""
+    counted = [0]  # tokens our tables counted since the last call was priced
+    store = getattr(prop, "store", None)
+    if cost is not None and store is not None:
+        teach = store.teach
+
+        def counting(work, rows=None):
+            counted[0] += sum(max(w[4] - w[3], 0) for w in work)
+            if rows is not None:
+                counted[0] += int(np.maximum(rows.ends - rows.starts, 0).sum())
+            return teach(work, rows)
+        store.teach = counting
+
     def own_ms(rows: int) -> float:
-        """The last call's own time: it drafted, or D-cut decided not to. Its drafting part is what the
-        policy measured as drafting (`ChainStep.draft_ms`, what a probe costs), read before the next
-        call's `observe`: a clock standing still inside `propose` would make probes free."""
+        """The last call's own time: it drafted, or D-cut decided not to, and counted what it counted.
+        Its drafting part, its counting excluded, is what the policy measured as drafting
+        (`ChainStep.draft_ms`, what a probe costs), read before the next call's `observe`: a clock
+        standing still inside `propose` would make probes free."""
         step = getattr(prop, "_pending", None)
         drafted = step is None or step.planned > 0
-        ms = cost[0].ms(cost[1], rows, drafted)
+        ms = cost[0].ms(cost[1], rows, drafted, counted[0])
+        counted[0] = 0
         if step is not None:
-            step.draft_ms = ms - cost[0].ms(cost[1], rows, False) if drafted else 0.0
+            step.draft_ms = cost[0].ms(cost[1], rows) - cost[0].ms(cost[1], rows, False) if drafted else 0.0
         return ms
 
     total = TotalClock(clocks, None if cost is None else own_ms)

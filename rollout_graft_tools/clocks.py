@@ -118,30 +118,44 @@ class ProposerCost:
     policy kind ("fixed": a budget that does not learn; "dcut": learning the step time online;
     "dcut-roofline": started from a roofline, as on a GPU with a preset; "suffix": vLLM's suffix
     decoding — the last two where the micro-benchmark ran them), and `plain` for one where D-cut
-    decided not to draft (the micro-benchmark's `dcut-plain` arm: its mean with the probes it made
-    and the counting it deferred, `us_per_request_step_settled`; a fixed budget always drafts). On a
-    GPU vLLM runs a `custom_class` drafter between steps with its async scheduling off, so this time
-    adds to every step a clock without it (`includes_proposer` False: the rooflines) prices. Read
-    from `lab/profile_vllm_proposer.py --compare` (`from_json`, at the shortest context measured) —
-    this machine's CPU, not a GPU host's."""
+    decided not to draft (the micro-benchmark's `dcut-plain` arm: a quiet call) — plus `count` µs
+    per token our tables count (`ms(counted=)`: the replay counts what each call taught), which the
+    per-request-step figures of ours leave out. So the counting a spell of plain decisions defers
+    is paid where it is paid, at the next draft (a probe, which D-cut's probe credit then charges),
+    not spread over the quiet calls. On a GPU vLLM runs a `custom_class` drafter between steps
+    with its async scheduling off, so this time adds to every step a clock without it
+    (`includes_proposer` False: the rooflines) prices. Read from `lab/profile_vllm_proposer.py
+    --compare` (`from_json`, at the shortest context measured) — this machine's CPU, not a GPU host's."""
 
     batches: tuple[float, ...]
     drafting: dict[str, tuple[float, ...]]
     plain: tuple[float, ...]
+    count: tuple[float, ...] | None = None  # µs per token counted (None: counting is in the other figures)
 
-    def ms(self, policy: str, rows: int, drafted: bool = True) -> float:
+    def ms(self, policy: str, rows: int, drafted: bool = True, counted: int = 0) -> float:
         us = self.drafting[policy] if drafted else self.plain
-        return rows * float(np.interp(rows, self.batches, us)) / 1000.0
+        own = rows * float(np.interp(rows, self.batches, us))
+        if self.count is not None:
+            own += counted * float(np.interp(rows, self.batches, self.count))
+        return own / 1000.0
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ProposerCost":
+        """Ours: each arm's median µs per request-step less its mean counting (`parts`' count), and
+        the fixed arm's counting per token it counted (its count / its MAT: every token emitted is
+        counted once); suffix decoding: its median."""
         results = json.loads(Path(path).read_text())["results"]
         context = min(r["context"] for r in results)
         cell = {(r["arm"], r["batch"]): r for r in results if r["context"] == context}
         batches = tuple(sorted({b for arm, b in cell if arm == "fixed"}))
-        drafting = {p: tuple(cell[(p, b)]["us_per_request_step_median"] for b in batches)
+
+        def per_step(arm: str, b: float) -> float:
+            r = cell[(arm, b)]
+            return r["us_per_request_step_median"] - r.get("parts_us_per_request_step", {}).get("count", 0.0)
+        drafting = {p: tuple(per_step(p, b) for b in batches)
                     for p in ("fixed", "dcut", "dcut-roofline", "suffix") if all((p, b) in cell for b in batches)}
-        return cls(batches, drafting, tuple(cell[("dcut-plain", b)]["us_per_request_step_settled"] for b in batches))
+        count = tuple(cell[("fixed", b)]["parts_us_per_request_step"]["count"] / cell[("fixed", b)]["mat"] for b in batches)
+        return cls(batches, drafting, tuple(per_step("dcut-plain", b) for b in batches), count)
 
 
 REPLAYED = ("H20", "H800", "H200")

@@ -172,6 +172,26 @@ def test_proposer_own_time_is_added_where_the_clock_lacks_it():
     assert measured.ms("suffix", 100) == pytest.approx(0.3)
 
 
+def test_proposer_counting_is_paid_where_it_is_done():
+    """Where the micro-benchmark splits out our counting (`ProposerCost.count`, µs per token counted),
+    a call pays it for the tokens its `teach` counted: a fixed depth counts every step's text as it
+    comes, a D-cut that decides not to draft defers it to its next draft (a probe), so its quiet
+    calls pay the plain rate alone and the probes pay the deferred counting."""
+    base = clocks.ProposerCost((1.0, 1000.0), {"fixed": (10.0, 10.0), "dcut": (10.0, 10.0)}, (1.0, 1.0))
+    counting = clocks.ProposerCost(base.batches, base.drafting, base.plain, (2.0, 2.0))
+    assert counting.ms("fixed", 10, counted=5) == pytest.approx((10 * 10.0 + 5 * 2.0) / 1000)
+    assert counting.ms("dcut", 10, drafted=False) == base.ms("dcut", 10, drafted=False)
+    roof = clocks.rooflines()["H200/Qwen3-8B"]
+    rollouts, timed = clock_replay.schedule(_recording(), "first", 16)
+    text = sum(len(c) for r in rollouts for c in r["completions"])
+    make = clock_replay.fixed_arms(VOCAB, 200)["fixed-d4"]
+    without, paid = (clock_replay.run_arm(make(), rollouts, timed, [roof], clock_replay.own_cost("fixed-d4", c))
+                     for c in (base, counting))
+    extra = (paid["ms"][roof.name] - without["ms"][roof.name]) * 1000 / 2.0  # tokens counted, at 2 µs each
+    prompts = sum(len(p) for r in rollouts for p in r["prompts"])
+    assert text * 0.9 < extra <= text + prompts  # every completion counted once (the last steps' need not be), prompts too
+
+
 def test_longer_contexts_price_the_kv_reads_of_longer_rows():
     """The study clock (`lab/replay.py vllm clocks --longer-contexts`): a roofline whose rows each
     hold more context — its profile too, unless taken at the recording's contexts."""

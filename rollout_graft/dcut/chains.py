@@ -42,7 +42,11 @@ class ChainStep:
     rows: int  # requests in the step
     planned: int  # depth the proposer was asked for (`plan`; 0: nothing drafted)
     drafted: int  # draft tokens returned to vLLM (whole batch; a fixed budget's decision does not count them)
-    draft_ms: float  # the proposer's drafting and cutting time
+    # the proposer's drafting and cutting time, its counting of the text since the last draft excluded:
+    # counting keeps the tables current whatever the policy decides (deferred to a draft only to batch
+    # it); charged to a probe, one count of a long spell's text made the probes after it look as dear
+    # and held D-cut plain through revisits where drafting paid (docs/DESIGN.md, "Modelled clocks")
+    draft_ms: float
     decision: BudgetDecision | None  # None: nothing drafted
     verified: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # raw scores [n, depth], depths [n], accepted [n] of the rows that drafted
     ms: float | None  # the whole step (our own time included); None: not timed (it also prefilled)

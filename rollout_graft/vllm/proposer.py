@@ -86,6 +86,7 @@ class RLDraftProposer:
         self._last_start: float | None = None  # start of the last propose call (a step's time runs start to start)
         self._arrived = False  # the last call started a request (the step after it is not timed: `_observe`)
         self._pending: ChainStep | None = None  # the step now running (completed at the next call)
+        self._count_ms = 0.0  # this call's counting of the text since the last draft (`_draft`)
         self.inflight = InFlight(self.k)  # each request's draft sent and shadow chain, by slot
         self.scheduled_drafts: list[int] | None = None  # draft tokens vLLM verifies this step per row (`plugin`; None: unknown)
         self._requests: tuple[list, object] | None = None  # this step's request ids and prompt lengths per row
@@ -153,7 +154,8 @@ class RLDraftProposer:
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
             self.stats.plain_steps += int(proposed > 0 and drafted == 0)
-        draft_ms = 1000.0 * (time.perf_counter() - draft_start)
+        draft_ms = 1000.0 * (time.perf_counter() - draft_start) - self._count_ms  # the counting is not the draft's
+        self._count_ms = 0.0
         self._pending = ChainStep(rows=rows, planned=planned, drafted=drafted, draft_ms=draft_ms,
                                   decision=decision, verified=None, ms=None, emitted=0)  # completed by `_observe`
         self.stats.steps += 1
@@ -218,8 +220,11 @@ class RLDraftProposer:
         the prior's (`NgramStore.chain_arrays`, read from vLLM's `token_ids` rows, each request's
         text), whichever expects more accepted tokens (the larger sum of scores; suffix decoding
         chooses between its prompt's tree and its global tree so). First the new text is counted
-        (`groups.RequestTracker.count`)."""
+        (`groups.RequestTracker.count`; its time, `_count_ms`, is not charged to the draft: see
+        `ChainStep.draft_ms`)."""
+        start = time.perf_counter()
         self.tracker.count()
+        self._count_ms = 1000.0 * (time.perf_counter() - start)
         return self._walk(token_ids)
 
     def _walk(self, token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
