@@ -23,15 +23,13 @@ from .ngrams import NgramStore, TextRows
 MAX_BACKLOG = 1 << 18
 """Tokens of text that left the batch uncounted (`RequestTracker._settle`) kept for the next
 `count`, at most; past it the oldest are dropped uncounted (`RequestTracker.dropped_tokens`).
-Text is counted at the next draft, and D-cut that decides not to draft probes only as its probe
-credit allows (1 % of the time), each probe paying the counting deferred since the last: in a
-long spell of plain decisions (a batch where drafting cannot pay) the deferred text would grow
-with the run, each probe's count with it, and probes would grow rarer as they grow dearer — host
-memory without bound and, at a probe, one step stalled for as long as counting everything since
-the last took. 2^18 tokens bound a probe's count to about a third of a second on this CPU (about
-1 µs a token, RESULTS' micro-benchmark) and the text held to a few MB; a spell that long costs the
-prior what it did not count (and a group still running, the text of its requests that finished
-first). The kept recordings and replays never reach it (their whole text is smaller)."""
+Text is counted at the next draft; a budget policy that drafted nothing for a long spell (D-cut
+keeps probing, at most 1 % of the time; one that never drafts, never) would otherwise hold every
+text since in host memory, and its next draft would count them all in one step. 2^18 tokens bound
+that count to about a third of a second on this CPU (about 1 µs a token, RESULTS'
+micro-benchmark) and the text held to a few MB; a spell that long costs the prior what it did not
+count (and a group still running, the text of its requests that finished first). The kept
+recordings and replays never reach it (their whole text is smaller)."""
 
 
 @dataclass(eq=False)
