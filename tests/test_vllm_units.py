@@ -799,6 +799,42 @@ def test_a_step_that_prefilled_a_new_request_is_not_timed():
     assert [rows for rows, _ in policy.times] == [2, 2, 3, 3, 2] and timed == [False, False, False, True, True]
 
 
+def test_a_draft_is_not_charged_the_counting_it_does(monkeypatch):
+    """The drafting time a policy learns from (`ChainStep.draft_ms`, what D-cut charges a probe) leaves
+    out the counting of the text since the last draft: counting keeps the tables current whatever
+    the policy decides, and charged to a probe after a spell of plain decisions it made the next
+    probes look as dear as counting the whole spell."""
+    import time as real_time
+
+    from conftest import load_script
+
+    from rollout_graft.vllm import proposer as module
+
+    class Drafts(FixedDepth):  # records the steps it learns from
+        learns = False
+
+        def __init__(self):
+            super().__init__(3)
+            self.steps = []
+
+        def observe(self, step):
+            self.steps.append(step)
+
+    prop = module.RLDraftProposer(load_script("lab/profile_vllm_proposer.py").vllm_config(3, 64))
+    prop.policy = policy = Drafts()
+    count = prop.tracker.count
+
+    def slow_count():  # counting that takes 50 ms
+        count()
+        real_time.sleep(0.05)
+    monkeypatch.setattr(prop.tracker, "count", slow_count)
+    batch = Batch([P1, P1])
+    for sampled in ([[1], [1]], [[3], [4]], [[3], [4]]):
+        batch.propose(prop, sampled)
+    assert len(policy.steps) == 2 and all(0 <= s.draft_ms < 40 for s in policy.steps)
+    assert all(s.ms is None or s.ms >= 50 for s in policy.steps)  # the step's time still holds it
+
+
 def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
     """A request that samples nothing in a step (finished, preempted) resolves its shadow with the
     tokens it emitted: those compared, all matched."""
