@@ -477,7 +477,9 @@ SECTIONS: list[Section] = [
             "`propose`. Modelled per request-step from the micro-benchmark above (this machine's CPU, not a GPU host's): "
             "a call that drafted at `fixed`'s, `dcut-roofline`'s (`ours-dcut`, started from the clock's profile) or "
             "`dcut`'s (`ours-dcut-online`) median by batch size, one where D-cut decided not to draft at "
-            "the `dcut-plain` arm's mean (its quiet calls, its probes and the counting it defers, settled). "
+            "the `dcut-plain` arm's (a quiet call), each less its counting; and the counting apart, per token our "
+            "tables counted (`fixed`'s count over its MAT), charged to the call that counted it — for D-cut after "
+            "plain decisions, the next draft, which counts what they deferred. "
             "Suffix decoding pays its `suffix` arm's median by batch size (one figure for every depth); plain vLLM runs "
             "no proposer. Where a fixed "
             "arm and D-cut both stay below plain, what our proposer costs per step decides it, not the budget.",
