@@ -460,7 +460,7 @@ SECTIONS: list[Section] = [
             "starts from the clock's step-cost "
             "profile at the running rows' mean context, as the shipped vLLM proposer starts from its GPU's roofline "
             "(on the CPU clock: a profile the shipped proposer has no counterpart of on a CPU), `ours-dcut-online` fits "
-            "the step time online alone (as shipped on a CPU or a GPU without a preset). The rooflines price the forward "
+            "the step time online alone (as shipped on a CPU or where no roofline models the step). The rooflines price the forward "
             "alone here (no drafter's own CPU time: "
             "the next table adds ours); the CPU-measured clock was timed between `propose` calls, our proposer's own "
             "time included. Batches below or above a recording's rows are its rollouts split or "

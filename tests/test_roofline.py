@@ -64,12 +64,14 @@ def test_qwen3_8b_on_an_h200_is_the_lab_preset():
 
 
 def test_a_step_the_roofline_does_not_model_has_no_profile():
-    """No profile — and the reason, for the log — on a CPU, on a GPU without a preset, under tensor
-    parallelism, for a mixture of experts and for quantized weights; an fp8 KV cache reads 1 byte a value."""
+    """No profile — and the reason, for the log — on a CPU, on a GPU without a preset whose peaks
+    cannot be measured (here: no CUDA), under tensor parallelism, for a mixture of experts and for
+    quantized weights; an fp8 KV cache reads 1 byte a value."""
     config, moe = Qwen3Config(**QWEN3_8B), Qwen3MoeConfig(num_hidden_layers=2, num_experts=8)
     model = _meta_model(Qwen3Config(**{**QWEN3_8B, "num_hidden_layers": 2}))
     cases = {"device 'cpu'": (_vllm_config(config, device="cpu"), "NVIDIA H200"),
-             "GPU 'NVIDIA A100-SXM4-80GB' has no preset": (_vllm_config(config), "NVIDIA A100-SXM4-80GB"),
+             "GPU 'NVIDIA A100-SXM4-80GB' has no preset and measuring its peaks failed": (_vllm_config(config),
+                                                                                         "NVIDIA A100-SXM4-80GB"),
              "tensor × pipeline parallel size 2 × 1": (_vllm_config(config, tp=2), "NVIDIA H200"),
              "a mixture of experts": (_vllm_config(moe), "NVIDIA H200"),
              "quantized weights (awq)": (_vllm_config(config, quantization="awq"), "NVIDIA H200")}
@@ -78,6 +80,31 @@ def test_a_step_the_roofline_does_not_model_has_no_profile():
         assert clock is None and why.startswith(reason) and "learned online" in why
     clock, _ = profile.start_profile(_vllm_config(config, cache_dtype="fp8_e4m3"), model, device_name="NVIDIA H200")
     assert clock.model.bytes_per_value == 1 and clock.model.read_bytes == 2 * clock.model.params
+
+
+def test_a_gpu_without_a_preset_is_priced_by_its_measured_peaks():
+    """A GPU without a preset gets the roofline of the peaks measured on it (`measure`, in the
+    target's dtype), reached rather than headlined (η = 1), and the log says what was measured;
+    the preset GPUs are not measured. `measure_peaks` itself, on this CPU at a small size, gives
+    positive finite figures."""
+    config = Qwen3Config(**QWEN3_8B)
+    model = _meta_model(config)
+    asked = []
+
+    def measure(dtype):
+        asked.append(dtype)
+        return 312.0, 2.0
+
+    clock, why = profile.start_profile(_vllm_config(config), model, device_name="NVIDIA A100-SXM4-80GB", measure=measure)
+    assert asked == [torch.bfloat16]
+    assert (clock.accelerator.tflops, clock.accelerator.tbps, clock.eta_mem, clock.eta_flop) == (312.0, 2.0, 1.0, 1.0)
+    assert "measured now: 312 TFLOP/s, 2.00 TB/s" in why and "A100" in why
+    # memory-bound at 8 rows: the weights' read at the measured bandwidth, plus the overhead
+    assert float(clock.profile_ms(8, np.array([0]), 0)[0]) == pytest.approx(clock.overhead_ms + 1000 * 2 * 8.19e9 / 2e12, rel=0.01)
+    clock, why = profile.start_profile(_vllm_config(config), model, device_name="NVIDIA H200", measure=measure)
+    assert asked == [torch.bfloat16] and "datasheet" in why and clock.accelerator is ACCELERATORS["H200"]
+    tflops, tbps = profile.measure_peaks("cpu", torch.float32, size=128, copy_mib=1, repeats=2)
+    assert 0 < tflops < 100 and 0 < tbps < 1
 
 
 def test_the_proposer_starts_dcut_from_the_roofline_at_the_running_contexts(monkeypatch):
