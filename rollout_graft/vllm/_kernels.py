@@ -125,22 +125,14 @@ def _owner(gens, slot: int) -> int:
     return 0 if slot < 0 else (slot + 1) << 32 | gens[slot]
 
 
-@njit(cache=True, inline="always")
-def _touch(keys, owner, w0, w1, w2, w3, extra):
-    """Load the row where the key's probe starts (a lookup after it finds the row cached)."""
-    return keys[_home(keys, owner, w0, w1, w2, w3, extra), OWNER]
-
-
 @njit(cache=True)
-def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, spare: int) -> int:
+def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, spare: int) -> None:
     """Segment s = meta[s] (table slot, also slot or -1, start, end): count the text's positions
     [start, end) as the successor of their contexts of lo…hi tokens in both tables. `tokens` holds
-    each segment's text[max(start - hi, 0):end], one after the other. Each position first loads its
-    keys' rows (`_touch`; returns their sum: no result): independent loads, their misses overlap.
+    each segment's text[max(start - hi, 0):end], one after the other.
     Runs from `at` = (segment, position, its segment's start in `tokens`) and stops before a
     position that could fill a table past 1 / `spare` of its rows (`at` is then where to go on; at[0] = len(meta):
     done), so a table grows with what it holds (`ngrams.NgramStore.teach`)."""
-    acc = 0
     orders = hi - lo + 1
     base = at[2]
     for s in range(at[0], len(meta)):
@@ -150,24 +142,18 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, sp
         for pos in range(max(start, lo, at[1] if s == at[0] else 0), end):
             if spare * (used[0] + 2 * orders) > len(ctx) or spare * (used[1] + 4 * orders) > len(pairs):
                 at[0], at[1], at[2] = s, pos, base
-                return acc
+                return
             i = base + pos - first
             tok = tokens[i]
-            for touch in (True, False):
-                w0 = w1 = w2 = w3 = 0
-                for n in range(1, min(pos, hi) + 1):
-                    w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
-                    if n >= lo and touch:
-                        acc += _touch(ctx, owner, w0, w1, w2, w3, 0) + _touch(pairs, owner, w0, w1, w2, w3, tok)
-                        if other > 0:
-                            acc += _touch(ctx, other, w0, w1, w2, w3, 0) + _touch(pairs, other, w0, w1, w2, w3, tok)
-                    elif n >= lo:
-                        _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok, 1)
-                        if other > 0:
-                            _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
+            w0 = w1 = w2 = w3 = 0
+            for n in range(1, min(pos, hi) + 1):
+                w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
+                if n >= lo:
+                    _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok, 1)
+                    if other > 0:
+                        _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
         base += max(end - first, 0)
     at[0], at[1], at[2] = len(meta), 0, base
-    return acc
 
 
 @njit(cache=True)
