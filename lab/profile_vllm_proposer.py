@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Micro-benchmark of `RLDraftProposer`'s own CPU time per vLLM step (no vLLM engine, no model).
+"""Micro-benchmark of `RLDraftProposer`'s own time per vLLM step (no vLLM engine, no model).
 
     python lab/profile_vllm_proposer.py --compare --cells 64:256 256:256 1024:256 256:1024 --repeats 5 --json out.json
     python lab/profile_vllm_proposer.py --batches 8 64 256 --json out.json [--cprofile 256]
@@ -8,7 +8,9 @@
 `--compare` (what RESULTS shows): like for like, ours (fixed depth, its A/A twin, D-cut), vLLM's
 `NgramProposer` and, where arctic-inference is installed, its `SuffixDecodingProposer` on the same
 persistent batch (`window`: rows arriving with BATCH:CONTEXT tokens, then `--steps` timed calls as
-they emit, leave and condense), interleaved repeat by repeat, timed in CPU time of the calling thread.
+they emit, leave and condense), interleaved repeat by repeat, timed by the wall clock (ours counts and
+walks the prior in a helper thread beside the groups: its time is on the step's critical path, which
+the calling thread's CPU time would leave out; medians resist the shared machine's stalls).
 Without it, whole synthetic rollouts through ours alone:
 
 Drives the real proposer with persistent-batch arrays shaped as vLLM's `custom_class` call passes
@@ -30,7 +32,7 @@ request-step (all steps), split into tracker (`RequestTracker.rows`), learn (wha
 and the shadows earned, policy calls excluded), drafting — count (`NgramStore.teach`: the new text
 counted) and walk (`NgramStore.chain_arrays`: the chains) —, policy (`self.policy.*` calls) and the
 rest of `propose`.
-This measures the proposer's CPU time only, not end-to-end speed.
+This measures the proposer's own time only, not end-to-end speed.
 
 The persistent-batch replay itself is `rollout_graft_tools.chain_replay` (shared with `lab/replay.py vllm`
 and tests/test_vllm_units.py).
@@ -164,8 +166,8 @@ def prior_memory(tokens: int, seed: int = 0) -> dict:
     for start in range(0, len(text), 1000):  # a step's worth of text at a time, as a proposer counts it
         store.teach([(prior, -1, text, start, min(start + 1000, len(text)))])
     contexts = int(store.sizes[prior])
-    return {"tokens": len(text), "contexts": contexts, "bytes": int(store.ctx.nbytes + store.pairs.nbytes),
-            "bytes_per_context": (store.ctx.nbytes + store.pairs.nbytes) / max(contexts, 1)}
+    return {"tokens": len(text), "contexts": contexts, "bytes": int(store.nbytes()),
+            "bytes_per_context": store.nbytes() / max(contexts, 1)}
 
 
 # ---------------------------------------------------------------------- like for like: ours against vLLM's n-gram
@@ -254,9 +256,9 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
         if hasattr(prop, "set_requests"):
             prop.set_requests([rid[r] for r in slots], [PROMPT] * len(slots))
         rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
-        t = time.thread_time()  # CPU time of this thread (numba's too): a shared machine's stalls do not count
+        t = time.perf_counter()  # the wall clock: our helper thread's time is on the critical path too
         got = clock.call(prop.propose, rows_in, num, token_ids) if clock is not None else prop.propose(rows_in, num, token_ids)
-        dt = time.thread_time() - t
+        dt = time.perf_counter() - t
         if step:  # the arrival call (every row new) is not timed
             calls.append(dt)
             rows += len(slots)
@@ -283,10 +285,10 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
                 finished.append(i)
     if parts is not None:
         parts.running = False
-    t = time.thread_time()
+    t = time.perf_counter()
     settle(prop)  # what the timed calls left to count (D-cut deciding not to draft defers it to its next draft)
     return {"calls": calls, "rows_per_call": per_call, "rows": rows, "emitted": emitted, "drafted": drafted,
-            "settle": time.thread_time() - t}
+            "settle": time.perf_counter() - t}
 
 
 def settle(prop) -> None:
@@ -313,7 +315,7 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
         for rep in range(repeats + 1):  # repeat 0 warms up (numba's caches, allocation)
             for arm in arms:
                 prop = make_arm(arm, k, max_len, batch + 8)
-                p = Parts(prop, time.thread_time) if hasattr(prop, "tracker") else None  # ours: its parts
+                p = Parts(prop, time.perf_counter) if hasattr(prop, "tracker") else None  # ours: its parts
                 with fake_clock() as clock:
                     clock_ms = PLAIN_PAYS if arm == "dcut-plain" else FLAT if arm == "dcut-roofline" else step_ms
                     for learn in range(3 if arm == "dcut-plain" else 0):  # it learns that drafting does not pay
@@ -322,7 +324,7 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
                                clock if arm.startswith("dcut") else None, ids, p)
                 sec = p.seconds() if p is not None else None
                 if p is not None and rep:
-                    mb.setdefault(arm, []).append((prop.store.ctx.nbytes + prop.store.pairs.nbytes) / 1e6)
+                    mb.setdefault(arm, []).append(prop.store.nbytes() / 1e6)
                 del prop, p  # its tables (GBs at 1,024 long rows) go before the next arm builds its own
                 gc.collect()
                 if rep:

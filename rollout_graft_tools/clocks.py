@@ -113,7 +113,7 @@ class LongerContexts:
 
 @dataclass(frozen=True)
 class ProposerCost:
-    """Our proposer's own CPU time per step, modelled: µs per request-step at each batch size of
+    """Our proposer's own time per step, modelled: µs per request-step at each batch size of
     `batches` (linear between them, flat outside) — `drafting[policy]` for a call that drafted, per
     policy kind ("fixed": a budget that does not learn; "dcut": learning the step time online;
     "dcut-roofline": started from a roofline, as on a GPU with a preset; "suffix": vLLM's suffix

@@ -426,7 +426,7 @@ SECTIONS: list[Section] = [
             "beyond that spread, or on other evidence (docs/DESIGN.md, the vLLM backend, step 4).",
             ("vllm_dcut_ablation.json", "vllm_dcut_ablation_smollm2_revisit.json",
              "vllm_dcut_untimed_first_counts_smollm2.json"), render_ablation),
-    Section("vLLM proposer's own CPU time against vLLM's n-gram and suffix proposers (micro-benchmark)",
+    Section("vLLM proposer's own time against vLLM's n-gram and suffix proposers (micro-benchmark)",
             "No vLLM engine, no model: one persistent batch in vLLM's array layout (GRPO groups of 8, rows arriving "
             "with `context` tokens, then 8 timed calls as rows emit, leave and condense; k = 8) through ours (`fixed`, "
             "its A/A twin `fixed-twin`, `dcut` on a modelled step clock, `dcut-roofline` the same started from a "
@@ -440,7 +440,9 @@ SECTIONS: list[Section] = [
             "the mean with the counting the timed calls left undone (a D-cut that does not draft defers it to its next "
             "draft), for what a spell of plain decisions costs; tables MB: our hash tables' size after the window. "
             "MAT: tokens per request-step on this batch, drafts accepted up to their first token off the row's "
-            "completion. Measured on a shared 2-core machine: the twin's spread is the run's noise.",
+            "completion. Wall-clock time: ours counts and walks the prior in a helper thread beside the groups once a "
+            "call holds 64 rows or more (`ngrams.PARALLEL_ROWS`), its second core's work on the step's critical path; "
+            "vLLM's proposers run on one. Measured on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_vs_ngram.json",), render_proposer_profile),
     Section("vLLM step cost against draft tokens (tiny target)",
             "Steps with randomly cut chains, timed as D-cut times them, and the step-cost models fitted to them "
@@ -461,7 +463,7 @@ SECTIONS: list[Section] = [
             "profile at the running rows' mean context, as the shipped vLLM proposer starts from its GPU's roofline "
             "(on the CPU clock: a profile the shipped proposer has no counterpart of on a CPU), `ours-dcut-online` fits "
             "the step time online alone (as shipped on a CPU or where no roofline models the step). The rooflines price the forward "
-            "alone here (no drafter's own CPU time: "
+            "alone here (no drafter's own time: "
             "the next table adds ours); the CPU-measured clock was timed between `propose` calls, our proposer's own "
             "time included. Batches below or above a recording's rows are its rollouts split or "
             "fused; `revisit`: each rollout twice, timed the second time; `grpo`: a recording of three real GRPO epochs "
@@ -472,7 +474,7 @@ SECTIONS: list[Section] = [
             inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1_r4.json", "replay/rec_tiny_grpo_t1.json",
                     "replay/rec_smollm2_t0_b8.json")),
     Section("D-cut on the rooflines with our proposer's own time (replayed rollouts: modelled, not measured)",
-            "The cells above, the rooflines' steps now adding our proposer's own CPU time (`--proposer-cost`): on a GPU "
+            "The cells above, the rooflines' steps now adding our proposer's own time (`--proposer-cost`): on a GPU "
             "vLLM runs a `custom_class` drafter between steps with its async scheduling off, so every step waits for "
             "`propose`. Modelled per request-step from the micro-benchmark above (this machine's CPU, not a GPU host's): "
             "a call that drafted at `fixed`'s, `dcut-roofline`'s (`ours-dcut`, started from the clock's profile) or "

@@ -235,16 +235,43 @@ def test_a_pass_that_fills_the_tables_grows_them_as_it_goes():
     counts are the Python rule's and the tables' rows stay within a small multiple of what they
     hold (not sized for the worst case of every position)."""
     rng = np.random.default_rng(2)
-    store = NgramStore(8, 1)
-    mine, prior = store.slot(), store.slot()
-    ref, ref_prior = PyNgramCounts(8, 1), PyNgramCounts(8, 1)
-    texts = [rng.integers(0, 6, 400).tolist() for _ in range(6)]
-    store.teach([(mine, prior, t, 0, len(t)) for t in texts])
-    for t in texts:
-        ref.teach(t, 0, also=ref_prior)
-    assert store.table(mine) == ref.table() and store.table(prior) == ref_prior.table()
-    assert store.used[0] > 4 * 1024 and store.used[1] > 1024  # it grew, several times
-    assert len(store.ctx) <= 4 * SPARE * store.used[0] and len(store.pairs) <= 4 * SPARE * store.used[1]
+    for apart in (False, True):  # the prior in the groups' hash tables, or in its own (the proposer's)
+        store = NgramStore(8, 1)
+        mine, prior = store.slot(), store.slot(apart=apart)
+        ref, ref_prior = PyNgramCounts(8, 1), PyNgramCounts(8, 1)
+        texts = [rng.integers(0, 6, 400).tolist() for _ in range(6)]
+        store.teach([(mine, prior, t, 0, len(t)) for t in texts])
+        for t in texts:
+            ref.teach(t, 0, also=ref_prior)
+        assert store.table(mine) == ref.table() and store.table(prior) == ref_prior.table()
+        for sh in store.shards[: 1 + apart]:
+            assert sh.used[0] > 4 * 1024 and sh.used[1] > 1024  # it grew, several times
+            assert len(sh.ctx) <= 4 * SPARE * sh.used[0] and len(sh.pairs) <= 4 * SPARE * sh.used[1]
+
+
+def test_the_prior_counted_and_walked_in_a_helper_thread_changes_nothing(monkeypatch):
+    """The prior's hash tables apart (`slot(apart=True)`, the proposer's) are counted and walked in
+    a helper thread beside the groups' once a call is big enough (`ngrams.PARALLEL_ROWS`): the
+    tables and chains are those of the same calls made one after the other."""
+    from rollout_graft.vllm import ngrams
+
+    rng = np.random.default_rng(3)
+    texts = [rng.integers(0, 9, 300).tolist() for _ in range(40)]
+    contexts = [t[: int(rng.integers(0, 300))] for t in texts] * 8
+    got = []
+    for threshold in (10**9, 0):  # never in the helper thread, always
+        monkeypatch.setattr(ngrams, "PARALLEL_ROWS", threshold)
+        store = NgramStore(8, 1)
+        groups, prior = [store.slot() for _ in range(5)], store.slot(apart=True)
+        for i in range(0, 300, 50):  # steps of 50 tokens a text
+            store.teach([(groups[j % 5], prior, t, i, i + 50) for j, t in enumerate(texts)])
+        chains, scores = store.chains([groups[j % 5] for j in range(len(contexts))], prior, contexts,
+                                      np.full(len(contexts), 8), 8)
+        got.append(([store.table(s) for s in groups + [prior]], chains, scores))
+        if threshold == 0:
+            assert store._helper is not None and store.shards[1].used[0] > 0 and store.shards[0].used[0] > 0
+    assert got[0][0] == got[1][0] and got[0][1] == got[1][1] and np.array_equal(got[0][2], got[1][2])
+    assert any(c for c in got[0][1])
 
 
 def test_compiled_tables_count_and_chain_as_the_python_rule():
@@ -258,17 +285,21 @@ def test_compiled_tables_count_and_chain_as_the_python_rule():
         order = int(rng.integers(1, 9))
         lo = int(rng.integers(1, order + 1))
         store = NgramStore(order, lo)
-        mine, prior = store.slot(), store.slot()
+        mine, prior = store.slot(), store.slot(apart=trial % 2 == 1)  # the prior in its own hash tables, or not
         ref, ref_prior = PyNgramCounts(order, lo), PyNgramCounts(order, lo)
         vocab, texts = int(rng.integers(2, 12)), []
-        for _ in range(12):
+        for i in range(12):
             text = rng.integers(0, vocab, int(rng.integers(0, 40))).tolist()
             if trial % 3 == 0:
                 text = [t + 2**31 - 20 for t in text]
             texts.append(text)
             start = int(rng.integers(0, len(text) + 1))
-            store.teach([(mine, prior, text, start, len(text))])
-            ref.teach(text, start, also=ref_prior)
+            if i % 3 == 2:  # the prior's own (the two tables differ: its chain or the group's wins)
+                store.teach([(prior, -1, text, start, len(text))])
+                ref_prior.teach(text, start)
+            else:
+                store.teach([(mine, prior, text, start, len(text))])
+                ref.teach(text, start, also=ref_prior)
         assert store.table(mine) == ref.table() and store.table(prior) == ref_prior.table()
         assert store.sizes[mine] == len(ref.best)
         contexts = [rng.integers(0, vocab, int(rng.integers(0, 10))).tolist() for _ in range(30)]
@@ -1354,3 +1385,25 @@ def test_deferred_steps_change_nothing(monkeypatch, tmp_path, preempt_every):
     p0.save_state(tmp_path / "applied")
     assert p1.store.table(p1.prior) == p0.store.table(p0.prior)
     assert (tmp_path / "deferred" / "recall.json").read_text() == (tmp_path / "applied" / "recall.json").read_text()
+
+
+@pytest.mark.parametrize("parallel_rows", [0, 10**9])
+def test_a_rollout_compiles_no_kernel_its_proposer_did_not_compile_when_built(monkeypatch, parallel_rows):
+    """Every compiled kernel a rollout calls (the tables', the tracker's, the in-flight drafts' and
+    D-cut's) was compiled (or loaded from numba's cache) when the proposer was built: a compile in
+    a step vLLM times would cost it seconds and feed D-cut's step-cost fit. With the prior's part in
+    the helper thread and without."""
+    from rollout_graft.dcut import _kernels as dcut_kernels
+    from rollout_graft.vllm import _kernels as vllm_kernels
+    from rollout_graft.vllm import ngrams
+    from rollout_graft_tools.chain_replay import VOCAB, fake_clock, ours_proposer, replay
+
+    monkeypatch.setattr(ngrams, "PARALLEL_ROWS", parallel_rows)
+    prop = ours_proposer(4, None, VOCAB, 400)
+    kernels = {f"{m.__name__}.{n}": getattr(m, n) for m in (vllm_kernels, dcut_kernels) for n in dir(m)
+               if hasattr(getattr(m, n), "signatures")}
+    built = {name: list(k.signatures) for name, k in kernels.items()}
+    with fake_clock() as clock:
+        replay(prop, 24, group=8, length=60, seed=3, clock=clock, preempt_every=7)
+    assert prop.stats.draft_tokens > 0 and (parallel_rows or prop.store._helper is not None)
+    assert {name: list(k.signatures) for name, k in kernels.items()} == built

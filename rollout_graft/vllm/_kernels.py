@@ -125,11 +125,12 @@ def _owner(gens, slot: int) -> int:
     return 0 if slot < 0 else (slot + 1) << 32 | gens[slot]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, spare: int) -> None:
-    """Segment s = meta[s] (table slot, also slot or -1, start, end): count the text's positions
-    [start, end) as the successor of their contexts of lo…hi tokens in both tables. `tokens` holds
-    each segment's text[max(start - hi, 0):end], one after the other.
+    """Segment s = meta[s] (table slot or -1, also slot or -1, start, end): count the text's positions
+    [start, end) as the successor of their contexts of lo…hi tokens in both tables (-1: none; a
+    segment of neither is skipped). `tokens` holds each segment's text[max(start - hi, 0):end], one
+    after the other. Releases the GIL (`ngrams.NgramStore._both`).
     Runs from `at` = (segment, position, its segment's start in `tokens`) and stops before a
     position that could fill a table past 1 / `spare` of its rows (`at` is then where to go on; at[0] = len(meta):
     done), so a table grows with what it holds (`ngrams.NgramStore.teach`)."""
@@ -139,6 +140,9 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, sp
         slot, other_slot, start, end = meta[s, 0], meta[s, 1], meta[s, 2], meta[s, 3]
         owner, other = _owner(gens, slot), _owner(gens, other_slot)
         first = max(start - hi, 0)
+        if owner == 0 and other == 0:
+            base += max(end - first, 0)
+            continue
         for pos in range(max(start, lo, at[1] if s == at[0] else 0), end):
             if spare * (used[0] + 2 * orders) > len(ctx) or spare * (used[1] + 4 * orders) > len(pairs):
                 at[0], at[1], at[2] = s, pos, base
@@ -149,7 +153,8 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, sp
             for n in range(1, min(pos, hi) + 1):
                 w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
                 if n >= lo:
-                    _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok, 1)
+                    if owner > 0:
+                        _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok, 1)
                     if other > 0:
                         _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
         base += max(end - first, 0)
@@ -227,24 +232,21 @@ def _window_words(win, words, w: int, hi: int) -> int:
 A, B, G, FIRST, ROW, TABLE, DEPTH = 0, 1, 2, 3, 4, 5, 6
 
 
-@njit(cache=True)
-def _chains(ctx, gens, slots, prior_slot: int, token_ids, rows, lens, room, k: int, lo: int, hi: int):
+@njit(cache=True, nogil=True)
+def _chains(ctx, gens, slots, token_ids, rows, lens, room, k: int, lo: int, hi: int):
     """Row j: the chain of the table of slots[j] continuing its text — token_ids[rows[j], :lens[j]],
-    of which the last `hi` tokens are read — at most room[j] ≤ k tokens, or the prior's where its
-    scores sum to more (prior_slot ≥ 0). Returns tokens [rows, k], scores [rows, k] (0 past a
-    chain's end), lengths [rows] and a sum of rows read (no result: it keeps their loads).
+    of which the last `hi` tokens are read — at most room[j] ≤ k tokens. Returns tokens [rows, k],
+    scores [rows, k] (0 past a chain's end), lengths [rows] and a sum of rows read (no result: it
+    keeps their loads). Releases the GIL (`ngrams.NgramStore._both`).
 
-    A walk (a row's chain in one table) takes, per token, the most frequent successor of the
+    A walk (a row's chain) takes, per token, the most frequent successor of the
     longest known context of its window (the last `hi` tokens, shifted along the chain). A table
     knows a known context's suffixes down to `lo` tokens (`_teach` counts each of a position's
     contexts; a cleared table is empty), so the known lengths are lo…L: L is sought from the last
     token's L + 1 (the first token's: the window's), then bisected. A probe is a likely cache miss
-    that depends on the one before, so the walks (every row's, in its group's table and in the
-    prior's) go in rounds of one probe each: first every probe's row is loaded (independent loads:
-    their misses overlap), then the probes are made."""
-    n = len(slots)
-    prior = _owner(gens, prior_slot)
-    walks = 2 * n if prior > 0 else n  # walk j < n: row j's group table; n + j: the prior's
+    that depends on the one before, so the walks go in rounds of one probe each: first every
+    probe's row is loaded (independent loads: their misses overlap), then the probes are made."""
+    walks = len(slots)
     tok, score = np.zeros((walks, k), np.int64), np.zeros((walks, k), np.float64)
     m = np.zeros(walks, np.int64)
     win = np.full((walks, hi), -1, np.int64)
@@ -253,25 +255,28 @@ def _chains(ctx, gens, slots, prior_slot: int, token_ids, rows, lens, room, k: i
     live = np.empty(walks, np.int64)
     alive = 0
     for w in range(walks):
-        j = w if w < n else w - n
-        size, end = min(lens[j], hi), lens[j]
+        size, end = min(lens[w], hi), lens[w]
         for q in range(size):
-            win[w, hi - size + q] = token_ids[rows[j], end - size + q]
+            win[w, hi - size + q] = token_ids[rows[w], end - size + q]
         top = _window_words(win, words, w, hi)
-        if min(room[j], k) > 0 and lo <= top:
+        if min(room[w], k) > 0 and lo <= top:
             st[w, A], st[w, B], st[w, G], st[w, FIRST], st[w, ROW] = lo, top, top, 1, -1
-            st[w, TABLE], st[w, DEPTH] = _owner(gens, slots[j]) if w < n else prior, min(room[j], k)
+            st[w, TABLE], st[w, DEPTH] = _owner(gens, slots[w]), min(room[w], k)
             live[alive] = w
             alive += 1
     acc = _rounds(ctx, st, live[:alive], words, win, tok, score, m, lo, hi)
-    if prior > 0:
-        for j in range(n):
-            if score[n + j, : m[n + j]].sum() > score[j, : m[j]].sum():
-                tok[j, : m[n + j]] = tok[n + j, : m[n + j]]
-                score[j, : m[n + j]] = score[n + j, : m[n + j]]
-                score[j, m[n + j] :] = 0.0
-                m[j] = m[n + j]
-    return tok[:n], score[:n], m[:n], acc
+    return tok, score, m, acc
+
+
+@njit(cache=True)
+def _prefer(tok, score, m, other_tok, other_score, other_m) -> None:
+    """Row j takes the other chain (the prior's) where its scores sum to more, in place."""
+    for j in range(len(m)):
+        if other_score[j, : other_m[j]].sum() > score[j, : m[j]].sum():
+            tok[j, : other_m[j]] = other_tok[j, : other_m[j]]
+            score[j, : other_m[j]] = other_score[j, : other_m[j]]
+            score[j, other_m[j] :] = 0.0
+            m[j] = other_m[j]
 
 
 @njit(cache=True)

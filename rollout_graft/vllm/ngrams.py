@@ -6,14 +6,17 @@ the table has seen; its confidence is count / (total + 0.5) · n / (n + 1) for a
 tokens, a chain's scores the prefix products. Counts, and so chains, do not depend on the order
 they are made in. The tables are compiled hash tables in numpy arrays (`_kernels`): keys are
 (slot, generation, context packed two tokens per int64 word); a cleared or released slot takes
-a new generation, whose old rows go at the next rebuild. Rationale and measurements:
+a new generation, whose old rows go at the next rebuild. A table made `apart` (the proposer's
+prior, which every completion teaches beside its group's table) lives in a second pair of hash
+tables (`Shard`), so a big call counts and walks the two at once, in two threads. Rationale and measurements:
 docs/DESIGN.md, "The vLLM backend" (step 3 and the proposer's own time); `tests/ngram_reference.py`
 is the same rule in plain Python, which the tests compare every table and chain with.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
@@ -59,6 +62,25 @@ def _capacity(rows: int) -> int:
     return max(1024, 1 << int(SPARE * rows - 1).bit_length())
 
 
+PARALLEL_ROWS = 64
+"""A `teach` of at least this many texts (a walk of at least this many rows) runs its two shards'
+parts at once, the second in a helper thread (numba releases the GIL). The hand-over costs tens of
+µs on this 2-core machine: on the micro-benchmark (`lab/profile_vllm_proposer.py --compare`,
+alternating runs, not kept) a call of ~75 rows took as long either way, one of ~115 rows 0.79× as
+long in two threads and one of ~155 0.75×, and one of 8 rows, always in two, 1.7× as long."""
+
+
+@dataclass
+class Shard:
+    """One pair of hash tables (`_kernels`: contexts and successor pairs) and the rows each has taken,
+    dead generations included. A store has two: its tables in one, those made `apart` (the prior)
+    in the other, so the two can be counted and walked at once."""
+
+    ctx: np.ndarray = field(default_factory=lambda: _rows(1024))
+    pairs: np.ndarray = field(default_factory=lambda: _rows(1024))
+    used: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int64))
+
+
 @dataclass
 class TextRows:
     """Texts `NgramStore.teach` counts where they are held, in an array (vLLM's `token_ids_cpu`):
@@ -88,37 +110,43 @@ class NgramStore:
 
         self.order, self.min_order = order, min_order
         self.kern = _kernels
-        self.ctx = _rows(1024)  # contexts: owner, words, best successor, its count, total
-        self.pairs = _rows(1024)  # owner, words, successor, count (and a column unused: a row per cache line)
-        self.used = np.zeros(2, np.int64)  # rows taken in ctx and pairs, dead generations included
+        self.shards = [Shard(), Shard()]  # the tables' hash tables; the second: those made `apart`
+        self.shard_of = np.zeros(0, np.int64)  # slot → its shard
         self.gens = np.zeros(0, np.int64)  # slot → its table's generation
         self.sizes = np.zeros(0, np.int64)  # slot → contexts its table holds
         self.bounds: dict[int, int] = {}  # slot → contexts past which its table starts over (a bound on memory)
         self.resets: dict[int, int] = {}  # slot → times its table started over past its bound
         self.free: list[int] = []  # released slots, to reuse
+        self._helper: ThreadPoolExecutor | None = None  # runs the second shard's part (`_both`)
         self._warm()
 
     def _warm(self) -> None:
         """Compile (or load from numba's cache) every kernel now: compiling one in a step vLLM times
         (the first growth of the table, seconds on a fresh install) would feed D-cut's step-cost
         fit and guard an outlier of that size."""
-        self.teach([])
         none = np.zeros(0, np.int64)
+        self._teach_shard(0, np.zeros((0, 4), np.int64), none)  # (a teach of no table runs no pass)
         for ids in (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int32)):  # lists' tokens; the tracker's texts
             self.teach([], TextRows(ids, none, none, none, none))
         for ids in (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int32)):  # lists' tokens; vLLM's token_ids_cpu
-            self.chains_at([], -1, ids, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 1)
-        for rows, wide in ((self.ctx, False), (self.pairs, True)):
+            self.chains_at([], -1, ids, none, none, none, 1)
+        empty = np.zeros((0, 1))
+        self.kern._prefer(np.zeros((0, 1), np.int64), empty, none, np.zeros((0, 1), np.int64), empty, none)
+        sh = self.shards[0]
+        for rows, wide in ((sh.ctx, False), (sh.pairs, True)):
             self.kern._rehash(rows, self.kern._live(rows, self.gens), np.zeros_like(rows), wide)
-        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), *np.zeros((2, 0), np.int64))
+        self.kern._import(sh.ctx, sh.pairs, sh.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), *np.zeros((2, 0), np.int64))
 
-    def slot(self, max_contexts: int | None = None) -> int:
+    def slot(self, max_contexts: int | None = None, apart: bool = False) -> int:
         """A new empty table's slot; past `max_contexts` contexts after a `teach` it starts over
-        from empty (None: never)."""
+        from empty (None: never). `apart`: its hash tables are the store's second shard (the
+        prior's: counted and walked beside the others, at once)."""
         slot = self.free.pop() if self.free else len(self.gens)
         if slot == len(self.gens):
             self.gens = np.append(self.gens, 0)
             self.sizes = np.append(self.sizes, 0)
+            self.shard_of = np.append(self.shard_of, 0)
+        self.shard_of[slot] = int(apart)
         if max_contexts is not None:
             self.bounds[slot], self.resets[slot] = max_contexts, 0
         return slot
@@ -139,49 +167,82 @@ class NgramStore:
         self.resets.pop(slot, None)
         self.free.append(slot)
 
-    def reserve(self, contexts: int, pairs: int) -> None:
-        """Room for this many new rows in each hash table (rebuilt without dead generations)."""
+    def reserve(self, contexts: int, pairs: int, shard: int = 0) -> None:
+        """Room for this many new rows in each hash table of `shard` (rebuilt without dead generations)."""
+        sh = self.shards[shard]
         for i, (name, extra) in enumerate((("ctx", contexts), ("pairs", pairs))):
-            rows = getattr(self, name)
-            if SPARE * (int(self.used[i]) + extra) <= len(rows):
+            rows = getattr(sh, name)
+            if SPARE * (int(sh.used[i]) + extra) <= len(rows):
                 continue
             live = self.kern._live(rows, self.gens)
             n = int(live.sum())
-            setattr(self, name, self.kern._rehash(rows, live, _rows(_capacity(n + extra)), i == 1))
-            self.used[i] = n
+            setattr(sh, name, self.kern._rehash(rows, live, _rows(_capacity(n + extra)), i == 1))
+            sh.used[i] = n
+
+    def nbytes(self) -> int:
+        """Bytes of every hash table."""
+        return sum(sh.ctx.nbytes + sh.pairs.nbytes for sh in self.shards)
 
     def teach(self, work: list[tuple[int, int, list[int], int, int]], rows: TextRows | None = None) -> None:
         """For each (slot, also, text, start, end): count text[i] after its contexts, i in
         [start, end), in the table of `slot` and in that of `also` (-1: none); and the same for
-        texts held in an array (`rows`: no Python per text). One compiled pass, which stops where a
-        hash table would pass 1 / `SPARE` full: it is rebuilt for twice the keys it holds and the
-        pass goes on (so a table's rows follow what it holds, not a pass's worst case). Then a
-        table taught past its bound starts over."""
-        hi, orders = self.order, self.order - self.min_order + 1
+        texts held in an array (`rows`: no Python per text). One compiled pass per shard (both at
+        once: `_both`), which stops where a hash table would pass 1 / `SPARE` full: it is rebuilt
+        for twice the keys it holds and the pass goes on (so a table's rows follow what it holds,
+        not a pass's worst case). Then a table taught past its bound starts over."""
+        hi = self.order
         meta = np.fromiter(chain.from_iterable((w[0], w[1], w[3], w[4]) for w in work),
                            dtype=np.int64, count=4 * len(work)).reshape(-1, 4)
         tokens = np.fromiter(chain.from_iterable(w[2][max(w[3] - hi, 0) : w[4]] for w in work), dtype=np.int64)
         if rows is not None:
             more, text = self.kern._gather(rows.token_ids, rows.rows, rows.slots, rows.also, rows.starts, rows.ends, hi)
             meta, tokens = np.concatenate([meta, more]), np.concatenate([tokens, text])
-        at = np.zeros(3, np.int64)
-        while True:
-            self.kern._teach(self.ctx, self.pairs, self.used, self.sizes, self.gens, meta, tokens, self.min_order, hi, at, SPARE)
-            if at[0] == len(meta):
-                break
-            self._grow(2 * orders, 4 * orders)
+        parts = [self._on_shard(meta, i) for i in range(len(self.shards))]
+        self._both(*(lambda i=i, m=m: self._teach_shard(i, m, tokens) if m is not None else None
+                     for i, m in enumerate(parts)), big=len(meta) >= PARALLEL_ROWS)
         taught = np.unique(meta[:, :2])  # the tables taught (and -1): a bounded one past its bound starts over
         for slot in (s for s in self.bounds if s in taught):
             if self.sizes[slot] > self.bounds[slot]:
                 self.clear(slot)
                 self.resets[slot] += 1
 
-    def _grow(self, contexts: int, pairs: int) -> None:
-        """Each hash table that `contexts` / `pairs` more keys would fill past 1 / `SPARE`, rebuilt
-        without dead generations for twice the keys it holds (at least)."""
-        full = [SPARE * (int(self.used[i]) + extra) > len(rows)
-                for i, (rows, extra) in enumerate(((self.ctx, contexts), (self.pairs, pairs)))]
-        self.reserve(max(int(self.used[0]), contexts) if full[0] else 0, max(int(self.used[1]), pairs) if full[1] else 0)
+    def _on_shard(self, meta: np.ndarray, shard: int) -> np.ndarray | None:
+        """`meta` with the slots of other shards as -1 (their segments are skipped), or None where
+        no segment teaches a table of `shard`."""
+        on = (meta[:, :2] >= 0) & (self.shard_of[meta[:, :2]] == shard)
+        if not on.any():
+            return None
+        out = meta.copy()
+        out[:, :2] = np.where(on, meta[:, :2], -1)
+        return out
+
+    def _teach_shard(self, shard: int, meta: np.ndarray, tokens: np.ndarray) -> None:
+        sh, orders = self.shards[shard], self.order - self.min_order + 1
+        at = np.zeros(3, np.int64)
+        while True:
+            self.kern._teach(sh.ctx, sh.pairs, sh.used, self.sizes, self.gens, meta, tokens, self.min_order, self.order,
+                             at, SPARE)
+            if at[0] == len(meta):
+                return
+            self._grow(shard, 2 * orders, 4 * orders)
+
+    def _both(self, first, second, big: bool):
+        """first() and second(), the second in the helper thread while the first runs where `big`;
+        their results."""
+        if not big:
+            return first(), second()
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="rollout_graft-ngrams")
+        done = self._helper.submit(second)
+        return first(), done.result()
+
+    def _grow(self, shard: int, contexts: int, pairs: int) -> None:
+        """Each hash table of `shard` that `contexts` / `pairs` more keys would fill past 1 /
+        `SPARE`, rebuilt without dead generations for twice the keys it holds (at least)."""
+        sh = self.shards[shard]
+        full = [SPARE * (int(sh.used[i]) + extra) > len(rows)
+                for i, (rows, extra) in enumerate(((sh.ctx, contexts), (sh.pairs, pairs)))]
+        self.reserve(max(int(sh.used[0]), contexts) if full[0] else 0, max(int(sh.used[1]), pairs) if full[1] else 0, shard)
 
     def chains(self, slots: list[int], prior: int, contexts: list[list[int]], room: np.ndarray,
                k: int) -> tuple[list[list[int]], np.ndarray]:
@@ -205,10 +266,29 @@ class NgramStore:
 
     def chain_arrays(self, slots, prior: int, token_ids: np.ndarray, rows: np.ndarray, lens: np.ndarray,
                      room: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`chains_at` as arrays: tokens [rows, k], scores [rows, k] and each chain's length [rows]."""
-        tok, score, m, _ = self.kern._chains(self.ctx, self.gens, np.asarray(slots, dtype=np.int64), prior, token_ids,
-                                          np.asarray(rows, dtype=np.int64), np.asarray(lens, dtype=np.int64),
-                                          np.ascontiguousarray(room, dtype=np.int64), k, self.min_order, self.order)
+        """`chains_at` as arrays: tokens [rows, k], scores [rows, k] and each chain's length [rows].
+        The walks in the tables of `slots` and those in the prior's run at once (`_both`)."""
+        slots, rows = np.asarray(slots, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+        lens, room = np.asarray(lens, dtype=np.int64), np.ascontiguousarray(room, dtype=np.int64)
+        def walks(tables):
+            return lambda: None if tables is None else self._walks(tables, token_ids, rows, lens, room, k)
+
+        priors = np.full(len(slots), prior, np.int64) if prior >= 0 else None
+        (tok, score, m), walked = self._both(walks(slots), walks(priors), big=prior >= 0 and len(slots) >= PARALLEL_ROWS)
+        if walked is not None:  # the prior's chain where its scores sum to more
+            self.kern._prefer(tok, score, m, *walked)
+        return tok, score, m
+
+    def _walks(self, slots: np.ndarray, token_ids, rows, lens, room, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Row j's chain in the table of slots[j] (`_kernels._chains`, a call per shard the slots are on)."""
+        shard = self.shard_of[slots] if len(slots) else slots
+        if not len(slots) or (shard == shard[0]).all():
+            sh = self.shards[int(shard[0]) if len(slots) else 0]
+            return self.kern._chains(sh.ctx, self.gens, slots, token_ids, rows, lens, room, k, self.min_order, self.order)[:3]
+        tok, score, m = np.zeros((len(slots), k), np.int64), np.zeros((len(slots), k)), np.zeros(len(slots), np.int64)
+        for i in np.unique(shard).tolist():
+            on = shard == i
+            tok[on], score[on], m[on] = self._walks(slots[on], token_ids, rows[on], lens[on], room[on], k)
         return tok, score, m
 
     def chain(self, slot: int, context: list[int], depth: int) -> tuple[list[int], list[float]]:
@@ -224,9 +304,9 @@ class NgramStore:
         """The table of `slot`, one row per (context, successor), sorted by context and successor (the
         same table gives the same rows): contexts [n, order] (right-aligned, -1 before a shorter
         context), successors [n], counts [n]."""
-        k, owner = self.kern, self.owner(slot)
-        one = self.ctx[(self.ctx[:, k.OWNER] == owner) & (self.ctx[:, k.BEST_COUNT] == self.ctx[:, k.TOTAL])]  # no pairs rows
-        many = self.pairs[self.pairs[:, k.OWNER] == owner]
+        k, owner, sh = self.kern, self.owner(slot), self.shards[int(self.shard_of[slot])]
+        one = sh.ctx[(sh.ctx[:, k.OWNER] == owner) & (sh.ctx[:, k.BEST_COUNT] == sh.ctx[:, k.TOTAL])]  # no pairs rows
+        many = sh.pairs[sh.pairs[:, k.OWNER] == owner]
         # words, successor, count: columns WORD…COUNT of both tables (BEST, BEST_COUNT are SUCC, COUNT's columns)
         rows = np.concatenate([one[:, k.WORD : k.COUNT + 1], many[:, k.WORD : k.COUNT + 1]])
         rows = rows[np.lexsort(rows[:, ::-1][:, 1:].T)]  # by words, then successor
@@ -262,8 +342,10 @@ class NgramStore:
                              f"{self.min_order}…{self.order}: pass a prior of contexts from {self.min_order} to at most "
                              f"{self.order} tokens")
         succ = data["successors"].astype(np.int64)
-        self.reserve(len(succ), 2 * len(succ))
-        self.kern._import(self.ctx, self.pairs, self.used, self.sizes, slot, self.owner(slot),
+        shard = int(self.shard_of[slot])
+        self.reserve(len(succ), 2 * len(succ), shard)
+        sh = self.shards[shard]
+        self.kern._import(sh.ctx, sh.pairs, sh.used, self.sizes, slot, self.owner(slot),
                           _pack(data["contexts"].astype(np.int64)), succ, data["counts"].astype(np.int64))
 
 

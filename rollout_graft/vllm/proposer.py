@@ -70,7 +70,7 @@ class RLDraftProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         cfg = self.config
         self.store = NgramStore(MAX_MATCH, MIN_MATCH)  # every table: the groups' and the prior
-        self.prior = self.store.slot(MAX_PRIOR_CONTEXTS) if cfg.use_prior else -1
+        self.prior = self.store.slot(MAX_PRIOR_CONTEXTS, apart=True) if cfg.use_prior else -1  # counted and walked beside the groups
         try:
             self.vocab = int(vllm_config.model_config.get_vocab_size())  # the target's vocabulary
         except (AttributeError, TypeError, ValueError):
