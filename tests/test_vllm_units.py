@@ -274,6 +274,27 @@ def test_the_prior_counted_and_walked_in_a_helper_thread_changes_nothing(monkeyp
     assert any(c for c in got[0][1])
 
 
+def test_a_part_that_fails_waits_for_the_helper_threads_part():
+    """`NgramStore._both`: when the calling thread's part raises, the error propagates only after
+    the helper thread's part has ended (it writes the other shard's tables: nothing may touch them
+    before)."""
+    import time
+
+    store, ended = NgramStore(2), []
+
+    def slow():
+        time.sleep(0.2)
+        ended.append(True)
+
+    def fail():
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        store._both(fail, slow, big=True)
+    assert ended == [True]
+    assert store._both(lambda: 1, lambda: 2, big=True) == (1, 2) and store._both(lambda: 1, lambda: 2, big=False) == (1, 2)
+
+
 def test_compiled_tables_count_and_chain_as_the_python_rule():
     """The compiled tables (numba: contexts packed two tokens per int64 word, chains' longest
     known context searched from the last one's, one call for a batch) hold exactly the counts of the plain-Python rule

@@ -15,7 +15,7 @@ is the same rule in plain Python, which the tests compare every table and chain 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -234,7 +234,12 @@ class NgramStore:
         if self._helper is None:
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="rollout_graft-ngrams")
         done = self._helper.submit(second)
-        return first(), done.result()
+        try:
+            out = first()
+        except BaseException:
+            wait([done])  # the second part still writes its tables: nothing may touch them before it ends
+            raise
+        return out, done.result()
 
     def _grow(self, shard: int, contexts: int, pairs: int) -> None:
         """Each hash table of `shard` that `contexts` / `pairs` more keys would fill past 1 /
