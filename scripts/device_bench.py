@@ -220,6 +220,12 @@ def run(args) -> dict | None:
     results = {**environment(device, dtype), "backend": "engine", "plain": "ar", "model": str(model),
                "plan": asdict(plan), "prepare_s": prepare_s, "budget": plan.budget, "configs": [], "skipped": [],
                "time_budget_s": plan.time_budget_s}
+    if device.startswith("cuda"):  # what the vLLM proposer's start profile measures on a GPU without a preset
+        import torch
+
+        from rollout_graft.vllm.profile import measure_peaks
+
+        results["measured_peaks"] = dict(zip(("tflops", "tbps"), measure_peaks(device, getattr(torch, dtype))))
     bench_model(Path(model), Path(prompts), plan, device, dtype, out, args.seed, methods, results, start)
     results["elapsed_s"] = time.perf_counter() - start
     write(results, out)
