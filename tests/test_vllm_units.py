@@ -272,6 +272,8 @@ def test_the_prior_counted_and_walked_in_a_helper_thread_changes_nothing(monkeyp
             assert store._helper is not None and store.shards[1].used[0] > 0 and store.shards[0].used[0] > 0
     assert got[0][0] == got[1][0] and got[0][1] == got[1][1] and np.array_equal(got[0][2], got[1][2])
     assert any(c for c in got[0][1])
+    with pytest.raises(ValueError, match="pass the prior"):  # one call walks one shard's tables
+        store.chains([groups[0], prior], -1, contexts[:2], np.full(2, 8), 8)
 
 
 def test_a_part_that_fails_waits_for_the_helper_threads_part():

@@ -285,16 +285,12 @@ class NgramStore:
         return tok, score, m
 
     def _walks(self, slots: np.ndarray, token_ids, rows, lens, room, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Row j's chain in the table of slots[j] (`_kernels._chains`, a call per shard the slots are on)."""
-        shard = self.shard_of[slots] if len(slots) else slots
-        if not len(slots) or (shard == shard[0]).all():
-            sh = self.shards[int(shard[0]) if len(slots) else 0]
-            return self.kern._chains(sh.ctx, self.gens, slots, token_ids, rows, lens, room, k, self.min_order, self.order)[:3]
-        tok, score, m = np.zeros((len(slots), k), np.int64), np.zeros((len(slots), k)), np.zeros(len(slots), np.int64)
-        for i in np.unique(shard).tolist():
-            on = shard == i
-            tok[on], score[on], m[on] = self._walks(slots[on], token_ids, rows[on], lens[on], room[on], k)
-        return tok, score, m
+        """Row j's chain in the table of slots[j] (`_kernels._chains`; the tables of one shard)."""
+        shard = int(self.shard_of[slots[0]]) if len(slots) else 0
+        if (self.shard_of[slots] != shard).any():
+            raise ValueError("one call walks the tables of one shard: pass the prior (a table made apart) as `prior`")
+        sh = self.shards[shard]
+        return self.kern._chains(sh.ctx, self.gens, slots, token_ids, rows, lens, room, k, self.min_order, self.order)[:3]
 
     def chain(self, slot: int, context: list[int], depth: int) -> tuple[list[int], list[float]]:
         """Up to `depth` tokens of the table of `slot` continuing `context` and their scores (prefix
