@@ -65,9 +65,10 @@ def _capacity(rows: int) -> int:
 PARALLEL_ROWS = 64
 """A `teach` of at least this many texts (a walk of at least this many rows) runs its two shards'
 parts at once, the second in a helper thread (numba releases the GIL). The hand-over costs tens of
-µs on this 2-core machine: on the micro-benchmark (`lab/profile_vllm_proposer.py --compare`,
-alternating runs, not kept) a call of ~75 rows took as long either way, one of ~115 rows 0.79× as
-long in two threads and one of ~155 0.75×, and one of 8 rows, always in two, 1.7× as long."""
+µs on this 2-core machine: on the micro-benchmark's batches (`lab/profile_vllm_proposer.py`'s
+`window`, wall clock, runs alternating in one process, not kept) a call of ~75 rows took as long
+either way, one of ~115 rows 0.82× as long in two threads, ~155 rows 0.80×, ~625 rows 0.60–0.72×;
+one of 8 rows, always in two, 1.7× as long by the calling thread's CPU time alone."""
 
 
 @dataclass
