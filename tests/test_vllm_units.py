@@ -274,6 +274,9 @@ def test_the_prior_counted_and_walked_in_a_helper_thread_changes_nothing(monkeyp
     assert any(c for c in got[0][1])
     with pytest.raises(ValueError, match="pass the prior"):  # one call walks one shard's tables
         store.chains([groups[0], prior], -1, contexts[:2], np.full(2, 8), 8)
+    alone = NgramStore(8, 1)  # no table apart: the one shard with work runs in the calling thread
+    alone.teach([(alone.slot(), -1, t, 0, len(t)) for t in texts])
+    assert alone._helper is None
 
 
 def test_a_part_that_fails_waits_for_the_helper_threads_part():

@@ -198,9 +198,13 @@ class NgramStore:
         if rows is not None:
             more, text = self.kern._gather(rows.token_ids, rows.rows, rows.slots, rows.also, rows.starts, rows.ends, hi)
             meta, tokens = np.concatenate([meta, more]), np.concatenate([tokens, text])
-        parts = [self._on_shard(meta, i) for i in range(len(self.shards))]
-        self._both(*(lambda i=i, m=m: self._teach_shard(i, m, tokens) if m is not None else None
-                     for i, m in enumerate(parts)), big=len(meta) >= PARALLEL_ROWS)
+        groups, prior = (self._on_shard(meta, i) for i in range(2))
+
+        def part(shard: int, on: np.ndarray | None):
+            return lambda: None if on is None else self._teach_shard(shard, on, tokens)
+
+        # the helper thread only where both shards have work: a hand-over for nothing costs tens of µs
+        self._both(part(0, groups), part(1, prior), big=len(meta) >= PARALLEL_ROWS and groups is not None and prior is not None)
         taught = np.unique(meta[:, :2])  # the tables taught (and -1): a bounded one past its bound starts over
         for slot in (s for s in self.bounds if s in taught):
             if self.sizes[slot] > self.bounds[slot]:
