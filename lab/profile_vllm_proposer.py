@@ -50,6 +50,7 @@ import time
 import numpy as np
 
 from rollout_graft.dcut.chains import FixedDepth
+from rollout_graft_tools.benchmark import cpu_info
 from rollout_graft_tools.chain_replay import PROMPT, VOCAB, fake_clock, replay, vllm_config
 
 
@@ -201,7 +202,10 @@ FLAT = (5.0, 0.01, 0.0)  # `dcut-roofline`'s: flat in draft tokens, as its memor
 
 
 def make_arm(arm: str, k: int, max_len: int, max_rows: int):
-    """A fresh proposer of `arm`: fixed / fixed-twin / dcut / dcut-roofline (D-cut started from a
+    """A fresh proposer of `arm`: fixed / fixed-twin / fixed-1thread and fixed-2threads (not in
+    `ARMS`: the prior counted and walked in the calling thread / in the helper thread at every size,
+    the A/B that sets `ngrams.PARALLEL_ROWS`) / fixed-noprior (not in `ARMS`: no prior, the groups'
+    part alone) / dcut / dcut-roofline (D-cut started from a
     roofline, as the proposer starts on a GPU with a preset: its profile's evaluations and the
     drained-batch rate each step; the roofline's peak so high that every step is memory-bound, flat
     in draft tokens as `FLAT`, so it drafts at every batch size) / dcut-plain (ours), ngram or
@@ -216,7 +220,10 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
     from rollout_graft.vllm.proposer import RLDraftProposer
 
     policy = "dcut" if arm.startswith("dcut") else "fixed"
-    prop = type("Bench", (RLDraftProposer,), {"config": ChainConfig(budget_policy=policy)})(vllm_config(k, max_len))
+    config = ChainConfig(budget_policy=policy, use_prior=arm != "fixed-noprior")
+    prop = type("Bench", (RLDraftProposer,), {"config": config})(vllm_config(k, max_len))
+    if arm in ("fixed-1thread", "fixed-2threads"):  # the prior's part in the calling thread / the helper at every size
+        prop.store.parallel_rows = 1 << 62 if arm == "fixed-1thread" else 0  # (the product: `ngrams.PARALLEL_ROWS`)
     if arm == "dcut-roofline":  # as on a GPU with a preset: D-cut started from a roofline (`load_model`)
         from rollout_graft_tools.clocks import MODELS, Accelerator, Roofline
 
@@ -365,7 +372,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="--compare: timed calls per window")
     ap.add_argument("--arms", nargs="+", default=ARMS, help="dcut-plain: D-cut where a draft token costs 5 ms, so it "
                     "decides to decode plainly (after three untimed windows to learn that): what its plain decisions "
-                    "cost; suffix: vLLM's suffix decoding (the default where arctic-inference is installed)")
+                    "cost; suffix: vLLM's suffix decoding (the default where arctic-inference is installed); not by default: "
+                    "fixed-1thread / fixed-2threads (the prior's part in the calling thread / the helper thread at every "
+                    "size: the A/B that sets ngrams.PARALLEL_ROWS), "
+                    "fixed-noprior (no prior: the groups' part alone)")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut", "plain"])
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
@@ -392,7 +402,8 @@ def main() -> None:
         def write(results):  # after every cell: a long run interrupted keeps what it measured
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"command": "python " + " ".join(sys.argv), "args": vars(args), "results": results}, f, indent=1)
+                    json.dump({"command": "python " + " ".join(sys.argv), "args": vars(args), "cpu": cpu_info(),
+                               "results": results}, f, indent=1)
 
         compare(cells, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms), write)
         return

@@ -54,9 +54,9 @@ def render_speed(runs: list[dict]) -> str:
 def render_proposer_profile(runs: list[dict]) -> str:
     """`lab/profile_vllm_proposer.py --compare --json`: ours and vLLM's n-gram proposer on one persistent batch."""
     parts = ("tracker", "learn", "count", "walk", "policy", "other")
-    lines = ["| batch | context | proposer | µs per call | µs per request-step | × ngram's | mean, counting settled | MAT | "
-             "drafted / row | " + " | ".join(f"{p} µs" for p in parts) + " | tables MB |",
-             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(parts) + "---|"]
+    lines = ["| batch | context | proposer | rows / call | µs per call | µs per request-step | × ngram's | "
+             "mean, counting settled | MAT | drafted / row | " + " | ".join(f"{p} µs" for p in parts) + " | tables MB |",
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(parts) + "---|"]
     for run in runs:
         cells = {(r["batch"], r["context"], r["arm"]): r for r in run["results"]}
         for r in run["results"]:
@@ -65,7 +65,7 @@ def render_proposer_profile(runs: list[dict]) -> str:
             p = r.get("parts_us_per_request_step")
             split = " | ".join(f"{p[k]:.1f}" for k in parts) if p else " | ".join("–" for _ in parts)
             settled = f"{r['us_per_request_step_settled']:.1f}" if "us_per_request_step_settled" in r else "–"
-            lines.append(f"| {r['batch']} | {r['context']} | {r['arm']} | {r['us_per_call_median']:.0f} | "
+            lines.append(f"| {r['batch']} | {r['context']} | {r['arm']} | {r['rows_per_call']:.0f} | {r['us_per_call_median']:.0f} | "
                          f"{r['us_per_request_step_median']:.1f} | {ratio:.1f} | {settled} | {r['mat']:.2f} | "
                          f"{r['drafted_per_row']:.2f} | {split} | {_num(r.get('tables_mb'), 0)} |")
     return "\n".join(lines)
@@ -441,9 +441,17 @@ SECTIONS: list[Section] = [
             "draft), for what a spell of plain decisions costs; tables MB: our hash tables' size after the window. "
             "MAT: tokens per request-step on this batch, drafts accepted up to their first token off the row's "
             "completion. Wall-clock time: ours counts and walks the prior in a helper thread beside the groups once a "
-            "call holds 64 rows or more (`ngrams.PARALLEL_ROWS`), its second core's work on the step's critical path; "
+            "call holds 128 rows or more (`ngrams.PARALLEL_ROWS`), its second core's work on the step's critical path; "
             "vLLM's proposers run on one. Measured on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_vs_ngram.json",), render_proposer_profile),
+    Section("vLLM proposer's own time: the prior in a helper thread or not (micro-benchmark)",
+            "The same persistent batches as above, ours with a fixed depth only: `fixed-1thread` counts and walks the "
+            "prior in the calling thread at every size, `fixed-2threads` in a helper thread beside the groups' at every "
+            "size, `fixed` (and its twin) as the product does (the helper from `ngrams.PARALLEL_ROWS` rows a call on), "
+            "`fixed-noprior` without a prior (the groups' part alone); vLLM's `NgramProposer` for scale. Rows leave "
+            "as they finish: rows / call is the mean over a window's timed calls. Interleaved, 7 repeats, wall clock, "
+            "on a shared 2-core machine: the twin's spread is the run's noise.",
+            ("vllm_proposer_threads.json",), render_proposer_profile),
     Section("vLLM step cost against draft tokens (tiny target)",
             "Steps with randomly cut chains, timed as D-cut times them, and the step-cost models fitted to them "
             "(`lab/vllm_step_cost.py`); `spec` is the model the chain policy fits.",

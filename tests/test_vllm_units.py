@@ -1110,16 +1110,20 @@ class Reference:
         return out
 
 
-@pytest.mark.parametrize("options", [{}, {"share_in_group": False, "recall": 1}, {"recall": 1}])
-def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
+@pytest.mark.parametrize("options, parallel_rows", [({}, 10**9), ({"share_in_group": False, "recall": 1}, 10**9),
+                                                    ({"recall": 1}, 10**9), ({}, 0)])
+def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(monkeypatch, options, parallel_rows):
     """A replayed persistent batch (lab/profile_vllm_proposer.py: groups of 8, drafts accepted
     up to their first wrong token, finished rows condensed, a request preempted every 5 steps and
     resumed in the last row, the same prompts again in later rollouts) gets, every call, exactly
     the drafts of `Reference`, which rebuilds every table from each request's whole text every call:
-    tracking requests by id, counting lazily and recalling lose nothing."""
+    tracking requests by id, counting lazily, recalling and the prior's part in the helper thread
+    (`parallel_rows` 0: every call; 10**9: none) lose nothing."""
     from conftest import load_script
 
-    from rollout_graft.vllm import proposer
+    from rollout_graft.vllm import ngrams, proposer
+
+    monkeypatch.setattr(ngrams, "PARALLEL_ROWS", parallel_rows)
 
     bench = load_script("lab/profile_vllm_proposer.py")
     config = ChainConfig(budget_policy="fixed", **options)
@@ -1144,6 +1148,7 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(options):
         reference.rollout = rollout
         bench.replay(prop, 16, length=48, seed=seed, preempt_every=5)
     assert Checked.calls > 50 and prop.stats.draft_tokens > 0 and prop.stats.accepted_tokens > 0
+    assert (prop.store._helper is not None) == (parallel_rows == 0)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

@@ -62,13 +62,14 @@ def _capacity(rows: int) -> int:
     return max(1024, 1 << int(SPARE * rows - 1).bit_length())
 
 
-PARALLEL_ROWS = 64
+PARALLEL_ROWS = 128
 """A `teach` of at least this many texts (a walk of at least this many rows) runs its two shards'
 parts at once, the second in a helper thread (numba releases the GIL). The hand-over costs tens of
-µs on this 2-core machine: on the micro-benchmark's batches (`lab/profile_vllm_proposer.py`'s
-`window`, wall clock, runs alternating in one process, not kept) a call of ~75 rows took as long
-either way, one of ~115 rows 0.82× as long in two threads, ~155 rows 0.80×, ~625 rows 0.60–0.72×;
-one of 8 rows, always in two, 1.7× as long by the calling thread's CPU time alone."""
+µs on this 2-core machine. On the micro-benchmark's batches (`lab/profile_vllm_proposer.py
+--compare`, arms `fixed-2threads` against `fixed-1thread`, interleaved in one process, wall clock:
+docs/bench/vllm_proposer_threads.json, RESULTS) calls of ~38 rows on average took 1.09× as long in
+two threads as in one, of ~76 rows 1.01× (two earlier runs, not kept: 1.10× and 1.15×), of ~155,
+~310 and ~620 rows 0.75–0.78×: the crossover lies between ~76 and ~155 rows here."""
 
 
 @dataclass
@@ -119,6 +120,7 @@ class NgramStore:
         self.resets: dict[int, int] = {}  # slot → times its table started over past its bound
         self.free: list[int] = []  # released slots, to reuse
         self._helper: ThreadPoolExecutor | None = None  # runs the second shard's part (`_both`)
+        self.parallel_rows = PARALLEL_ROWS  # calls this big use the helper (the lab's A/B sets it)
         self._warm()
 
     def _warm(self) -> None:
@@ -204,7 +206,7 @@ class NgramStore:
             return lambda: None if on is None else self._teach_shard(shard, on, tokens)
 
         # the helper thread only where both shards have work: a hand-over for nothing costs tens of µs
-        self._both(part(0, groups), part(1, prior), big=len(meta) >= PARALLEL_ROWS and groups is not None and prior is not None)
+        self._both(part(0, groups), part(1, prior), big=len(meta) >= self.parallel_rows and groups is not None and prior is not None)
         taught = np.unique(meta[:, :2])  # the tables taught (and -1): a bounded one past its bound starts over
         for slot in (s for s in self.bounds if s in taught):
             if self.sizes[slot] > self.bounds[slot]:
@@ -284,7 +286,7 @@ class NgramStore:
             return lambda: None if tables is None else self._walks(tables, token_ids, rows, lens, room, k)
 
         priors = np.full(len(slots), prior, np.int64) if prior >= 0 else None
-        (tok, score, m), walked = self._both(walks(slots), walks(priors), big=prior >= 0 and len(slots) >= PARALLEL_ROWS)
+        (tok, score, m), walked = self._both(walks(slots), walks(priors), big=prior >= 0 and len(slots) >= self.parallel_rows)
         if walked is not None:  # the prior's chain where its scores sum to more
             self.kern._prefer(tok, score, m, *walked)
         return tok, score, m
