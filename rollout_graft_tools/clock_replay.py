@@ -37,13 +37,18 @@ class TotalClock:
 
     def __init__(self, clocks: Sequence, proposer_ms: Callable[[int], float] | None = None):
         self.clocks = list(clocks)
-        self.proposer_ms = proposer_ms  # rows → the proposer's own ms, on clocks without it (None: no proposer)
+        # rows → the proposer's own ms and its helper thread's beside the forward, on clocks without them (None: no proposer)
+        self.proposer_ms = proposer_ms
         self.ms = {c.name: 0.0 for c in self.clocks}
 
     def step_ms(self, drafts, contexts) -> float:
-        own = 0.0 if self.proposer_ms is None else self.proposer_ms(len(drafts))
-        times = [c.step_ms(drafts, contexts) + (0.0 if getattr(c, "includes_proposer", False) else own)  # a roofline: none
-                 for c in self.clocks]
+        own, beside = (0.0, 0.0) if self.proposer_ms is None else self.proposer_ms(len(drafts))
+        times = []
+        for c in self.clocks:
+            ms = c.step_ms(drafts, contexts)
+            if not getattr(c, "includes_proposer", False):  # a roofline: the proposer's own time, and what its
+                ms += own + max(beside - ms, 0.0)  # helper thread counts beside the forward where it outlasts it
+            times.append(ms)
         for c, t in zip(self.clocks, times):
             self.ms[c.name] += t
         return times[0]
@@ -68,30 +73,33 @@ def run_arm(prop, rollouts: list[dict], timed: Sequence[bool], clocks: Sequence,
     is the one the proposer reads; `cost`: our proposer's own time and its policy kind, added on
     clocks without it: `TotalClock`): {"ms": {clock: Σ ms of the timed rollouts}, "emitted",
     "drafted", "steps", "accepted"}."""
-    counted = [0]  # tokens our tables counted since the last call was priced
+    counted = [0, 0]  # tokens our tables counted since the last call was priced: in the call, beside the forward
     store = getattr(prop, "store", None)
     if cost is not None and store is not None:
         teach = store.teach
 
-        def counting(work, rows=None):
-            counted[0] += sum(max(w[4] - w[3], 0) for w in work)
+        def counting(work, rows=None, beside=False):
+            n = sum(max(w[4] - w[3], 0) for w in work)
             if rows is not None:
-                counted[0] += int(np.maximum(rows.ends - rows.starts, 0).sum())
-            return teach(work, rows)
+                n += int(np.maximum(rows.ends - rows.starts, 0).sum())
+            counted[int(beside)] += n
+            return teach(work, rows, beside)
         store.teach = counting
 
-    def own_ms(rows: int) -> float:
-        """The last call's own time: it drafted, or D-cut decided not to, and counted what it counted.
+    def own_ms(rows: int) -> tuple[float, float]:
+        """The last call's own time: it drafted, or D-cut decided not to, and counted what it counted;
+        and the counting it left to its helper thread, beside the forward (`teach(beside=True)`).
         Its drafting part, its counting excluded, is what the policy measured as drafting
         (`ChainStep.draft_ms`, what a probe costs), read before the next call's `observe`: a clock
         standing still inside `propose` would make probes free."""
         step = getattr(prop, "_pending", None)
         drafted = step is None or step.planned > 0
         ms = cost[0].ms(cost[1], rows, drafted, counted[0])
-        counted[0] = 0
+        beside = cost[0].ms(cost[1], rows, drafted, counted[1]) - cost[0].ms(cost[1], rows, drafted)
+        counted[0] = counted[1] = 0
         if step is not None:
             step.draft_ms = cost[0].ms(cost[1], rows) - cost[0].ms(cost[1], rows, False) if drafted else 0.0
-        return ms
+        return ms, beside
 
     total = TotalClock(clocks, None if cost is None else own_ms)
     out = {"ms": {c.name: 0.0 for c in clocks}, "steps": 0, "emitted": 0, "drafted": 0, "accepted": 0}

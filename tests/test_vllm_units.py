@@ -279,6 +279,69 @@ def test_the_prior_counted_and_walked_in_a_helper_thread_changes_nothing(monkeyp
     assert alone._helper is None
 
 
+def test_counting_beside_the_forward_leaves_every_call_the_same_tables():
+    """`teach(beside=True)` counts in the helper thread while the caller goes on; the store's next
+    call waits for it, so every walk, table and bound sees what a counting in the call would have
+    left; an error of that counting is raised by the next call."""
+    rng = np.random.default_rng(5)
+    texts = [rng.integers(0, 9, 200).tolist() for _ in range(24)]
+    stores = [NgramStore(8, 1), NgramStore(8, 1)]
+    slots = [([s.slot() for _ in range(3)], s.slot(8000, apart=True)) for s in stores]
+    for i in range(0, 200, 40):
+        got = []
+        for (groups, prior), store, beside in zip(slots, stores, (False, True)):
+            store.teach([(groups[j % 3], prior, t, i, i + 40) for j, t in enumerate(texts)], beside=beside)
+            assert (store._running is not None) == beside
+            contexts = [t[: i + 40 - j] for j, t in enumerate(texts)]
+            got.append(store.chains([groups[j % 3] for j in range(len(texts))], prior, contexts, np.full(len(texts), 8), 8))
+        assert got[0][0] == got[1][0] and np.array_equal(got[0][1], got[1][1])
+    (groups, prior), (groups2, prior2) = slots
+    assert [stores[0].table(s) for s in groups + [prior]] == [stores[1].table(s) for s in groups2 + [prior2]]
+    assert stores[1].resets[prior2] == stores[0].resets[prior] > 0  # the bound, checked after the counting beside
+
+    def boom(*args):
+        raise RuntimeError("counting failed")
+
+    stores[1]._teach_shard = boom
+    stores[1].teach([(groups2[0], prior2, texts[0], 0, 10)], beside=True)
+    with pytest.raises(RuntimeError, match="counting failed"):
+        stores[1].slot()
+
+
+def test_a_proposer_counting_plain_spells_beside_the_forward_drafts_the_same(monkeypatch):
+    """Calls that do not draft hand the text they defer to the store's helper thread (once
+    `PARALLEL_ROWS` tokens wait), counted beside vLLM's next forward rather than by the next draft:
+    every draft of a rollout with spells of plain decisions is the one a proposer counting in its
+    drafting calls makes."""
+    from conftest import load_script
+
+    from rollout_graft.vllm import ngrams, proposer
+
+    monkeypatch.setattr(ngrams, "PARALLEL_ROWS", 16)
+    bench = load_script("lab/profile_vllm_proposer.py")
+
+    class Spells(FixedDepth):  # drafts 2 steps in 7
+        def __init__(self):
+            super().__init__(6)
+            self.n = 0
+
+        def plan(self, rows):
+            self.n += 1
+            return self.depth if self.n % 7 < 2 else 0
+
+    drafts, beside = [], []
+    for count_beside in (False, True):
+        prop = type("P", (proposer.RLDraftProposer,), {"count_beside": count_beside})(bench.vllm_config(6, 64 + 48 + 10))
+        prop.policy = Spells()
+        teach = prop.store.teach
+        prop.store.teach = lambda *a, beside=False, **k: (beside_calls.append(beside), teach(*a, beside=beside, **k))[1]
+        beside_calls = []
+        drafts.append([bench.replay(prop, 16, length=48, seed=seed) for seed in (0, 1)])
+        beside.append(sum(beside_calls))
+    assert drafts[0] == drafts[1] and any(d for run in drafts[0] for call in run for d in call)
+    assert beside[0] == 0 and beside[1] > 5
+
+
 def test_a_part_that_fails_waits_for_the_helper_threads_part():
     """`NgramStore._both`: when the calling thread's part raises, the error propagates only after
     the helper thread's part has ended (it writes the other shard's tables: nothing may touch them

@@ -420,13 +420,19 @@ class RequestTracker:
         return group
 
     # ------------------------------------------------------------------ counting
-    def count(self) -> None:
+    def waiting(self) -> int:
+        """Tokens of the requests' texts not counted yet (those of the batch's rows and of requests that left)."""
+        return int((self.length[self.slots] - self.counted[self.slots]).sum()) + self._left_tokens
+
+    def count(self, beside: bool = False) -> None:
         """Count every text not counted yet, in one `NgramStore.teach`: the texts of the requests in
         the batch from their rows of `texts` (each from where its counting stopped to its length:
         no Python per row; those that left since too, while their rows hold them, else from their
         lists: `_settle`) and the groups' new
         texts (prompts, recalled completions). A request's completion teaches its group's table
-        and the prior. Callable any time (the texts are the tracker's own, not vLLM's rows)."""
+        and the prior. Callable any time (the texts are the tracker's own, not vLLM's rows).
+        `beside`: counted in the store's helper thread while the caller goes on
+        (`NgramStore.teach`)."""
         slots = self.slots
         if self._departed:  # those whose rows still hold them (else they count from their lists: `_settle`)
             left = np.unique(self._departed)
@@ -435,7 +441,7 @@ class RequestTracker:
             self._departed = []
         rows = TextRows(self.texts, self.row_of[slots], self.table_of[slots], self.counted[slots], self.length[slots],
                         self.prior)
-        self.store.teach(self._take_work(), rows)
+        self.store.teach(self._take_work(), rows, beside=beside)
         self.counted[slots] = self.length[slots]
 
     def _settle(self, req: Request) -> None:

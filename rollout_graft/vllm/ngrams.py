@@ -15,7 +15,9 @@ is the same rule in plain Python, which the tests compare every table and chain 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, wait
+import functools
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -60,6 +62,18 @@ not kept; see docs/DESIGN.md."""
 def _capacity(rows: int) -> int:
     """Rows of a table holding `rows` keys with `SPARE` rows a key at least (a power of two, at least 1024)."""
     return max(1024, 1 << int(SPARE * rows - 1).bit_length())
+
+
+def _settled(method):
+    """A store method that first waits for the counting a `teach(beside=True)` runs (`settle`)."""
+
+    @functools.wraps(method)
+    def settled(self, *args, **kwargs):
+        if threading.get_ident() != self._helper_ident:  # (see `settle`)
+            self.settle()
+        return method(self, *args, **kwargs)
+
+    return settled
 
 
 PARALLEL_ROWS = 128
@@ -121,6 +135,8 @@ class NgramStore:
         self.free: list[int] = []  # released slots, to reuse
         self._helper: ThreadPoolExecutor | None = None  # runs the second shard's part (`_both`)
         self.parallel_rows = PARALLEL_ROWS  # calls this big use the helper (the lab's A/B sets it)
+        self._helper_ident: int | None = None  # the helper thread's
+        self._running: tuple[Future, np.ndarray] | None = None  # a `teach(beside=True)` and its segments
         self._warm()
 
     def _warm(self) -> None:
@@ -140,6 +156,7 @@ class NgramStore:
             self.kern._rehash(rows, self.kern._live(rows, self.gens), np.zeros_like(rows), wide)
         self.kern._import(sh.ctx, sh.pairs, sh.used, self.sizes, 0, 0, np.zeros((0, 4), np.int64), *np.zeros((2, 0), np.int64))
 
+    @_settled
     def slot(self, max_contexts: int | None = None, apart: bool = False) -> int:
         """A new empty table's slot; past `max_contexts` contexts after a `teach` it starts over
         from empty (None: never). `apart`: its hash tables are the store's second shard (the
@@ -154,24 +171,34 @@ class NgramStore:
             self.bounds[slot], self.resets[slot] = max_contexts, 0
         return slot
 
+    @_settled
     def owner(self, slot: int) -> int:
         """The key prefix of the table of `slot` now."""
         return (slot + 1) << 32 | int(self.gens[slot])
 
+    @_settled
     def clear(self, slot: int) -> None:
         """Empty the table of `slot` (a new generation; the old rows go at the next rebuild)."""
+        self._clear(slot)
+
+    def _clear(self, slot: int) -> None:
         self.gens[slot] += 1
         self.sizes[slot] = 0
 
+    @_settled
     def release(self, slot: int) -> None:
         """The table of `slot` is gone: reuse the slot."""
-        self.clear(slot)
+        self._clear(slot)
         self.bounds.pop(slot, None)
         self.resets.pop(slot, None)
         self.free.append(slot)
 
+    @_settled
     def reserve(self, contexts: int, pairs: int, shard: int = 0) -> None:
         """Room for this many new rows in each hash table of `shard` (rebuilt without dead generations)."""
+        self._reserve(contexts, pairs, shard)
+
+    def _reserve(self, contexts: int, pairs: int, shard: int) -> None:
         sh = self.shards[shard]
         for i, (name, extra) in enumerate((("ctx", contexts), ("pairs", pairs))):
             rows = getattr(sh, name)
@@ -182,17 +209,22 @@ class NgramStore:
             setattr(sh, name, self.kern._rehash(rows, live, _rows(_capacity(n + extra)), i == 1))
             sh.used[i] = n
 
+    @_settled
     def nbytes(self) -> int:
         """Bytes of every hash table."""
         return sum(sh.ctx.nbytes + sh.pairs.nbytes for sh in self.shards)
 
-    def teach(self, work: list[tuple[int, int, list[int], int, int]], rows: TextRows | None = None) -> None:
+    @_settled
+    def teach(self, work: list[tuple[int, int, list[int], int, int]], rows: TextRows | None = None,
+              beside: bool = False) -> None:
         """For each (slot, also, text, start, end): count text[i] after its contexts, i in
         [start, end), in the table of `slot` and in that of `also` (-1: none); and the same for
         texts held in an array (`rows`: no Python per text). One compiled pass per shard (both at
         once: `_both`), which stops where a hash table would pass 1 / `SPARE` full: it is rebuilt
         for twice the keys it holds and the pass goes on (so a table's rows follow what it holds,
-        not a pass's worst case). Then a table taught past its bound starts over."""
+        not a pass's worst case). Then a table taught past its bound starts over. `beside`: the
+        passes run in the helper thread while the caller goes on (the texts are read now); the
+        store's next call waits for them (`settle`), so every call sees the same tables."""
         hi = self.order
         meta = np.fromiter(chain.from_iterable((w[0], w[1], w[3], w[4]) for w in work),
                            dtype=np.int64, count=4 * len(work)).reshape(-1, 4)
@@ -205,13 +237,30 @@ class NgramStore:
         def part(shard: int, on: np.ndarray | None):
             return lambda: None if on is None else self._teach_shard(shard, on, tokens)
 
+        if beside:
+            self._running = (self._helper_pool().submit(lambda: (part(0, groups)(), part(1, prior)())), meta)
+            return
         # the helper thread only where both shards have work: a hand-over for nothing costs tens of µs
         self._both(part(0, groups), part(1, prior), big=len(meta) >= self.parallel_rows and groups is not None and prior is not None)
-        taught = np.unique(meta[:, :2])  # the tables taught (and -1): a bounded one past its bound starts over
+        self._bound(meta)
+
+    def _bound(self, meta: np.ndarray) -> None:
+        """A bounded table that `meta`'s segments taught past its bound starts over."""
+        taught = np.unique(meta[:, :2])  # the tables taught (and -1)
         for slot in (s for s in self.bounds if s in taught):
             if self.sizes[slot] > self.bounds[slot]:
-                self.clear(slot)
+                self._clear(slot)
                 self.resets[slot] += 1
+
+    def settle(self) -> None:
+        """Wait for the counting a `teach(beside=True)` runs in the helper thread (its error raised
+        here); then a bounded table it took past its bound starts over. Every other method of the
+        store calls it first, but in the helper thread itself: a garbage collection there may run
+        a group's finalizer (`release`), which would wait for itself."""
+        if self._running is not None:
+            (done, meta), self._running = self._running, None
+            done.result()
+            self._bound(meta)
 
     def _on_shard(self, meta: np.ndarray, shard: int) -> np.ndarray | None:
         """`meta` with the slots of other shards as -1 (their segments are skipped), or None where
@@ -238,9 +287,7 @@ class NgramStore:
         their results."""
         if not big:
             return first(), second()
-        if self._helper is None:
-            self._helper = ThreadPoolExecutor(1, thread_name_prefix="rollout_graft-ngrams")
-        done = self._helper.submit(second)
+        done = self._helper_pool().submit(second)
         try:
             out = first()
         except BaseException:
@@ -248,13 +295,21 @@ class NgramStore:
             raise
         return out, done.result()
 
+    def _helper_pool(self) -> ThreadPoolExecutor:
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="rollout_graft-ngrams", initializer=self._mark_helper)
+        return self._helper
+
+    def _mark_helper(self) -> None:
+        self._helper_ident = threading.get_ident()
+
     def _grow(self, shard: int, contexts: int, pairs: int) -> None:
         """Each hash table of `shard` that `contexts` / `pairs` more keys would fill past 1 /
         `SPARE`, rebuilt without dead generations for twice the keys it holds (at least)."""
         sh = self.shards[shard]
         full = [SPARE * (int(sh.used[i]) + extra) > len(rows)
                 for i, (rows, extra) in enumerate(((sh.ctx, contexts), (sh.pairs, pairs)))]
-        self.reserve(max(int(sh.used[0]), contexts) if full[0] else 0, max(int(sh.used[1]), pairs) if full[1] else 0, shard)
+        self._reserve(max(int(sh.used[0]), contexts) if full[0] else 0, max(int(sh.used[1]), pairs) if full[1] else 0, shard)
 
     def chains(self, slots: list[int], prior: int, contexts: list[list[int]], room: np.ndarray,
                k: int) -> tuple[list[list[int]], np.ndarray]:
@@ -286,6 +341,7 @@ class NgramStore:
             return lambda: None if tables is None else self._walks(tables, token_ids, rows, lens, room, k)
 
         priors = np.full(len(slots), prior, np.int64) if prior >= 0 else None
+        self.settle()
         (tok, score, m), walked = self._both(walks(slots), walks(priors), big=prior >= 0 and len(slots) >= self.parallel_rows)
         if walked is not None:  # the prior's chain where its scores sum to more
             self.kern._prefer(tok, score, m, *walked)
@@ -308,6 +364,7 @@ class NgramStore:
         return chains[0], scores[0, : len(chains[0])].tolist()
 
     # ------------------------------------------------------------------ contents and persistence
+    @_settled
     def rows(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The table of `slot`, one row per (context, successor), sorted by context and successor (the
         same table gives the same rows): contexts [n, order] (right-aligned, -1 before a shorter
@@ -338,6 +395,7 @@ class NgramStore:
         atomic_save_safetensors({"contexts": np.ascontiguousarray(contexts), "successors": succ, "counts": cnt,
                                  "order": np.array([self.order, self.min_order], dtype=np.int64)}, path, numpy=True)
 
+    @_settled
     def load(self, slot: int, path: str | Path, vocab: int | None = None) -> None:
         """Add the counts `save` wrote to the table of `slot` (the same shortest context, the longest
         no longer than this store's: a table that knows a context knows its shorter ones, so one of
@@ -351,7 +409,7 @@ class NgramStore:
                              f"{self.order} tokens")
         succ = data["successors"].astype(np.int64)
         shard = int(self.shard_of[slot])
-        self.reserve(len(succ), 2 * len(succ), shard)
+        self._reserve(len(succ), 2 * len(succ), shard)
         sh = self.shards[shard]
         self.kern._import(sh.ctx, sh.pairs, sh.used, self.sizes, slot, self.owner(slot),
                           _pack(data["contexts"].astype(np.int64)), succ, data["counts"].astype(np.int64))

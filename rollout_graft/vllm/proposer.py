@@ -59,6 +59,7 @@ class RLDraftProposer:
 
     config = ChainConfig()
     plain_when_undrafted = True  # a step where no request drafted takes vLLM's plain sampler (`plugin`)
+    count_beside = True  # a call that does not draft counts the deferred text beside the next forward (the lab's A/B)
 
     def __init__(self, vllm_config):
         from . import plugin
@@ -154,6 +155,11 @@ class RLDraftProposer:
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
             self.stats.plain_steps += int(proposed > 0 and drafted == 0)
+        elif self.count_beside and self.tracker.waiting() >= self.store.parallel_rows:
+            # the text a spell of plain decisions defers, counted in the helper thread beside vLLM's next
+            # forward rather than all at once by the next draft: the same tables when it walks
+            self.tracker.count(beside=True)
+            self._count_ms = 1000.0 * (time.perf_counter() - draft_start)
         draft_ms = 1000.0 * (time.perf_counter() - draft_start) - self._count_ms  # the counting is not the draft's
         self._count_ms = 0.0
         self._pending = ChainStep(rows=rows, planned=planned, drafted=drafted, draft_ms=draft_ms,
