@@ -342,6 +342,28 @@ def test_a_proposer_counting_plain_spells_beside_the_forward_drafts_the_same(mon
     assert beside[0] == 0 and beside[1] > 5
 
 
+def test_a_store_that_used_its_helper_thread_is_collected():
+    """A store's helper thread lives as long as its pool; nothing it holds may hold the store (its
+    hash tables are GBs at GPU batch sizes: a proposer built per benchmark arm or per rollout would
+    keep every one)."""
+    import gc
+    import weakref
+
+    refs = []
+    for _ in range(2):
+        store = NgramStore(8, 1)
+        group, prior = store.slot(), store.slot(apart=True)
+        text = list(range(100))
+        store.teach([(group, prior, text, 0, 100)] * (store.parallel_rows + 1))  # both shards at once
+        store.teach([(group, prior, text, 0, 100)], beside=True)
+        store.settle()
+        assert store._helper is not None
+        refs.append(weakref.ref(store))
+        del store
+    gc.collect()
+    assert not any(r() is not None for r in refs)
+
+
 def test_a_part_that_fails_waits_for_the_helper_threads_part():
     """`NgramStore._both`: when the calling thread's part raises, the error propagates only after
     the helper thread's part has ended (it writes the other shard's tables: nothing may touch them

@@ -69,7 +69,7 @@ def _settled(method):
 
     @functools.wraps(method)
     def settled(self, *args, **kwargs):
-        if threading.get_ident() != self._helper_ident:  # (see `settle`)
+        if threading.get_ident() not in self._helper_ident:  # (see `settle`)
             self.settle()
         return method(self, *args, **kwargs)
 
@@ -135,7 +135,7 @@ class NgramStore:
         self.free: list[int] = []  # released slots, to reuse
         self._helper: ThreadPoolExecutor | None = None  # runs the second shard's part (`_both`)
         self.parallel_rows = PARALLEL_ROWS  # calls this big use the helper (the lab's A/B sets it)
-        self._helper_ident: int | None = None  # the helper thread's
+        self._helper_ident: list[int] = []  # the helper thread's (its initializer appends it: `_helper_pool`)
         self._running: tuple[Future, np.ndarray] | None = None  # a `teach(beside=True)` and its segments
         self._warm()
 
@@ -296,12 +296,13 @@ class NgramStore:
         return out, done.result()
 
     def _helper_pool(self) -> ThreadPoolExecutor:
+        """The helper thread's pool. Its initializer holds the list it notes the thread in, not the
+        store: the thread lives as long as its pool, and a store it held could not be collected."""
         if self._helper is None:
-            self._helper = ThreadPoolExecutor(1, thread_name_prefix="rollout_graft-ngrams", initializer=self._mark_helper)
+            ident = self._helper_ident
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="rollout_graft-ngrams",
+                                              initializer=lambda: ident.append(threading.get_ident()))
         return self._helper
-
-    def _mark_helper(self) -> None:
-        self._helper_ident = threading.get_ident()
 
     def _grow(self, shard: int, contexts: int, pairs: int) -> None:
         """Each hash table of `shard` that `contexts` / `pairs` more keys would fill past 1 /
