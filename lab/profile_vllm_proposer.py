@@ -231,13 +231,17 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
     return prop
 
 
-def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_ms, clock, ids, parts=None) -> dict:
+def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_ms, clock, ids, parts=None,
+           gap_ms: float = 0.0) -> dict:
     """`steps` timed calls of one persistent batch: `batch` rows in GRPO groups of 8 (prompts of 64
     tokens, siblings reading their group's template: `chain_replay.completions`), each arriving with
     `context` tokens (prompt + completion so far; the arrival call is not timed) and emitting a
     completion of its own remaining length (steps…4·steps tokens): rows leave as they finish and
     vLLM's condense moves the last rows into their slots. A draft is accepted up to its first token
-    that differs from the row's completion, plus the step's own token."""
+    that differs from the row's completion, plus the step's own token. `gap_ms`: real time between
+    calls, spent waiting in a loop that releases the GIL, as a host thread waits for a GPU's forward
+    (ours counts the text a spell of plain decisions defers in its helper thread then; a plain spin
+    would hold the GIL for Python's switch interval, 5 ms)."""
     from rollout_graft_tools.chain_replay import SPARE_ROWS, _condense, completions
 
     rng = np.random.default_rng(seed)
@@ -263,6 +267,9 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
         if hasattr(prop, "set_requests"):
             prop.set_requests([rid[r] for r in slots], [PROMPT] * len(slots))
         rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
+        until = time.perf_counter() + gap_ms / 1000.0
+        while time.perf_counter() < until:  # waiting without the GIL, as a host thread waits on a GPU
+            time.sleep(0)
         t = time.perf_counter()  # the wall clock: our helper thread's time is on the critical path too
         got = clock.call(prop.propose, rows_in, num, token_ids) if clock is not None else prop.propose(rows_in, num, token_ids)
         dt = time.perf_counter() - t
@@ -304,7 +311,7 @@ def settle(prop) -> None:
         prop.tracker.count()
 
 
-def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None) -> list[dict]:
+def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None, gap_ms: float = 0.0) -> list[dict]:
     """Every arm on the same batches (the same seed per repeat), interleaved repeat by repeat; per
     arm the median over repeats of each window's median µs per call and per request-step (a call's
     time over its rows: the median resists the stalls of a shared machine), MAT over all, and our
@@ -328,7 +335,7 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
                     for learn in range(3 if arm == "dcut-plain" else 0):  # it learns that drafting does not pay
                         window(prop, batch, context, steps, k, 1000 * rep + batch + 100 * learn + 1, clock_ms, clock, ids)
                     w = window(prop, batch, context, steps, k, 1000 * rep + batch, clock_ms,
-                               clock if arm.startswith("dcut") else None, ids, p)
+                               clock if arm.startswith("dcut") else None, ids, p, gap_ms)
                 sec = p.seconds() if p is not None else None
                 if p is not None and rep:
                     mb.setdefault(arm, []).append(prop.store.nbytes() / 1e6)
@@ -341,7 +348,7 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
         for arm in arms:
             ws = got[arm]
             per_req = [1e6 * statistics.median(c / n for c, n in zip(w["calls"], w["rows_per_call"])) for w in ws]
-            r = {"batch": batch, "context": context, "arm": arm, "k": k, "steps": steps, "repeats": repeats,
+            r = {"batch": batch, "context": context, "arm": arm, "k": k, "steps": steps, "repeats": repeats, "gap_ms": gap_ms,
                  "us_per_call_median": statistics.median(1e6 * statistics.median(w["calls"]) for w in ws),
                  "us_per_request_step_median": statistics.median(per_req), "us_per_request_step": per_req,
                  "us_per_request_step_mean": 1e6 * sum(sum(w["calls"]) for w in ws) / sum(w["rows"] for w in ws),
@@ -370,6 +377,8 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024], help="--compare: tokens per row on arrival")
     ap.add_argument("--cells", nargs="+", metavar="BATCH:CONTEXT", help="--compare: these pairs (else --batches × --contexts)")
     ap.add_argument("--steps", type=int, default=8, help="--compare: timed calls per window")
+    ap.add_argument("--gap-ms", type=float, default=0.0, help="--compare: real time between calls, waited in a loop "
+                    "as a host thread waits for a GPU's forward (0: calls back to back)")
     ap.add_argument("--arms", nargs="+", default=ARMS, help="dcut-plain: D-cut where a draft token costs 5 ms, so it "
                     "decides to decode plainly (after three untimed windows to learn that): what its plain decisions "
                     "cost; suffix: vLLM's suffix decoding (the default where arctic-inference is installed); not by default: "
@@ -405,7 +414,7 @@ def main() -> None:
                     json.dump({"command": "python " + " ".join(sys.argv), "args": vars(args), "cpu": cpu_info(),
                                "results": results}, f, indent=1)
 
-        compare(cells, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms), write)
+        compare(cells, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms), write, args.gap_ms)
         return
     results = []
     print(f"{'policy':>6} {'batch':>5} {'us/call':>9} {'us/req':>7} | "

@@ -435,10 +435,12 @@ SECTIONS: list[Section] = [
             "5 ms, so that D-cut decides not to draft after three untimed windows to learn it), vLLM's "
             "`NgramProposer` (numba, one thread, contexts of 1-4 tokens) and vLLM's `SuffixDecodingProposer` "
             "(arctic-inference, its defaults: min_token_prob 0.1, max_spec_factor 1), interleaved, 5 repeats "
-            "(`lab/profile_vllm_proposer.py --compare`). µs per call and per request-step: medians (a call's time "
-            "over its rows); the split of ours (count: the new text counted; walk: the chains), means per request-step; "
-            "the mean with the counting the timed calls left undone (a D-cut that does not draft defers it to its next "
-            "draft), for what a spell of plain decisions costs; tables MB: our hash tables' size after the window. "
+            "(`lab/profile_vllm_proposer.py --compare`), the calls 4 ms apart (`--gap-ms`: waited in a loop that "
+            "releases the GIL, as vLLM's host thread waits on an 8B model's GPU step). µs per call and per "
+            "request-step: medians (a call's time over its rows); the split of ours (count: the new text counted; "
+            "walk: the chains), means per request-step; the mean with the counting the timed calls left undone (a "
+            "D-cut that does not draft defers it, counted in its helper thread beside the next forward once 128 "
+            "tokens wait), for what a spell of plain decisions costs; tables MB: our hash tables' size after the window. "
             "MAT: tokens per request-step on this batch, drafts accepted up to their first token off the row's "
             "completion. Wall-clock time: ours counts and walks the prior in a helper thread beside the groups once a "
             "call holds 128 rows or more (`ngrams.PARALLEL_ROWS`), its second core's work on the step's critical path; "
@@ -449,7 +451,8 @@ SECTIONS: list[Section] = [
             "prior in the calling thread at every size, `fixed-2threads` in a helper thread beside the groups' at every "
             "size, `fixed` (and its twin) as the product does (the helper from `ngrams.PARALLEL_ROWS` rows a call on), "
             "`fixed-noprior` without a prior (the groups' part alone); vLLM's `NgramProposer` for scale. Rows leave "
-            "as they finish: rows / call is the mean over a window's timed calls. Interleaved, 7 repeats, wall clock, "
+            "as they finish: rows / call is the mean over a window's timed calls. Calls back to back; interleaved, "
+            "7 repeats, wall clock, "
             "on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_threads.json",), render_proposer_profile),
     Section("vLLM step cost against draft tokens (tiny target)",

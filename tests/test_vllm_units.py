@@ -289,21 +289,21 @@ def test_counting_beside_the_forward_leaves_every_call_the_same_tables():
     slots = [([s.slot() for _ in range(3)], s.slot(8000, apart=True)) for s in stores]
     for i in range(0, 200, 40):
         got = []
-        for (groups, prior), store, beside in zip(slots, stores, (False, True)):
-            store.teach([(groups[j % 3], prior, t, i, i + 40) for j, t in enumerate(texts)], beside=beside)
+        for (tables, prior), store, beside in zip(slots, stores, (False, True)):
+            store.teach([(tables[j % 3], prior, t, i, i + 40) for j, t in enumerate(texts)], beside=beside)
             assert (store._running is not None) == beside
             contexts = [t[: i + 40 - j] for j, t in enumerate(texts)]
-            got.append(store.chains([groups[j % 3] for j in range(len(texts))], prior, contexts, np.full(len(texts), 8), 8))
+            got.append(store.chains([tables[j % 3] for j in range(len(texts))], prior, contexts, np.full(len(texts), 8), 8))
         assert got[0][0] == got[1][0] and np.array_equal(got[0][1], got[1][1])
-    (groups, prior), (groups2, prior2) = slots
-    assert [stores[0].table(s) for s in groups + [prior]] == [stores[1].table(s) for s in groups2 + [prior2]]
+    (tables, prior), (tables2, prior2) = slots
+    assert [stores[0].table(s) for s in tables + [prior]] == [stores[1].table(s) for s in tables2 + [prior2]]
     assert stores[1].resets[prior2] == stores[0].resets[prior] > 0  # the bound, checked after the counting beside
 
     def boom(*args):
         raise RuntimeError("counting failed")
 
     stores[1]._teach_shard = boom
-    stores[1].teach([(groups2[0], prior2, texts[0], 0, 10)], beside=True)
+    stores[1].teach([(tables2[0], prior2, texts[0], 0, 10)], beside=True)
     with pytest.raises(RuntimeError, match="counting failed"):
         stores[1].slot()
 
