@@ -205,7 +205,8 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
     """A fresh proposer of `arm`: fixed / fixed-twin / fixed-1thread and fixed-2threads (not in
     `ARMS`: the prior counted and walked in the calling thread / in the helper thread at every size,
     the A/B that sets `ngrams.PARALLEL_ROWS`) / fixed-noprior (not in `ARMS`: no prior, the groups'
-    part alone) / dcut / dcut-roofline (D-cut started from a
+    part alone) / dcut-plain-incall (not in `ARMS`: dcut-plain counting the text its plain spells
+    defer by its next draft, not beside the forward) / dcut / dcut-roofline (D-cut started from a
     roofline, as the proposer starts on a GPU with a preset: its profile's evaluations and the
     drained-batch rate each step; the roofline's peak so high that every step is memory-bound, flat
     in draft tokens as `FLAT`, so it drafts at every batch size) / dcut-plain (ours), ngram or
@@ -221,7 +222,8 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
 
     policy = "dcut" if arm.startswith("dcut") else "fixed"
     config = ChainConfig(budget_policy=policy, use_prior=arm != "fixed-noprior")
-    prop = type("Bench", (RLDraftProposer,), {"config": config})(vllm_config(k, max_len))
+    prop = type("Bench", (RLDraftProposer,), {"config": config, "count_beside": arm != "dcut-plain-incall"})(
+        vllm_config(k, max_len))
     if arm in ("fixed-1thread", "fixed-2threads"):  # the prior's part in the calling thread / the helper at every size
         prop.store.parallel_rows = 1 << 62 if arm == "fixed-1thread" else 0  # (the product: `ngrams.PARALLEL_ROWS`)
     if arm == "dcut-roofline":  # as on a GPU with a preset: D-cut started from a roofline (`load_model`)
@@ -331,8 +333,9 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
                 prop = make_arm(arm, k, max_len, batch + 8)
                 p = Parts(prop, time.perf_counter) if hasattr(prop, "tracker") else None  # ours: its parts
                 with fake_clock() as clock:
-                    clock_ms = PLAIN_PAYS if arm == "dcut-plain" else FLAT if arm == "dcut-roofline" else step_ms
-                    for learn in range(3 if arm == "dcut-plain" else 0):  # it learns that drafting does not pay
+                    plain = arm.startswith("dcut-plain")
+                    clock_ms = PLAIN_PAYS if plain else FLAT if arm == "dcut-roofline" else step_ms
+                    for learn in range(3 if plain else 0):  # it learns that drafting does not pay
                         window(prop, batch, context, steps, k, 1000 * rep + batch + 100 * learn + 1, clock_ms, clock, ids)
                     w = window(prop, batch, context, steps, k, 1000 * rep + batch, clock_ms,
                                clock if arm.startswith("dcut") else None, ids, p, gap_ms)
@@ -384,7 +387,8 @@ def main() -> None:
                     "cost; suffix: vLLM's suffix decoding (the default where arctic-inference is installed); not by default: "
                     "fixed-1thread / fixed-2threads (the prior's part in the calling thread / the helper thread at every "
                     "size: the A/B that sets ngrams.PARALLEL_ROWS), "
-                    "fixed-noprior (no prior: the groups' part alone)")
+                    "fixed-noprior (no prior: the groups' part alone), dcut-plain-incall (dcut-plain counting what it defers "
+                    "by its next draft, not beside the forward)")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut", "plain"])
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")

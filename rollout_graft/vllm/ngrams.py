@@ -232,23 +232,23 @@ class NgramStore:
         if rows is not None:
             more, text = self.kern._gather(rows.token_ids, rows.rows, rows.slots, rows.also, rows.starts, rows.ends, hi)
             meta, tokens = np.concatenate([meta, more]), np.concatenate([tokens, text])
+        if beside:  # the texts are read: the rest runs in the helper thread
+            self._running = (self._helper_pool().submit(self._teach_shards, meta, tokens), meta)
+            return
         groups, prior = (self._on_shard(meta, i) for i in range(2))
 
         def part(shard: int, on: np.ndarray | None):
             return lambda: None if on is None else self._teach_shard(shard, on, tokens)
 
-        if beside:
-            self._running = (self._helper_pool().submit(lambda: (part(0, groups)(), part(1, prior)())), meta)
-            return
         # the helper thread only where both shards have work: a hand-over for nothing costs tens of µs
         self._both(part(0, groups), part(1, prior), big=len(meta) >= self.parallel_rows and groups is not None and prior is not None)
         self._bound(meta)
 
     def _bound(self, meta: np.ndarray) -> None:
         """A bounded table that `meta`'s segments taught past its bound starts over."""
-        taught = np.unique(meta[:, :2])  # the tables taught (and -1)
-        for slot in (s for s in self.bounds if s in taught):
-            if self.sizes[slot] > self.bounds[slot]:
+        slots = meta[:, :2]
+        for slot in [s for s, bound in self.bounds.items() if self.sizes[s] > bound]:
+            if (slots == slot).any():  # taught by these segments
                 self._clear(slot)
                 self.resets[slot] += 1
 
@@ -271,6 +271,13 @@ class NgramStore:
         out = meta.copy()
         out[:, :2] = np.where(on, meta[:, :2], -1)
         return out
+
+    def _teach_shards(self, meta: np.ndarray, tokens: np.ndarray) -> None:
+        """`teach`'s passes, one shard after the other (in the helper thread: `beside`)."""
+        for shard in range(2):
+            on = self._on_shard(meta, shard)
+            if on is not None:
+                self._teach_shard(shard, on, tokens)
 
     def _teach_shard(self, shard: int, meta: np.ndarray, tokens: np.ndarray) -> None:
         sh, orders = self.shards[shard], self.order - self.min_order + 1
