@@ -1083,6 +1083,31 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
     assert depths.tolist() == [1] and accepted.tolist() == [1] and prop.inflight.shadows == 0
 
 
+@pytest.mark.parametrize("arrival", [False, True])
+def test_a_shadow_of_a_request_that_left_resolves_alike_from_its_row_or_its_list(arrival):
+    """A request that left keeps its text in its row until the rows run out, then in its group's
+    list: its shadow resolves the same either way (the compiled pass over the rows, or per request
+    over the list). A wrong token ends a chain; a chain its text ends inside counts as verified up
+    to that end, all matched."""
+    from conftest import load_script
+
+    from rollout_graft.vllm.proposer import RLDraftProposer
+
+    prop = RLDraftProposer(load_script("lab/profile_vllm_proposer.py").vllm_config(3, 64))
+    batch = Batch([P1, P1, P2])
+    reqs = batch.step(prop.tracker, [[1], [1], [2]])
+    _shadow(prop, reqs, [[3, 4, 5], [3, 9, 9], [6, 6, 6]])
+    batch.step(prop.tracker, [[3], [3, 4], [6]])  # the second is wrong at its second token: resolved
+    assert prop._resolve_shadows()[1].tolist() == [3]
+    batch.texts = batch.texts[2:] + ([list(P1), list(P2)] if arrival else [])  # the first two left (new requests came)
+    batch.step(prop.tracker, [[6]] + ([[1], [2]] if arrival else []))
+    prop.inflight.start(prop.tracker.slot_capacity, prop.tracker.started)  # as `propose` does after each step
+    assert (prop.tracker.row_of[reqs[0].slot] < 0) == arrival  # the rows ran out: its text moved to a list
+    scores, depths, accepted = prop._resolve_shadows()
+    assert depths.tolist() == [1] and accepted.tolist() == [1] and scores.tolist() == [[0.5, 0.0, 0.0]]
+    assert prop.inflight.shadows == 1  # the third request's, undecided
+
+
 def _shadow(prop, reqs, chains):
     """Each request's chain (scores 0.5, 0.25, 0.125) kept as its shadow, drafted from its text now."""
     prop.inflight.start(prop.tracker.slot_capacity, [])

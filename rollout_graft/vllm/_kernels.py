@@ -387,11 +387,13 @@ def _verified(draft_len, teaches, draft_scores, slots, depths, lens):
 
 
 @njit(cache=True)
-def _resolve(shadow_len, shadow_tokens, shadow_scores, shadow_at, slots, rows, nums, token_ids):
-    """The shadows of the active rows (slots[j], its text token_ids[rows[j], :nums[j]]) that the
-    text now decides: matched up to the first token that differs, or whole. Returns the active
-    shadows seen, and for those resolved (now dropped): scores [n, k] (0 past the chain), depths
-    (the chain's length) and accepted (tokens matched)."""
+def _resolve(shadow_len, shadow_tokens, shadow_scores, shadow_at, slots, rows, nums, token_ids, final: bool):
+    """The shadows of the requests slots[j] (the text token_ids[rows[j], :nums[j]]) that the text
+    now decides: matched up to the first token that differs, or whole; with `final` (requests that
+    left the batch) every one, a chain its text ends inside counting as verified up to that end,
+    all matched, and a request without a row (rows[j] < 0) skipped. Returns the shadows seen, and
+    for those resolved (now dropped): scores [n, k] (0 past the tokens verified), depths (tokens
+    verified) and accepted (tokens matched)."""
     k = shadow_tokens.shape[1]
     held = done = 0
     depth, acc = np.zeros(len(slots), np.int64), np.zeros(len(slots), np.int64)
@@ -399,16 +401,16 @@ def _resolve(shadow_len, shadow_tokens, shadow_scores, shadow_at, slots, rows, n
     for j in range(len(slots)):
         s = slots[j]
         length = shadow_len[s]
-        if length == 0:
+        if length == 0 or rows[j] < 0:
             continue
         held += 1
         at = shadow_at[s]
-        m = min(length, nums[j] - at)  # tokens emitted since the shadow was drafted
+        m = max(min(length, nums[j] - at), 0)  # tokens emitted since the shadow was drafted
         n = 0
         while n < m and token_ids[rows[j], at + n] == shadow_tokens[s, n]:
             n += 1
-        if n < m or n == length:
-            which[done], depth[done], acc[done] = s, length, n
+        if n < m or n == length or final:
+            which[done], depth[done], acc[done] = s, length if n < m or n == length else n, n
             done += 1
             shadow_len[s] = 0
     scores = np.zeros((done, k))

@@ -42,7 +42,7 @@ class InFlight:
         self.verified(none, none, none)
         self.send(none, chains, np.zeros((0, self.k)), none, none, none, True)
         for ids in (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int32)):
-            self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at, none, none, none, ids)
+            self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at, none, none, none, ids, False)
 
     def _arrays(self, n: int) -> None:
         k = self.k
@@ -92,33 +92,34 @@ class InFlight:
         differs (the rest counts as verified and rejected, as vLLM counts a draft), or matched whole.
         `slots` are the requests that sampled this step, whose text is token_ids[rows[j], :nums[j]];
         a shadow of any other request (finished, preempted or prefilling) resolves with what its
-        text holds after the shadow (`texts(slot, start)`: its text from `start`), every token of it
-        counted as matched."""
+        text holds after the shadow, every token of it counted as matched. `texts`: the requests'
+        texts (`groups.RequestTracker`: `texts[row_of[slot], :length[slot]]`, or `text_from` for a
+        text no longer in a row)."""
         if not self.shadows:
             return None
-        held, scores, depth, accepted = self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores,
-                                                         self.shadow_at, slots, rows, nums, token_ids)
-        resolved = len(depth)
-        if self.shadows > held:  # shadows of requests that left the batch: rare, per request
+        held, *found = self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at,
+                                        slots, rows, nums, token_ids, False)
+        pieces = [found]
+        if self.shadows > held:  # shadows of requests that left the batch: their texts' rows, compiled
             away = np.ones(len(self.shadow_len), np.bool_)
             away[slots] = False
-            more = [self._left(s, texts(s, int(self.shadow_at[s]))) for s in np.flatnonzero(away & (self.shadow_len > 0)).tolist()]
-            resolved += len(more)
-            keep = [(sc, d, a) for sc, d, a in more if d]
-            if keep:
-                scores = np.concatenate([scores, np.stack([sc for sc, _, _ in keep])])
-                depth = np.concatenate([depth, [d for _, d, _ in keep]])
-                accepted = np.concatenate([accepted, [a for _, _, a in keep]])
-        self.shadows -= resolved
+            left = np.flatnonzero(away & (self.shadow_len > 0))
+            _, *gone = self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at,
+                                           left, texts.row_of[left], texts.length[left], texts.texts, True)
+            pieces.append(gone)
+            # a text moved out of the rows (they ran out): rare, per request
+            pieces += [self._left(s, texts.text_from(s, int(self.shadow_at[s]))) for s in left[self.shadow_len[left] > 0].tolist()]
+        scores, depth, accepted = (np.concatenate(x) for x in zip(*pieces))
+        self.shadows -= len(depth)
         keep = depth > 0
         return (scores[keep], depth[keep], accepted[keep]) if keep.any() else None
 
-    def _left(self, slot: int, text: list[int]) -> tuple[np.ndarray, int, int]:
-        """The shadow of a request that left the batch, resolved with its text after the shadow
-        (scores, depth, accepted)."""
+    def _left(self, slot: int, text: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The shadow of a request that left the batch, its text no longer in a row, resolved with
+        its text after the shadow: (scores [1, k], depth [1], accepted [1]) as `resolve` gives them."""
         chain = self.shadow_tokens[slot, : self.shadow_len[slot]].tolist()
         m = min(len(chain), len(text))
         n = next((j for j, (a, b) in enumerate(zip(chain, text)) if a != b), m)
         depth = len(chain) if n < m or n == len(chain) else n
         self.shadow_len[slot] = 0
-        return np.where(np.arange(self.k) < depth, self.shadow_scores[slot], 0.0), depth, n
+        return np.where(np.arange(self.k) < depth, self.shadow_scores[slot], 0.0)[None], np.array([depth]), np.array([n])

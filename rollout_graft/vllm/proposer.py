@@ -212,7 +212,7 @@ class RLDraftProposer:
         """Shadows whose outcome the emitted text now shows (`InFlight.resolve`): raw scores [n, depth],
         depths [n] and accepted [n] as `_learn` gives them (None: nothing resolved)."""
         t = self.tracker
-        evidence = self.inflight.resolve(t.slots, t.active, t.num, t.token_ids, t.text_from)
+        evidence = self.inflight.resolve(t.slots, t.active, t.num, t.token_ids, t)
         if evidence is not None:
             _, depths, accepted = evidence
             self.stats.shadows += len(depths)
