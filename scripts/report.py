@@ -453,8 +453,8 @@ SECTIONS: list[Section] = [
             "prior in the calling thread at every size, `fixed-2threads` in a helper thread beside the groups' at every "
             "size, `fixed` (and its twin) as the product does (the helper from `ngrams.PARALLEL_ROWS` rows a call on), "
             "`fixed-noprior` without a prior (the groups' part alone); vLLM's `NgramProposer` for scale. Rows leave "
-            "as they finish: rows / call is the mean over a window's timed calls. Calls back to back; interleaved, "
-            "7 repeats, wall clock, "
+            "as they finish: rows / call is the mean over a window's timed calls. Calls 4 ms apart as above; "
+            "interleaved, 7 repeats, wall clock, "
             "on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_threads.json",), render_proposer_profile),
     Section("vLLM step cost against draft tokens (tiny target)",

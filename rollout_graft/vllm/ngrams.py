@@ -80,10 +80,12 @@ PARALLEL_ROWS = 128
 """A `teach` of at least this many texts (a walk of at least this many rows) runs its two shards'
 parts at once, the second in a helper thread (numba releases the GIL). The hand-over costs tens of
 µs on this 2-core machine. On the micro-benchmark's batches (`lab/profile_vllm_proposer.py
---compare`, arms `fixed-2threads` against `fixed-1thread`, interleaved in one process, wall clock:
-docs/bench/vllm_proposer_threads.json, RESULTS) calls of ~38 rows on average took 1.09× as long in
-two threads as in one, of ~76 rows 1.01×, of ~155, ~310 and ~620 rows 0.75–0.78×: the crossover
-lies between ~76 and ~155 rows here."""
+--compare`, arms `fixed-2threads` against `fixed-1thread`, interleaved in one process, calls 4 ms
+apart, wall clock: docs/bench/vllm_proposer_threads.json, RESULTS) calls of ~20 and ~38 rows on
+average took 1.17× and 1.32× as long in two threads as in one, of ~76 and ~155 rows 1.02× and
+1.06× (the twin's spread in that run: 0.81–1.02×), of ~314 and ~622 rows 0.78× and 0.87×; an
+earlier run with the calls back to back had two threads ahead from ~155 rows. The crossover lies
+between ~38 and ~314 rows here, unresolved within."""
 
 
 @dataclass
