@@ -72,7 +72,9 @@ def run_arm(prop, rollouts: list[dict], timed: Sequence[bool], clocks: Sequence,
     """One proposer through the rollouts in order on the clocks' modelled time (the first clock
     is the one the proposer reads; `cost`: our proposer's own time and its policy kind, added on
     clocks without it: `TotalClock`): {"ms": {clock: Σ ms of the timed rollouts}, "emitted",
-    "drafted", "steps", "accepted"}."""
+    "drafted", "steps", "accepted", and over the timed steps that drafted, the tokens beyond one a
+    row the policy predicted ("predicted_gain": D-cut's calibrated acceptance; 0 for a policy that
+    predicts none) and those the steps emitted ("gain")}."""
     counted = [0, 0]  # tokens our tables counted since the last call was priced: in the call, beside the forward
     store = getattr(prop, "store", None)
     if cost is not None and store is not None:
@@ -102,10 +104,24 @@ def run_arm(prop, rollouts: list[dict], timed: Sequence[bool], clocks: Sequence,
         return ms, beside
 
     total = TotalClock(clocks, None if cost is None else own_ms)
-    out = {"ms": {c.name: 0.0 for c in clocks}, "steps": 0, "emitted": 0, "drafted": 0, "accepted": 0}
+    out = {"ms": {c.name: 0.0 for c in clocks}, "steps": 0, "emitted": 0, "drafted": 0, "accepted": 0,
+           "predicted_gain": 0.0, "gain": 0}
+    timing = [False]
+    policy = getattr(prop, "policy", None)
+    if policy is not None:  # a policy that predicts what its drafting steps emit: the prediction against the outcome
+        observe = policy.observe
+
+        def observed(step):
+            d = step.decision
+            if timing[0] and d is not None and d.kept and d.expected_emitted is not None:
+                out["predicted_gain"] += d.expected_emitted - step.rows
+                out["gain"] += step.emitted - step.rows
+            return observe(step)
+        policy.observe = observed
     with fake_clock(modelled=True) as clock:
         for n, r in enumerate(rollouts):
             prop.rollout = n
+            timing[0] = timed[n]
             before, counts = dict(total.ms), {"steps": 0, "emitted": 0, "drafted": 0, "accepted": 0}
             replay_rows(prop, r["prompts"], r["completions"], clock=clock, step_ms=total, record=False, counts=counts)
             if timed[n]:
@@ -171,8 +187,9 @@ def schedule(rec: dict, regime: str, batch: int) -> tuple[list[dict], list[bool]
 
 def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: dict | None = None,
           cost: ProposerCost | None = None, profile_of: Callable | None = None, count_beside: bool = True) -> list[dict]:
-    """One cell per clock: every arm's modelled tokens/s, MAT and mean verified depth (draft tokens
-    per request-step) on the recording `rec` at `batch` rows, regime "first" (each rollout once),
+    """One cell per clock: every arm's modelled tokens/s, MAT, mean verified depth (draft tokens
+    per request-step) and — for D-cut — the tokens its drafting steps earned beyond one a row over
+    those it predicted (`run_arm`) on the recording `rec` at `batch` rows, regime "first" (each rollout once),
     "revisit" (each twice in a row, timed the second time: greedy recordings) or "grpo" (a
     recording of GRPO epochs, `lab/record_grpo.py`: every rollout once, in order, the revisits —
     epochs after the first — timed). D-cut twice, each from a fresh
@@ -205,7 +222,10 @@ def cells(rec: dict, regime: str, batch: int, clocks: Sequence, dcut_options: di
             arms["suffix-sched"] = max(arms[n] for n in suffix)
         out.append({"clock": clock.name, "regime": regime, "batch": len(rollouts[0]["prompts"]), "arms": arms,
                     "mean_verified_depth": {n: r["drafted"] / max(r["steps"], 1) for n, r in runs.items()},
-                    "mat": {n: r["emitted"] / max(r["steps"], 1) for n, r in runs.items()}})
+                    "mat": {n: r["emitted"] / max(r["steps"], 1) for n, r in runs.items()},
+                    # D-cut's drafting steps: the accepted tokens they earned over those its calibration predicted
+                    "earned_over_predicted": {n: r["gain"] / r["predicted_gain"] for n, r in runs.items()
+                                              if r["predicted_gain"] > 0}})
     return out
 
 

@@ -120,8 +120,9 @@ class ProposerCost:
     decoding — the last two where the micro-benchmark ran them), and `plain` for one where D-cut
     decided not to draft (the micro-benchmark's `dcut-plain` arm: a quiet call) — plus `count` µs
     per token our tables count (`ms(counted=)`: the replay counts what each call taught), which the
-    per-request-step figures of ours leave out. So the counting a spell of plain decisions defers
-    is paid where it is paid, at the next draft (a probe, which D-cut's probe credit then charges),
+    per-request-step figures of ours leave out. So counting is paid where it is done: in the call
+    that counts, or — the text a spell of plain decisions hands to the helper thread — beside the
+    next forward (`count_ms`; `clock_replay.TotalClock` charges it where it outlasts the forward),
     not spread over the quiet calls. On a GPU vLLM runs a `custom_class` drafter between steps
     with its async scheduling off, so this time adds to every step a clock without it
     (`includes_proposer` False: the rooflines) prices. Read from `lab/profile_vllm_proposer.py

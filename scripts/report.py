@@ -218,16 +218,17 @@ def render_dcut_clocks(runs: list[dict]) -> str:
     for run in runs:
         suffix = any("suffix-sched" in c["arms"] for c in run["cells"])
         lines += ["| recording | regime | batch | clock | plain tok/s | best fixed arm | ×plain | ours-dcut ×plain | "
-                  "×best fixed | ours-dcut-online ×best fixed | verified depth ours / best fixed | meets |"
-                  + (" suffix-sched ×plain | ours-dcut ×suffix-sched |" if suffix else ""),
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if suffix else "")]
+                  "×best fixed | ours-dcut-online ×best fixed | verified depth ours / best fixed | ours-dcut earned / "
+                  "predicted | meets |" + (" suffix-sched ×plain | ours-dcut ×suffix-sched |" if suffix else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if suffix else "")]
         for c in run["cells"]:
             a, d, best = c["arms"], c["mean_verified_depth"], c["best_fixed"]
+            earned = c.get("earned_over_predicted", {}).get("ours-dcut")
             lines.append(f"| {Path(c['recording']).stem} (T = {c['temperature']:g}) | {c['regime']} | {c['batch']} | "
                          f"{c['clock']} | {a['plain']:.0f} | {best} | {a[best] / a['plain']:.2f} | "
                          f"{a['ours-dcut'] / a['plain']:.3f} | {a['ours-dcut'] / a[best]:.3f} | "
                          f"{a['ours-dcut-online'] / a[best]:.3f} | {d['ours-dcut']:.2f} / {d[best]:.2f} | "
-                         f"{'yes' if c['meets'] else '**no**'} |"
+                         f"{'–' if earned is None else f'{earned:.2f}'} | {'yes' if c['meets'] else '**no**'} |"
                          + (f" {a['suffix-sched'] / a['plain']:.3f} | {a['ours-dcut'] / a['suffix-sched']:.3f} |"
                             if "suffix-sched" in a else (" – | – |" if suffix else "")))
         met = sum(c["meets"] for c in run["cells"])
@@ -482,7 +483,9 @@ SECTIONS: list[Section] = [
             "fused; `revisit`: each rollout twice, timed the second time; `grpo`: a recording of three real GRPO epochs "
             "(`lab/record_grpo.py`: plain vLLM inside TRL, the policy trained between them), replayed in order, the two "
             "revisits timed. Meets: ours-dcut ≥ 0.95× the best fixed "
-            "arm, and ≥ 0.99× plain where no fixed arm beats plain. Verified depth: draft tokens per request-step.",
+            "arm, and ≥ 0.99× plain where no fixed arm beats plain. Verified depth: draft tokens per request-step. "
+            "Earned / predicted: over ours-dcut's timed steps that drafted, the tokens they emitted beyond one a row "
+            "over those its calibrated acceptance predicted.",
             ("dcut_clocks.json",), render_dcut_clocks,
             inputs=("replay/rec_tiny_t1.json", "replay/rec_smollm2_t1_r4.json", "replay/rec_tiny_grpo_t1.json",
                     "replay/rec_smollm2_t0_b8.json")),
@@ -493,8 +496,9 @@ SECTIONS: list[Section] = [
             "a call that drafted at `fixed`'s, `dcut-roofline`'s (`ours-dcut`, started from the clock's profile) or "
             "`dcut`'s (`ours-dcut-online`) median by batch size, one where D-cut decided not to draft at "
             "the `dcut-plain` arm's (a quiet call), each less its counting; and the counting apart, per token our "
-            "tables counted (`fixed`'s count over its MAT), charged to the call that counted it — for D-cut after "
-            "plain decisions, the next draft, which counts what they deferred. "
+            "tables counted (`fixed`'s count over its MAT), charged to the call that counted it — or, the text a spell "
+            "of D-cut's plain decisions hands to the helper thread, counted beside the next forward, charged only where "
+            "it outlasts that forward. "
             "Suffix decoding pays its `suffix` arm's median by batch size (one figure for every depth); plain vLLM runs "
             "no proposer. Where a fixed "
             "arm and D-cut both stay below plain, what our proposer costs per step decides it, not the budget.",

@@ -68,6 +68,23 @@ def test_clock_replay_is_deterministic():
     assert runs[0] == runs[1] and runs[0]["drafted"] > 0
 
 
+def test_the_replay_sets_what_d_cut_predicted_its_drafts_would_earn_against_what_they_earned():
+    """Over the timed steps that drafted, the tokens beyond one a row that D-cut's decisions
+    predicted (`BudgetDecision.expected_emitted`) and those the steps emitted; a fixed depth
+    predicts none."""
+    from rollout_graft.dcut.chains import FixedDepth
+
+    rec, clock = _recording(), clocks.rooflines()["H800/Qwen3-8B"]
+    rollouts = rec["rollouts"] * 2
+    ours = clock_replay.run_arm(clock_replay.dcut_proposer(VOCAB, 200, clock), rollouts, [False, True], [clock])
+    assert ours["predicted_gain"] > 0 and ours["gain"] > 0
+    untimed = clock_replay.run_arm(clock_replay.dcut_proposer(VOCAB, 200, clock), rollouts, [False, False], [clock])
+    assert untimed["predicted_gain"] == untimed["gain"] == 0
+    fixed = clock_replay.dcut_proposer(VOCAB, 200)
+    fixed.policy = FixedDepth(4)
+    assert clock_replay.run_arm(fixed, rollouts, [True, True], [clock])["predicted_gain"] == 0
+
+
 def test_dcut_near_the_best_fixed_arm_where_drafts_pay_and_plain_where_they_cannot():
     """From a fresh proposer's first rollout, D-cut started from the clock's profile: on a roofline
     where drafting pays (≥ 1.3× plain at the best fixed arm) it reaches ≥ 0.95× that arm; on one where
