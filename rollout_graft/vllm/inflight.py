@@ -105,7 +105,7 @@ class InFlight:
             away[slots] = False
             left = np.flatnonzero(away & (self.shadow_len > 0))
             _, *gone = self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at,
-                                           left, texts.row_of[left], texts.length[left], texts.texts, True)
+                                        left, texts.row_of[left], texts.length[left], texts.texts, True)
             pieces.append(gone)
             # a text moved out of the rows (they ran out): rare, per request
             pieces += [self._left(s, texts.text_from(s, int(self.shadow_at[s]))) for s in left[self.shadow_len[left] > 0].tolist()]
