@@ -310,14 +310,14 @@ def test_counting_beside_the_forward_leaves_every_call_the_same_tables():
 
 def test_a_proposer_counting_plain_spells_beside_the_forward_drafts_the_same(monkeypatch):
     """Calls that do not draft hand the text they defer to the store's helper thread (once
-    `PARALLEL_ROWS` tokens wait), counted beside vLLM's next forward rather than by the next draft:
+    `proposer.BESIDE_TOKENS` tokens wait), counted beside vLLM's next forward rather than by the next draft:
     every draft of a rollout with spells of plain decisions is the one a proposer counting in its
     drafting calls makes."""
     from conftest import load_script
 
-    from rollout_graft.vllm import ngrams, proposer
+    from rollout_graft.vllm import proposer
 
-    monkeypatch.setattr(ngrams, "PARALLEL_ROWS", 16)
+    monkeypatch.setattr(proposer, "BESIDE_TOKENS", 16)
     bench = load_script("lab/profile_vllm_proposer.py")
 
     class Spells(FixedDepth):  # drafts 2 steps in 7
@@ -1086,8 +1086,8 @@ def test_a_shadow_of_a_request_that_stops_resolves_with_what_it_emitted():
 @pytest.mark.parametrize("arrival", [False, True])
 def test_a_shadow_of_a_request_that_left_resolves_alike_from_its_row_or_its_list(arrival):
     """A request that left keeps its text in its row until the rows run out, then in its group's
-    list: its shadow resolves the same either way (the compiled pass over the rows, or per request
-    over the list). A wrong token ends a chain; a chain its text ends inside counts as verified up
+    list: its shadow resolves the same either way (the compiled pass over the rows' texts, or over
+    the lists' texts copied into an array). A wrong token ends a chain; a chain its text ends inside counts as verified up
     to that end, all matched."""
     from conftest import load_script
 
@@ -1558,14 +1558,15 @@ def test_deferred_steps_change_nothing(monkeypatch, tmp_path, preempt_every):
 def test_a_rollout_compiles_no_kernel_its_proposer_did_not_compile_when_built(monkeypatch, parallel_rows):
     """Every compiled kernel a rollout calls (the tables', the tracker's, the in-flight drafts' and
     D-cut's) was compiled (or loaded from numba's cache) when the proposer was built: a compile in
-    a step vLLM times would cost it seconds and feed D-cut's step-cost fit. With the prior's part in
-    the helper thread and without."""
+    a step vLLM times would cost it seconds and feed D-cut's step-cost fit. With the prior's part and
+    the counting beside the forward in the helper thread, and without."""
     from rollout_graft.dcut import _kernels as dcut_kernels
     from rollout_graft.vllm import _kernels as vllm_kernels
-    from rollout_graft.vllm import ngrams
+    from rollout_graft.vllm import ngrams, proposer
     from rollout_graft_tools.chain_replay import VOCAB, fake_clock, ours_proposer, replay
 
     monkeypatch.setattr(ngrams, "PARALLEL_ROWS", parallel_rows)
+    monkeypatch.setattr(proposer, "BESIDE_TOKENS", parallel_rows)  # the counting beside the forward too, or never
     prop = ours_proposer(4, None, VOCAB, 400)
     kernels = {f"{m.__name__}.{n}": getattr(m, n) for m in (vllm_kernels, dcut_kernels) for n in dir(m)
                if hasattr(getattr(m, n), "signatures")}

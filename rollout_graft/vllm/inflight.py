@@ -94,32 +94,28 @@ class InFlight:
         a shadow of any other request (finished, preempted or prefilling) resolves with what its
         text holds after the shadow, every token of it counted as matched. `texts`: the requests'
         texts (`groups.RequestTracker`: `texts[row_of[slot], :length[slot]]`, or `text_from` for a
-        text no longer in a row)."""
+        text no longer in a row). One compiled pass each (`_kernels._resolve`)."""
         if not self.shadows:
             return None
         held, *found = self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at,
                                         slots, rows, nums, token_ids, False)
         pieces = [found]
-        if self.shadows > held:  # shadows of requests that left the batch: their texts' rows, compiled
+        if self.shadows > held:  # shadows of requests that left the batch: from their texts' rows
             away = np.ones(len(self.shadow_len), np.bool_)
             away[slots] = False
             left = np.flatnonzero(away & (self.shadow_len > 0))
-            _, *gone = self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at,
-                                        left, texts.row_of[left], texts.length[left], texts.texts, True)
-            pieces.append(gone)
-            # a text moved out of the rows (they ran out): rare, per request
-            pieces += [self._left(s, texts.text_from(s, int(self.shadow_at[s]))) for s in left[self.shadow_len[left] > 0].tolist()]
+            pieces.append(self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at,
+                                           left, texts.row_of[left], texts.length[left], texts.texts, True)[1:])
+            listed = left[self.shadow_len[left] > 0]  # texts moved out of the rows (they ran out): rare
+            if len(listed):
+                held_texts = [texts.text_from(s, 0) for s in listed.tolist()]
+                lengths = np.array([len(t) for t in held_texts], np.int64)
+                array = np.zeros((len(listed), max(int(lengths.max()), 1)), np.int64)
+                for i, t in enumerate(held_texts):
+                    array[i, : len(t)] = t
+                pieces.append(self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at,
+                                               listed, np.arange(len(listed)), lengths, array, True)[1:])
         scores, depth, accepted = (np.concatenate(x) for x in zip(*pieces))
         self.shadows -= len(depth)
         keep = depth > 0
         return (scores[keep], depth[keep], accepted[keep]) if keep.any() else None
-
-    def _left(self, slot: int, text: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The shadow of a request that left the batch, its text no longer in a row, resolved with
-        its text after the shadow: (scores [1, k], depth [1], accepted [1]) as `resolve` gives them."""
-        chain = self.shadow_tokens[slot, : self.shadow_len[slot]].tolist()
-        m = min(len(chain), len(text))
-        n = next((j for j, (a, b) in enumerate(zip(chain, text)) if a != b), m)
-        depth = len(chain) if n < m or n == len(chain) else n
-        self.shadow_len[slot] = 0
-        return np.where(np.arange(self.k) < depth, self.shadow_scores[slot], 0.0)[None], np.array([depth]), np.array([n])

@@ -25,6 +25,12 @@ from .inflight import InFlight
 from .ngrams import NgramStore, read_prior
 from .profile import start_profile
 
+BESIDE_TOKENS = 128
+"""A call that does not draft hands the text waiting to be counted to the store's helper thread,
+counted beside vLLM's next forward (`NgramStore.teach(beside=True)`), once this many tokens wait:
+fewer cost less to count in the next draft than the hand-over (tens of µs on this machine, as for
+`ngrams.PARALLEL_ROWS`, the same figure)."""
+
 logger = logging.getLogger(__name__)
 
 
@@ -155,7 +161,7 @@ class RLDraftProposer:
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
             self.stats.plain_steps += int(proposed > 0 and drafted == 0)
-        elif self.count_beside and self.tracker.waiting() >= self.store.parallel_rows:
+        elif self.count_beside and self.tracker.waiting() >= BESIDE_TOKENS:
             # the text a spell of plain decisions defers, counted in the helper thread beside vLLM's next
             # forward rather than all at once by the next draft: the same tables when it walks
             self.tracker.count(beside=True)
