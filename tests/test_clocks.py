@@ -44,6 +44,22 @@ def test_profile_matches_the_step_at_its_context():
             assert float(clock.profile_ms(rows, np.array([rows * d]), 256)[0]) == pytest.approx(want, rel=1e-6)
 
 
+def test_the_compiled_profile_is_the_numpy_definition_bit_for_bit():
+    """D-cut reads a roofline's profile at every draft-token count each step: the compiled pass
+    (`dcut._kernels.roofline_profile`) gives the numpy definition's floats exactly — the replays'
+    and the golden record's decisions do not move — on every preset, memory- and compute-bound,
+    at contexts given as ints and floats."""
+    rng = np.random.default_rng(0)
+    poor = clocks.Roofline(clocks.Accelerator("compute-poor", 10.0, 4.0), clocks.MODELS["Qwen3-32B"], spec_ms=0.0)
+    for clock in [*clocks.rooflines().values(), poor]:
+        for rows in (1, 8, 64, 1024):
+            for context in (0, 333, 2048.75):
+                k = np.concatenate([np.arange(rows * 8 + 1), rng.uniform(0, rows * 8, 16)])
+                got = clock.profile_ms(rows, k, context)
+                assert got.dtype == np.float64 and got.tobytes() == clock._profile(rows, k, context).tobytes()
+                assert clock.profile_ms(rows, k.astype(np.int64)[:5], context).tolist() == got[:5].tolist()
+
+
 def test_measured_clock_fits_the_kept_steps():
     """The CPU clock fitted to lab/vllm_step_cost.py's kept steps: non-negative coefficients, a
     plain step at 8 rows within the measured range, the speculative path dearer than a draft token."""

@@ -29,6 +29,17 @@ def _bin(score, edges) -> int:
     return min(max(a - 1, 0), bins - 1)
 
 
+@njit(cache=True, inline="always")
+def _at_most(score, edges, lowest) -> int:
+    """min(lowest, `_bin`(score)) for 0 ≤ lowest < bins, searched down from `lowest`: along a chain the
+    scores (prefix products) only fall, so the walk is a step or two where a bin search takes five."""
+    x = min(max(np.float32(score), edges[0]), np.float32(1.0))
+    b = lowest
+    while b >= 0 and not edges[b] < x:
+        b -= 1
+    return max(b, 0)
+
+
 @njit(cache=True)
 def calibrated_order(scores, edges, rates):
     """(calibrated [rows, depth] in the rates' dtype, order): each token with a score > 0 mapped to
@@ -51,7 +62,7 @@ def calibrated_order(scores, edges, rates):
     for i in range(rows):
         lowest = bins - 1
         for d in range(depth):
-            lowest = min(lowest, _bin(scores[i, d], edges))
+            lowest = _at_most(scores[i, d], edges, lowest)
             if scores[i, d] > 0:
                 cal[i, d] = rates[lowest]
                 key[i, d] = rank[lowest]
@@ -142,13 +153,13 @@ def top_k_cut(scores, edges, accepted, seen, mid, prior_weight, coef, profile_ms
     out = np.empty(n + 1)
     if spread > 0.0 and rows > 1 and n > 0:
         sum_sq = np.zeros(n + 1)
+        row_gain = np.zeros(rows)  # each row's gain so far (the order takes a row's tokens by depth: numpy's float64 cumsum along it)
         total = 0.0
         for i in range(n):
             r, d = order[i] // depth, order[i] % depth
-            before = 0.0  # the row's gain before this token, then with it (numpy's float64 cumsum along the row)
-            for c in range(d):
-                before += np.float64(cal[r, c])
+            before = row_gain[r]  # the row's gain before this token, then with it
             prefix = before + np.float64(cal[r, d])
+            row_gain[r] = prefix
             total += prefix**2 - (before**2 if d > 0 else 0.0)
             sum_sq[i + 1] = total
         plain = ms[0]
@@ -165,6 +176,22 @@ def top_k_cut(scores, edges, accepted, seen, mid, prior_weight, coef, profile_ms
     for i in range(k):
         depths[order[i] // depth] += 1
     return depths, k, gains[k]
+
+
+@njit(cache=True)
+def roofline_profile(k, rows, context, kv_rows, c_attention, read_bytes, kv_bytes, c_flops, mem_per_s, flops_per_s,
+                     overhead_ms, spec_ms):
+    """`roofline.Roofline.profile_ms` for each total of draft tokens k[i], its numpy definition's
+    operations in its order (`Roofline._profile`; the constants as it computes them: kv_rows =
+    rows·context, c_attention = 4·layers·q_heads·head_dim, c_flops = 2·params, the peaks times their η)."""
+    out = np.empty(len(k))
+    for i in range(len(k)):
+        tokens = rows + k[i]
+        attention = c_attention * (tokens * context + tokens * tokens / max(rows, 1))
+        mem_ms = 1000.0 * (read_bytes + kv_bytes * (kv_rows + tokens)) / mem_per_s
+        flop_ms = 1000.0 * (c_flops * tokens + attention) / flops_per_s
+        out[i] = overhead_ms + max(mem_ms, flop_ms) + spec_ms * (1.0 if k[i] > 0 else 0.0)
+    return out
 
 
 @njit(cache=True)

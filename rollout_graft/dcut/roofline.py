@@ -95,9 +95,22 @@ class Roofline:
 
     def profile_ms(self, rows, draft_tokens, context) -> np.ndarray:
         """ms of a step of `rows` rows at context `context`, for each total of draft tokens (spread
-        evenly over the rows): what a profile at server start would measure."""
-        scalar = np.ndim(draft_tokens) == 0  # one count: Python floats, the same operations (D-cut asks so each step)
+        evenly over the rows): what a profile at server start would measure. D-cut asks it each step
+        for one count (Python floats) and for every count of the step's draft tokens (an array: one
+        compiled pass where numba is installed, `_kernels.roofline_profile`, the same operations)."""
+        scalar = np.ndim(draft_tokens) == 0
         k = float(draft_tokens) if scalar else np.asarray(draft_tokens, dtype=np.float64)
+        kernels = None if scalar else _compiled()
+        if kernels is not None:
+            m, a = self.model, self.accelerator
+            return kernels.roofline_profile(k, rows, context, rows * context, 4.0 * m.layers * m.q_heads * m.head_dim,
+                                            m.read_bytes, m.kv_bytes_per_token, 2.0 * m.params,
+                                            a.tbps * 1e12 * self.eta_mem, a.tflops * 1e12 * self.eta_flop,
+                                            self.overhead_ms, self.spec_ms)
+        return self._profile(rows, k, context)
+
+    def _profile(self, rows, k, context):
+        """`profile_ms` in numpy (or Python floats, `k` one float): its definition."""
         tokens = rows + k
         attention = 4.0 * self.model.layers * self.model.q_heads * self.model.head_dim * (
             tokens * context + tokens * tokens / max(rows, 1))
@@ -113,6 +126,16 @@ class Roofline:
         if isinstance(draft_tokens, float):
             return self.overhead_ms + max(mem_ms, flop_ms) + self.spec_ms * (1.0 if draft_tokens > 0 else 0.0)
         return self.overhead_ms + np.maximum(mem_ms, flop_ms) + self.spec_ms * (np.asarray(draft_tokens) > 0)
+
+
+def _compiled():
+    """The compiled kernels (`_kernels`), or None where numba is not installed (the vLLM extra and
+    the test extra bring it; the engine's install may not)."""
+    try:
+        from . import _kernels
+    except ImportError:
+        return None
+    return _kernels
 
 
 @dataclass
