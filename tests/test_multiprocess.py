@@ -50,3 +50,25 @@ def test_metrics_are_reduced_over_ranks(ranks):
     for h in steps:
         assert h["rollout/tokens_per_s"] > 0 and h["rollout/mean_accepted_tokens"] >= 1.0
         assert h["sampling/sampling_logp_difference/max"] < 1e-4
+
+
+def torchrun(script: Path, *args: str) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_two_ranks_resumed_inside_a_generation_batch_repeat_the_uninterrupted_run(tmp_path):
+    """Each rank keeps its own slices of the generation batch in the checkpoint and trains on them
+    after the resume: step 4 (the batch's second slice) as in the uninterrupted run, on both ranks."""
+    script = Path(__file__).parent / "trl_multiprocess_resume_run.py"
+    torchrun(script, str(tmp_path / "full"))
+    checkpoint = tmp_path / "full" / "checkpoint-3"
+    assert {p.name for p in checkpoint.glob("graft_generation_batch_*.pt")} == {
+        "graft_generation_batch_0.pt", "graft_generation_batch_1.pt"}
+    torchrun(script, str(tmp_path / "resumed"), str(checkpoint))
+    for rank in (0, 1):
+        full, resumed = (json.loads((tmp_path / run / f"rank{rank}.json").read_text()) for run in ("full", "resumed"))
+        assert resumed["rollouts"] == full["rollouts"] == 2  # the batch was not sampled again
+        assert resumed["log"] == full["log"] and [h["step"] for h in full["log"]] == [1, 2, 3, 4]

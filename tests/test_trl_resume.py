@@ -3,6 +3,7 @@ checkpoint gives the uninterrupted run's logs from there on (rollout counter and
 also across GRPO epochs (the prompts' order by epoch) and past checkpoints a kill left half-written."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def run(out, graft, resume=None, **args):
     tok = char_tokenizer()
-    trainer = GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(out, max_steps=3, **args),
+    trainer = GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(out, **{"max_steps": 3, **args}),
                                graft_config=graft, train_dataset=prompt_dataset(24), processing_class=tok)
     trainer.train(resume_from_checkpoint=resume)
     return trainer
@@ -53,6 +54,32 @@ def test_a_resumed_run_repeats_the_uninterrupted_run(tmp_path):
     expected, got = steps(full), steps(resumed)
     assert set(got) == {1, 2, 3} and got[3] == expected[3]  # MAT too: the retrieval prior was restored
     assert got == expected  # steps 1-2 come from the checkpoint's trainer state
+
+
+def test_a_run_resumed_inside_a_generation_batch_repeats_the_uninterrupted_run(tmp_path, caplog):
+    """TRL samples a generation batch every steps_per_generation × num_iterations steps and trains on
+    its slices in between: a checkpoint saved between two samplings keeps the batch (each rank's
+    slices), and the resumed run trains on it rather than sampling it anew."""
+    graft = GraftConfig(method="retrieval", budget=8)
+    args = dict(max_steps=4, steps_per_generation=2, save_strategy="steps", save_steps=3)
+    full = run(tmp_path / "full", graft, **args)
+    checkpoint = tmp_path / "full" / "checkpoint-3"
+    assert json.loads((checkpoint / ROLLOUT_STATE_FILE).read_text()) == {"rollouts": 2}
+    resumed = run(tmp_path / "resumed", graft, resume=str(checkpoint), **args)
+    assert resumed._rollouts == full._rollouts == 2  # the second batch was not sampled again
+    expected, got = steps(full), steps(resumed)
+    assert set(got) == {1, 2, 3, 4} and got[4] == expected[4]
+    batch = checkpoint / "graft_generation_batch_0.pt"
+    with pytest.raises(ValueError, match="steps_per_generation=4"):  # sliced for other settings: named, not misread
+        run(tmp_path / "other", graft, resume=str(checkpoint), **{**args, "steps_per_generation": 4})
+    batch.write_bytes(batch.read_bytes()[:100])  # truncated in a checkpoint without a manifest (a plain one) to vouch for it
+    (checkpoint / "graft_checkpoint.json").unlink()
+    with pytest.raises(ValueError, match="graft_generation_batch_0.pt is corrupt"):
+        run(tmp_path / "corrupt", graft, resume=str(checkpoint), **args)
+    batch.unlink()  # saved by an older version: the batch is sampled anew, with a warning
+    with caplog.at_level(logging.WARNING):
+        anew = run(tmp_path / "anew", graft, resume=str(checkpoint), **args)
+    assert anew._rollouts == 3 and "samples that batch anew" in caplog.text
 
 
 def test_two_runs_with_one_seed_log_the_same_with_dcut(tmp_path):

@@ -21,7 +21,10 @@ uninterrupted run:
   from a command line) resumes from the latest complete checkpoint in `output_dir`, as HF's True does.
 
 TRL's step counter (`_step`, which decides when a new generation batch is sampled) restarts at 0 on
-resume; it is set from the checkpoint's global step instead.
+resume; it is set from the checkpoint's global step instead. TRL samples a generation batch every
+steps_per_generation × num_iterations steps and trains on its slices in between: a checkpoint saved
+between two samplings also keeps each rank's batch (`BATCH_FILE`), and the resumed run trains on
+it rather than sampling it anew.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import re
 from pathlib import Path
 
 import torch
+from accelerate.utils import send_to_device
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
@@ -43,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "graft_checkpoint.json"
 """Written last into every checkpoint: {"files": {relative path: size in bytes}}."""
+
+BATCH_FILE = "graft_generation_batch_{rank}.pt"
+"""In a checkpoint saved between two samplings: rank `rank`'s generation batch (TRL's `_buffered_inputs`)."""
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
@@ -130,15 +137,50 @@ class ResumableGRPOTrainer(GRPOTrainer):
         return latest_complete_checkpoint(os.path.dirname(os.path.abspath(resume)) or ".", upto=resume)
 
     def _restore_state(self, checkpoint: str) -> None:
-        """Before TRL's resume: TRL's step counter from the checkpoint's global step (subclasses add theirs)."""
+        """Before TRL's resume: TRL's step counter from the checkpoint's global step, and the generation
+        batch where it was saved between two samplings (subclasses add theirs)."""
         state = read_json(os.path.join(checkpoint, "trainer_state.json"), "the trainer state")
         step = state.get("global_step", 0) if isinstance(state, dict) else 0
         self._step = step * self.args.gradient_accumulation_steps
-        if self._step % (self.args.steps_per_generation * self.num_iterations):
-            logger.warning("%s was saved inside a generation batch (steps_per_generation=%d, num_iterations=%d): the "
-                           "resumed run samples that batch's completions anew, so it will not repeat the uninterrupted "
-                           "run; save at multiples of %d steps", checkpoint, self.args.steps_per_generation,
-                           self.num_iterations, self.args.steps_per_generation * self.num_iterations)
+        if self._between_samplings():
+            self._buffered_inputs = self._read_batch(checkpoint)
+            if self._buffered_inputs is None:
+                logger.warning("%s was saved inside a generation batch (steps_per_generation=%d, num_iterations=%d) "
+                               "without it (by an older version, or on another number of processes): the resumed run "
+                               "samples that batch anew, so it will not repeat the uninterrupted run", checkpoint,
+                               self.args.steps_per_generation, self.num_iterations)
+
+    def _between_samplings(self) -> bool:
+        """TRL's next step trains on a slice of the generation batch it holds, not on a new one."""
+        return self._step % (self.args.steps_per_generation * self.num_iterations) != 0
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        """Next to each rank's RNG state: its generation batch, where the checkpoint falls between two samplings."""
+        super()._save_rng_state(output_dir)
+        if self._buffered_inputs is not None and self._between_samplings():
+            path = os.path.join(output_dir, BATCH_FILE.format(rank=self.accelerator.process_index))
+            torch.save(self._buffered_inputs, path + ".tmp")
+            os.replace(path + ".tmp", path)
+
+    def _read_batch(self, checkpoint: str) -> list | None:
+        """This rank's generation batch saved in `checkpoint` (on this rank's device), or None where the
+        checkpoint holds none for this number of processes (every rank then samples anew alike);
+        ValueError naming the file and the fix where it is corrupt or sliced for other settings."""
+        saved = len(list(Path(checkpoint).glob(BATCH_FILE.format(rank="*"))))
+        path = os.path.join(checkpoint, BATCH_FILE.format(rank=self.accelerator.process_index))
+        if saved != self.accelerator.num_processes or not os.path.isfile(path):
+            return None
+        try:
+            batch = torch.load(path, map_location="cpu", weights_only=True)  # (a rank's CPU device reads "cpu:0")
+        except Exception as exc:  # truncated or not a torch file
+            raise ValueError(f"the generation batch {path} is corrupt ({exc}): resume from an earlier checkpoint, or "
+                             "delete the checkpoint's generation batch files (the batch is then sampled anew)") from exc
+        if not isinstance(batch, list) or len(batch) != self.args.steps_per_generation or not all(
+                isinstance(b, dict) for b in batch):
+            raise ValueError(f"the generation batch {path} does not hold steps_per_generation="
+                             f"{self.args.steps_per_generation} slices: resume with the settings it was saved with, or "
+                             "delete the checkpoint's generation batch files (the batch is then sampled anew)")
+        return send_to_device(batch, self.accelerator.device)
 
     def _save_checkpoint(self, model, trial) -> None:
         super()._save_checkpoint(model, trial)
