@@ -168,7 +168,9 @@ class GraftConfig:
     recall: int | None = field(
         default=None, metadata={"help": "Completions remembered per prompt across rollouts, for suffix chains (0 = off)."}
     )
-    prior_path: str | None = field(default=None, metadata={"help": "Saved prior (.safetensors) to start from (engine: graft_prior.safetensors; vllm: graft_vllm_state/prior.safetensors)."})
+    prior_path: str | None = field(default=None, metadata={
+        "help": "Saved prior (.safetensors) to start from (engine: graft_prior.safetensors; vllm: "
+                "graft_vllm_state/prior.safetensors)."})
     save_prior: bool = field(default=True, metadata={"help": f"Save the adjacency prior as {PRIOR_FILE} with each checkpoint."})
     rollout_seed: int | None = field(default=None, metadata={"help": "Base seed of the rollout sampler (GRPOConfig.seed if unset)."})
 
