@@ -34,6 +34,8 @@ def main(out_dir: str, resume: str | None) -> None:
     log = [{k: h[k] for k in ("step", "loss", "grad_norm") if k in h} for h in trainer.state.log_history if "loss" in h]
     rank = trainer.accelerator.process_index
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rollouts": trainer._rollouts, "log": log}))
+    trainer.accelerator.wait_for_everyone()  # the ranks leave together, their process group torn down first: one
+    trainer.accelerator.end_training()  # rank exiting while the other still saved once aborted in gloo's teardown
 
 
 if __name__ == "__main__":

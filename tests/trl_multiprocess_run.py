@@ -66,6 +66,8 @@ def main(out_dir: str) -> None:
         "log_history": trainer.state.log_history,
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    trainer.accelerator.wait_for_everyone()  # the ranks leave together, their process group torn down first
+    trainer.accelerator.end_training()  # (left to interpreter exit, gloo's teardown once aborted a rank: std::terminate)
 
 
 if __name__ == "__main__":
