@@ -1555,11 +1555,13 @@ def test_deferred_steps_change_nothing(monkeypatch, tmp_path, preempt_every):
 
 
 @pytest.mark.parametrize("parallel_rows", [0, 10**9])
-def test_a_rollout_compiles_no_kernel_its_proposer_did_not_compile_when_built(monkeypatch, parallel_rows):
+@pytest.mark.parametrize("profiled", [False, True])
+def test_a_rollout_compiles_no_kernel_its_proposer_did_not_compile_when_built(monkeypatch, parallel_rows, profiled):
     """Every compiled kernel a rollout calls (the tables', the tracker's, the in-flight drafts' and
     D-cut's) was compiled (or loaded from numba's cache) when the proposer was built: a compile in
     a step vLLM times would cost it seconds and feed D-cut's step-cost fit. With the prior's part and
-    the counting beside the forward in the helper thread, and without."""
+    the counting beside the forward in the helper thread, and without; with D-cut learning online,
+    and started from a roofline (`load_model` on a GPU: its profile compiled too)."""
     from rollout_graft.dcut import _kernels as dcut_kernels
     from rollout_graft.vllm import _kernels as vllm_kernels
     from rollout_graft.vllm import ngrams, proposer
@@ -1568,6 +1570,10 @@ def test_a_rollout_compiles_no_kernel_its_proposer_did_not_compile_when_built(mo
     monkeypatch.setattr(ngrams, "PARALLEL_ROWS", parallel_rows)
     monkeypatch.setattr(proposer, "BESIDE_TOKENS", parallel_rows)  # the counting beside the forward too, or never
     prop = ours_proposer(4, None, VOCAB, 400)
+    if profiled:
+        from rollout_graft_tools.clocks import ACCELERATORS, MODELS, Roofline
+
+        prop.use_profile(Roofline(ACCELERATORS["H800"], MODELS["Qwen3-8B"]))
     kernels = {f"{m.__name__}.{n}": getattr(m, n) for m in (vllm_kernels, dcut_kernels) for n in dir(m)
                if hasattr(getattr(m, n), "signatures")}
     built = {name: list(k.signatures) for name, k in kernels.items()}

@@ -254,6 +254,8 @@ class ChainDCut(ChainPolicy):
         self._kernels.top_k_cut(one, c.edges, c.accepted, c.seen, c.mid, c.prior_weight, self.cost.coef, np.zeros(0), 0.0, 0.0)
         none = (np.zeros((0, 1)), np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._kernels.calibrate(c.seen.copy(), c.accepted.copy(), c.edges, 1.0, *none, *none)
+        if self.profile is not None:  # a roofline's profile is a compiled pass too (`roofline.Roofline.profile_ms`)
+            self.profile(1, np.arange(2))
 
     def predict_ms(self, rows: int, draft_tokens: np.ndarray | int) -> np.ndarray:
         """A vLLM step's predicted ms at `rows` rows, for each draft token count: the online fit,
