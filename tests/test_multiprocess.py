@@ -14,13 +14,18 @@ import pytest
 SCRIPT = Path(__file__).parent / "trl_multiprocess_run.py"
 
 
+def torchrun(script: Path, *args: str) -> None:
+    """`script` in two torchrun ranks on this CPU (gloo)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("mp")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT), str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    torchrun(SCRIPT, str(out))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -50,13 +55,6 @@ def test_metrics_are_reduced_over_ranks(ranks):
     for h in steps:
         assert h["rollout/tokens_per_s"] > 0 and h["rollout/mean_accepted_tokens"] >= 1.0
         assert h["sampling/sampling_logp_difference/max"] < 1e-4
-
-
-def torchrun(script: Path, *args: str) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def test_two_ranks_resumed_inside_a_generation_batch_repeat_the_uninterrupted_run(tmp_path):

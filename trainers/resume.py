@@ -41,7 +41,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from rollout_graft.files import atomic_write_json, read_json
+from rollout_graft.files import atomic_path, atomic_write_json, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -158,9 +158,8 @@ class ResumableGRPOTrainer(GRPOTrainer):
         """Next to each rank's RNG state: its generation batch, where the checkpoint falls between two samplings."""
         super()._save_rng_state(output_dir)
         if self._buffered_inputs is not None and self._between_samplings():
-            path = os.path.join(output_dir, BATCH_FILE.format(rank=self.accelerator.process_index))
-            torch.save(self._buffered_inputs, path + ".tmp")
-            os.replace(path + ".tmp", path)
+            with atomic_path(os.path.join(output_dir, BATCH_FILE.format(rank=self.accelerator.process_index))) as tmp:
+                torch.save(self._buffered_inputs, tmp)
 
     def _read_batch(self, checkpoint: str) -> list | None:
         """This rank's generation batch saved in `checkpoint` (on this rank's device), or None where the

@@ -87,13 +87,13 @@ class InFlight:
         return ((scores, depth, acc) if len(depth) else None), int(rows), int(tokens), int(accepted)
 
     def resolve(self, slots: np.ndarray, rows: np.ndarray, nums: np.ndarray, token_ids: np.ndarray,
-                texts) -> Evidence | None:
+                tracker) -> Evidence | None:
         """Shadows whose outcome the emitted text now shows: matched up to the first token that
         differs (the rest counts as verified and rejected, as vLLM counts a draft), or matched whole.
         `slots` are the requests that sampled this step, whose text is token_ids[rows[j], :nums[j]];
         a shadow of any other request (finished, preempted or prefilling) resolves with what its
-        text holds after the shadow, every token of it counted as matched. `texts`: the requests'
-        texts (`groups.RequestTracker`: `texts[row_of[slot], :length[slot]]`, or `text_from` for a
+        text holds after the shadow, every token of it counted as matched. `tracker`: where the requests'
+        texts are (`groups.RequestTracker`: `texts[row_of[slot], :length[slot]]`, or `text_from` for a
         text no longer in a row). One compiled pass each (`_kernels._resolve`)."""
         if not self.shadows:
             return None
@@ -105,10 +105,10 @@ class InFlight:
             away[slots] = False
             left = np.flatnonzero(away & (self.shadow_len > 0))
             pieces.append(self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at,
-                                           left, texts.row_of[left], texts.length[left], texts.texts, True)[1:])
+                                           left, tracker.row_of[left], tracker.length[left], tracker.texts, True)[1:])
             listed = left[self.shadow_len[left] > 0]  # texts moved out of the rows (they ran out): rare
             if len(listed):
-                held_texts = [texts.text_from(s, 0) for s in listed.tolist()]
+                held_texts = [tracker.text_from(s, 0) for s in listed.tolist()]
                 lengths = np.array([len(t) for t in held_texts], np.int64)
                 array = np.zeros((len(listed), max(int(lengths.max()), 1)), np.int64)
                 for i, t in enumerate(held_texts):

