@@ -56,6 +56,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # --backend vllm on a CPU: 1 GiB of KV cache is plenty here
 
 import torch
+from accelerate import PartialState
 from datasets import Dataset
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import IntervalStrategy
@@ -426,3 +427,6 @@ if __name__ == "__main__":
     except (FileNotFoundError, ValueError) as exc:  # bad input: one line, not a traceback from the Hub client
         sys.exit(f"recipes/grpo_qwen3.py: {exc}")
     main(*parsed)
+    # tear the process group down before exit (not left to the interpreter: gloo/NCCL threads then
+    # abort one rank or warn that destroy_process_group() was never called); a no-op on one process
+    PartialState().destroy_process_group()
