@@ -57,7 +57,7 @@ def ratios(runs: dict[str, list[dict]], reference: str, part: str) -> dict[str, 
         mats = [r[part]["mat"] for r in arm_runs if r.get(part) and r[part].get("mat") is not None]
         drafted = [r[part]["drafted_share"] for r in arm_runs if r.get(part) and r[part].get("drafted_share") is not None]
         out[arm] = {"vs_reference": statistics.median(paired) if paired else None, "vs_reference_runs": paired,
-                    "tokens_per_s": statistics.median(r[part]["tokens_per_s"] for r in arm_runs if r.get(part)),
+                    "tokens_per_s": _median_of(arm_runs, part, "tokens_per_s"),  # None: no run reached it (no revisits)
                     "mat": statistics.median(mats) if mats else None,
                     "drafted_share": statistics.median(drafted) if drafted else None,
                     "break_even_mat": _median_of(arm_runs, part, "break_even_mat"),

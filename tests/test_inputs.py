@@ -195,6 +195,25 @@ def test_an_empty_prompt_deep_in_the_dataset_is_named_up_front(tmp_path):
         GraftGRPOTrainer("unused-model-path", reward_funcs=[], args=args, eval_dataset=Dataset.from_dict({"prompt": chats}))
 
 
+def test_images_in_the_dataset_are_refused_when_the_trainer_is_built(tmp_path):
+    """The rollout generates text only: an image column or an image part of a chat prompt is named
+    up front, not at the first rollout (where TRL would first have loaded the model)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from trainers import GraftGRPOTrainer
+
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    with_column = Dataset.from_dict({"prompt": ["Q:1+2=\nA:"] * 2, "image": [None, None]})
+    with pytest.raises(ValueError, match="train_dataset has an 'image' column.*remove_columns"):
+        GraftGRPOTrainer("unused-model-path", reward_funcs=[], args=args, train_dataset=with_column)
+    parts = [[{"role": "user", "content": [{"type": "text", "text": "what is this?"}]}],
+             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and this?"}]}]]
+    with pytest.raises(ValueError, match="eval_dataset row 1 has an image in its prompt"):
+        GraftGRPOTrainer("unused-model-path", reward_funcs=[], args=args, eval_dataset=Dataset.from_list(
+            [{"prompt": p} for p in parts]))
+
+
 def test_a_temperature_too_small_to_divide_float32_logits_is_refused():
     from rollout_graft.config import MIN_TEMPERATURE
 

@@ -124,7 +124,7 @@ class GraftConfig:
             completions (method "retrieval"; more target forwards, fewer verified tokens); None =
             engine default (0, all rows at once).
         recall: completions remembered per prompt across rollouts and copied by the suffix chains
-            when the prompt comes back (GRPO epochs); needs `suffix_depth` > 0; None = engine default (0).
+            when the prompt comes back (GRPO epochs); needs `suffix_depth` > 0; None = engine default (4 with suffix chains on, else 0).
         prior_path: saved prior (`.safetensors`) to start from: backend "engine", the adjacency
             prior (`graft_prior.safetensors` of an earlier run); backend "vllm", the proposer's
             n-gram prior (`graft_vllm_state/prior.safetensors`); None starts empty.

@@ -309,18 +309,35 @@ def _load_vllm_state(trainer: "GraftGRPOTrainer", checkpoint: str) -> None:
 
 
 def _check_dataset_prompts(dataset, name: str) -> None:
-    """An empty prompt fails only when it is sampled, steps later, and names a batch row: find it up
-    front and name its dataset row. (A dict of datasets is checked per split; streaming ones are not.)"""
+    """An empty prompt, or an image (the rollout generates text only), fails only when it is sampled,
+    steps later, and names a batch row: find it up front and name its dataset row. (A dict of
+    datasets is checked per split; streaming ones are not.)"""
     if isinstance(dataset, dict):
         for split, part in dataset.items():
             _check_dataset_prompts(part, f"{name}[{split!r}]")
         return
-    if dataset is None or not hasattr(dataset, "column_names") or "prompt" not in (dataset.column_names or []):
+    columns = (getattr(dataset, "column_names", None) or []) if dataset is not None else []
+    for column in ("image", "images"):  # TRL's image columns
+        if column in columns:
+            raise ValueError(f"{name} has an {column!r} column: GraftGRPOTrainer generates text only; drop it "
+                             f"({name}.remove_columns({column!r})) or train a vision model with GRPOTrainer")
+    if "prompt" not in columns:
         return
     for row, prompt in enumerate(dataset["prompt"]):
-        text = prompt if isinstance(prompt, str) else "".join(str(m.get("content") or "") for m in prompt or [])
+        parts = [] if isinstance(prompt, str) else [m.get("content") for m in prompt or []]
+        if any(isinstance(c, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in c) for c in parts):
+            raise ValueError(f"{name} row {row} has an image in its prompt: GraftGRPOTrainer generates text only; "
+                             "keep its text parts")
+        text = prompt if isinstance(prompt, str) else "".join(_text_of(c) for c in parts)
         if not text.strip():
             raise ValueError(f"{name} row {row} has an empty prompt: remove it or give it text")
+
+
+def _text_of(content) -> str:
+    """A chat message's text: a string, or the text parts of a list of typed parts."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return str(content or "")
 
 
 def _check_engine_model(model) -> None:
