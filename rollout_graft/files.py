@@ -77,6 +77,8 @@ def read_json(path: str | Path, what: str = "JSON file"):
         text = Path(path).read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ValueError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {path} is a folder: pass the file") from None
     except UnicodeDecodeError:
         raise ValueError(f"{what} {path} is not UTF-8 text (a corrupt or binary file): delete or rewrite it") from None
     try:

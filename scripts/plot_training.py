@@ -12,13 +12,14 @@ Accepts the recipe's `log_history.json` (a list of log dicts) or a checkpoint's
 """
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from rollout_graft.files import read_json  # noqa: E402
 
 PANELS = (  # (log key, axis title); "eval_" + key, when logged, is drawn with markers
     ("reward", "reward (training batch; held-out set: markers)"),
@@ -29,8 +30,19 @@ PANELS = (  # (log key, axis title); "eval_" + key, when logged, is drawn with m
 
 
 def load_history(path: Path) -> list[dict]:
-    data = json.loads(path.read_text())
-    history = data["log_history"] if isinstance(data, dict) else data
+    """The logged steps with a reward of a run's log_history.json or trainer_state.json (a run's
+    folder: its log_history.json); ValueError naming the file otherwise."""
+    if path.is_dir():
+        found = [path / name for name in ("log_history.json", "trainer_state.json") if (path / name).is_file()]
+        if not found:
+            raise ValueError(f"{path} is a folder without log_history.json or trainer_state.json: pass the run's "
+                             "log_history.json (the recipe writes it to its --output_dir)")
+        path = found[0]
+    data = read_json(path, "log")
+    history = data.get("log_history") if isinstance(data, dict) else data
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        raise ValueError(f"{path} holds no log history (a list of log dicts, or trainer_state.json's log_history): "
+                         "pass the run's log_history.json, not its summary.json")
     return [h for h in history if "step" in h and ("reward" in h or "eval_reward" in h)]
 
 
@@ -94,12 +106,19 @@ def main(argv=None) -> None:
     ap.add_argument("--plain", type=Path, default=None, help="a plain-decoding run's log (recipe --method ar): "
                     "its tokens/s drawn as the reference line")
     args = ap.parse_args(argv)
-    runs = {p.parent.name or str(p): load_history(p) for p in args.logs}
+    if args.window < 1:
+        ap.error(f"--window {args.window}: a moving average of at least 1 step")
+    try:
+        runs = {(p if p.is_dir() else p.parent).name or str(p): load_history(p) for p in args.logs}
+        plain = load_history(args.plain) if args.plain else None
+    except ValueError as exc:
+        raise SystemExit(f"plot_training.py: {exc}") from None
     empty = [name for name, h in runs.items() if not h]
     if empty:
         raise SystemExit(f"no training steps with a reward in {empty}")
-    plain = load_history(args.plain) if args.plain else None
-    plot(runs, args.out or args.logs[0].parent / "training.png", args.window, plain)
+    out = args.out or (args.logs[0] if args.logs[0].is_dir() else args.logs[0].parent) / "training.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot(runs, out, args.window, plain)
 
 
 if __name__ == "__main__":

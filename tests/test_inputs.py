@@ -214,6 +214,31 @@ def test_images_in_the_dataset_are_refused_when_the_trainer_is_built(tmp_path):
             [{"prompt": p} for p in parts]))
 
 
+def test_a_dataset_or_config_of_the_wrong_shape_is_named_when_the_trainer_is_built(tmp_path):
+    """What TRL would fail on only at its first batch (after loading the model), or deep inside with
+    an AttributeError, is refused up front naming the fix."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from trainers import GraftConfig, GraftGRPOTrainer
+
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+
+    def build(**kw):
+        return GraftGRPOTrainer("unused-model-path", reward_funcs=[], **{"args": args, **kw})
+
+    with pytest.raises(ValueError, match=r"train_dataset has no 'prompt' column \(it has \['question'\]\).*rename_column"):
+        build(train_dataset=Dataset.from_dict({"question": ["Q:1+2=\nA:"]}))
+    with pytest.raises(ValueError, match="train_dataset row 0: a prompt is text or a list of chat messages.*not int"):
+        build(train_dataset=Dataset.from_dict({"prompt": [12, 13]}))
+    with pytest.raises(ValueError, match="eval_dataset row 0: a prompt is text or a list of chat messages.*not list"):
+        build(eval_dataset=Dataset.from_dict({"prompt": [["Q:1+2=", "A:"]]}))
+    with pytest.raises(TypeError, match="graft_config is a dict: pass a GraftConfig"):
+        build(graft_config={"method": "ar"})
+    with pytest.raises(TypeError, match="args is a dict: pass a GRPOConfig"):
+        GraftGRPOTrainer("unused-model-path", reward_funcs=[], args={"output_dir": str(tmp_path)}, graft_config=GraftConfig())
+
+
 def test_a_temperature_too_small_to_divide_float32_logits_is_refused():
     from rollout_graft.config import MIN_TEMPERATURE
 

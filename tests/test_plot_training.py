@@ -25,3 +25,20 @@ def test_plot_with_a_plain_reference(tmp_path):
     out = tmp_path / "training.png"
     plot.main([str(p) for p in logs] + ["--plain", str(logs[0]), "-o", str(out)])
     assert out.stat().st_size > 10_000
+
+
+def test_a_run_folder_is_read_and_a_wrong_file_is_named(tmp_path):
+    plot = load_script("scripts/plot_training.py")
+    log = sorted(RECIPE.glob("log_history-*.json"))[0]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log_history.json").write_bytes(log.read_bytes())
+    plot.main([str(run), "-o", str(tmp_path / "new" / "t.png")])  # a run's folder; the PNG's folder made
+    assert (tmp_path / "new" / "t.png").stat().st_size > 10_000
+    summary = tmp_path / "summary.json"
+    summary.write_text('{"rollout_tokens_per_s": 1.0}')
+    for path, message in ((summary, "pass the run's log_history.json, not its summary.json"),
+                          (tmp_path / "absent.json", "does not exist"),
+                          (tmp_path, "folder without log_history.json")):
+        with pytest.raises(SystemExit, match=message):
+            plot.main([str(path)])

@@ -59,6 +59,11 @@ class GraftGRPOTrainer(ResumableGRPOTrainer):
                  graft_config: GraftConfig | None = None, **kwargs):
         if kwargs.get("rollout_func") is not None:
             raise ValueError("GraftGRPOTrainer generates the rollouts itself: drop rollout_func, or use GRPOTrainer")
+        if graft_config is not None and not isinstance(graft_config, GraftConfig):
+            raise TypeError(f"graft_config is a {type(graft_config).__name__}: pass a GraftConfig "
+                            "(e.g. GraftConfig(**settings) for a dict)")
+        if args is not None and not isinstance(args, GRPOConfig):
+            raise TypeError(f"args is a {type(args).__name__}: pass a GRPOConfig (e.g. GRPOConfig(**settings))")
         self.graft_config = graft_config or GraftConfig()
         on_vllm = self.graft_config.backend == "vllm"
         if args is not None:
@@ -322,9 +327,16 @@ def _check_dataset_prompts(dataset, name: str) -> None:
             raise ValueError(f"{name} has an {column!r} column: GraftGRPOTrainer generates text only; drop it "
                              f"({name}.remove_columns({column!r})) or train a vision model with GRPOTrainer")
     if "prompt" not in columns:
+        if columns:  # a dataset TRL would fail on at its first batch (KeyError: 'prompt'), after loading the model
+            raise ValueError(f"{name} has no 'prompt' column (it has {columns}): rename the prompts' column to "
+                             "'prompt' (dataset.rename_column(old, 'prompt'))")
         return
     for row, prompt in enumerate(dataset["prompt"]):
-        parts = [] if isinstance(prompt, str) else [m.get("content") for m in prompt or []]
+        if not isinstance(prompt, str) and not (
+                isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
+            raise ValueError(f"{name} row {row}: a prompt is text or a list of chat messages ({{'role': ..., "
+                             f"'content': ...}}), not {type(prompt).__name__} {str(prompt)[:60]!r}")
+        parts = [] if isinstance(prompt, str) else [m.get("content") for m in prompt]
         if any(isinstance(c, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in c) for c in parts):
             raise ValueError(f"{name} row {row} has an image in its prompt: GraftGRPOTrainer generates text only; "
                              "keep its text parts")

@@ -72,6 +72,8 @@ def _numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
         lines = Path(path).read_bytes().split(b"\n")
     except FileNotFoundError:
         raise ValueError(f"dataset {path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"dataset {path} is a folder: pass a JSON-lines file") from None
     out = []
     for n, raw in enumerate(lines, start=1):
         try:
