@@ -161,6 +161,12 @@ class ScriptArguments:
         default=None if torch.cuda.is_available() else 1, metadata={"help": "torch CPU threads (unset: torch's choice)."}
     )
 
+    def __post_init__(self) -> None:
+        for name in ("num_train_prompts", "num_eval_prompts", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"--{name} {value}: a count, 0 or more (see --help)")
+
 
 # ---------------------------------------------------------------------------- data
 def load_prompts(args: ScriptArguments, split: str, limit: int | None = None) -> Dataset:
@@ -214,6 +220,9 @@ def model_path(name: str | None) -> str:
         return str(TINY_TARGET)
     path = Path(name).expanduser()
     if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"--model_name_or_path {name} is not a model folder (no config.json in it): pass "
+                                    "a Hugging Face model's folder (scripts/prepare_models.py makes one) or a Hub id")
         return str(path)
     parts = Path(name).parts
     looks_local = (name.startswith(("/", ".", "~")) or len(parts) > 2 or "\\" in name
@@ -224,6 +233,15 @@ def model_path(name: str | None) -> str:
         raise ValueError(f"--model_name_or_path {name} is not a local folder and HF_HUB_OFFLINE is set: unset "
                          "HF_HUB_OFFLINE to download it, or pass a local folder")
     return name
+
+
+def output_dir(template: str, backend: str) -> str:
+    """`--output_dir` with `{backend}` filled in; ValueError for any other placeholder."""
+    try:
+        return template.format(backend=backend)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"--output_dir {template}: only {{backend}} may appear in braces ({exc!r}); "
+                         "double a literal brace: {{ }}") from None
 
 
 def build_trainer(script_args, training_args, model_args, graft_args) -> GRPOTrainer:
@@ -391,7 +409,7 @@ def print_summary(s: dict) -> None:
 def main(script_args, training_args, model_args, graft_args) -> dict:
     if script_args.num_threads:
         torch.set_num_threads(script_args.num_threads)
-    training_args.output_dir = training_args.output_dir.format(backend=graft_args.backend)
+    training_args.output_dir = output_dir(training_args.output_dir, graft_args.backend)
     if not script_args.num_eval_prompts:
         training_args.eval_strategy, training_args.eval_on_start = IntervalStrategy.NO, False
     trainer = build_trainer(script_args, training_args, model_args, graft_args)
@@ -421,9 +439,10 @@ def make_parser() -> TrlParser:
 
 
 if __name__ == "__main__":
-    parsed = make_parser().parse_args_and_config()
     try:
+        parsed = make_parser().parse_args_and_config()  # ScriptArguments checks its counts: ValueError
         model_path(parsed[2].model_name_or_path)
+        output_dir(parsed[1].output_dir, parsed[3].backend)
     except (FileNotFoundError, ValueError) as exc:  # bad input: one line, not a traceback from the Hub client
         sys.exit(f"recipes/grpo_qwen3.py: {exc}")
     main(*parsed)

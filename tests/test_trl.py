@@ -317,7 +317,11 @@ def test_recipe_backend_names_and_model_paths(tmp_path, monkeypatch):
         assert recipe.RecipeGraftConfig(backend="graft").backend == "engine"
     with pytest.raises(ValueError, match="choose one of"):
         recipe.RecipeGraftConfig(backend="graf")
-    assert recipe.model_path(None) == str(recipe.TINY_TARGET) and recipe.model_path(str(tmp_path)) == str(tmp_path)
+    assert recipe.model_path(None) == str(recipe.TINY_TARGET)
+    with pytest.raises(FileNotFoundError, match="is not a model folder \\(no config.json in it\\)"):
+        recipe.model_path(str(tmp_path))  # a folder, but no model's
+    (tmp_path / "config.json").write_text("{}")
+    assert recipe.model_path(str(tmp_path)) == str(tmp_path)
     for missing in (str(tmp_path / "nope"), "./nope", f"{tmp_path.name}/nope/model"):
         with pytest.raises(FileNotFoundError, match="no such directory"):
             recipe.model_path(missing)
@@ -327,6 +331,13 @@ def test_recipe_backend_names_and_model_paths(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     assert recipe.model_path("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"  # left to the Hub client
     assert not recipe._names_a_model(["--max_steps", "2"]) and recipe._names_a_model(["--model_name_or_path=x"])
+    assert recipe.output_dir("runs/{backend}-1", "vllm") == "runs/vllm-1"
+    for template in ("runs/{date}", "runs/{}", "runs/{backend"):
+        with pytest.raises(ValueError, match="only {backend} may appear in braces"):
+            recipe.output_dir(template, "engine")
+    for name in ("num_train_prompts", "num_eval_prompts", "num_threads"):
+        with pytest.raises(ValueError, match=f"--{name} -1: a count, 0 or more"):
+            recipe.ScriptArguments(**{name: -1})
 
 
 def test_eval_on_training_rows_is_not_called_held_out(capsys):
