@@ -5,8 +5,9 @@
 """
 
 import argparse
-import json
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -14,29 +15,52 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft import SamplingParams
-from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_rows
+from rollout_graft.files import local_dir
 from rollout_graft.warmup import warm_prior
 
 
-def main() -> None:
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: 1 or more")
+    return value
+
+
+def train_prompts(path: str, limit: int, tokenizer) -> list[list[int]]:
+    """Token ids of the first `limit` train rows' prompts (rows without `split` count as train; chat
+    prompts through the chat template); every row checked first (ValueError naming its line)."""
+    rows = [r for r in read_prompt_rows(path, answer=False) if r.get("split", "train") == "train"][:limit]
+    if not rows:
+        raise ValueError(f"--prompts {path} has no train rows (a row's `split` absent or \"train\")")
+    texts = [r["prompt"] if isinstance(r["prompt"], str)
+             else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(TINY_TARGET))
+    ap.add_argument("--model", default=str(TINY_TARGET), help="a local model folder")
     ap.add_argument("--prompts", default=str(TINY_PROMPTS), help="JSONL with a 'prompt' field (train split used)")
-    ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--num-prompts", type=positive, default=8)
+    ap.add_argument("--rounds", type=positive, default=5)
+    ap.add_argument("--group-size", type=positive, default=8)
+    ap.add_argument("--max-new-tokens", type=positive, default=256)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
-    rows = [json.loads(line) for line in open(args.prompts) if line.strip()]
-    rows = [r for r in rows if r.get("split", "train") == "train"][: args.num_prompts]
-    prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
-    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    ap.add_argument("--threads", type=positive, default=2)
+    ap.add_argument("--out", required=True, help="the prior's .safetensors file")
+    args = ap.parse_args(argv)
+    if Path(args.out).is_dir():
+        ap.error(f"--out {args.out} is a folder: name the file, e.g. {Path(args.out) / 'prior.safetensors'}")
+    try:
+        model_dir = local_dir(args.model, "--model")
+        torch.set_num_threads(args.threads)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        prompts = train_prompts(args.prompts, args.num_prompts, tok)
+        params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    except (ValueError, FileNotFoundError) as exc:
+        sys.exit(f"warm_prior.py: {exc}")
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     path = warm_prior(model, prompts, args.out, rounds=args.rounds, group=args.group_size, params=params, tokenizer=tok)
     print(f"saved prior to {path}")
 

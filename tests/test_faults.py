@@ -555,3 +555,27 @@ def test_a_model_path_that_is_a_file_is_named(tmp_path):
     path.write_bytes(b"weights")
     with pytest.raises(ValueError, match=f"{path} is a file, not a directory: pass the directory"):
         RolloutEngine.from_pretrained(path)
+
+
+def test_warm_prior_names_bad_arguments_and_warms_a_prior(tmp_path, capsys):
+    """scripts/warm_prior.py: a folder as --out, a missing prompts file or model folder, a file without
+    train rows and a count below 1 end in one line naming the fix; a small run saves a prior that loads."""
+    import re
+
+    from conftest import load_script
+
+    script = load_script("scripts/warm_prior.py")
+    only_test = tmp_path / "test.jsonl"
+    only_test.write_text('{"prompt": "Q:1+1=", "split": "test"}\n')
+    out = str(tmp_path / "prior.safetensors")
+    for argv, message in ((["--out", str(tmp_path)], "is a folder: name the file"),
+                          (["--out", out, "--prompts", str(tmp_path / "none.jsonl")], "does not exist"),
+                          (["--out", out, "--model", str(tmp_path / "none")], "--model directory .* does not exist"),
+                          (["--out", out, "--prompts", str(only_test)], "has no train rows"),
+                          (["--out", out, "--num-prompts", "0"], "--num-prompts: 0: 1 or more")):
+        with pytest.raises(SystemExit) as exc:
+            script.main(argv)
+        said = f"{exc.value.code} {capsys.readouterr().err}"  # our sys.exit's message, or argparse's on stderr
+        assert re.search(message, said), said
+    script.main(["--out", out, "--num-prompts", "1", "--rounds", "1", "--group-size", "2", "--max-new-tokens", "6"])
+    assert AdjacencyIndex.load(out) is not None
