@@ -231,7 +231,7 @@ class GraftConfig:
         """Backend "vllm": vLLM's `speculative_config` for `method` (None for "ar": plain vLLM)."""
         from rollout_graft.vllm import speculative_config, vllm_speculative_config
 
-        depth = self.num_speculative_tokens or 8
+        depth = 8 if self.num_speculative_tokens is None else self.num_speculative_tokens  # 0 is refused, not 8
         if self.method == "ar":
             return None
         if not self.uses_our_proposer:

@@ -114,6 +114,8 @@ class ChainConfig:
         if self.budget_policy not in ("fixed", "dcut"):
             raise ValueError(f"budget_policy must be 'fixed' or 'dcut', got {self.budget_policy!r}")
         check_types(self, ints=("recall",), bools=("share_in_group", "use_prior"))
+        if isinstance(self.prior_path, os.PathLike):  # a pathlib.Path: kept as text (the config travels as JSON)
+            object.__setattr__(self, "prior_path", os.fspath(self.prior_path))
         if self.prior_path is not None:
             if not isinstance(self.prior_path, str) or not self.prior_path:
                 raise TypeError(f"prior_path must be a path (str) to a saved prior.safetensors or None, got "
