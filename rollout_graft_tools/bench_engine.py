@@ -66,6 +66,8 @@ def variant(name: str, budget: int, prior: str | None, draft: str | None = None,
     known = variants(budget, prior, draft, thresholds)
     if base not in known:
         raise SystemExit(f"unknown engine method {name!r}; known: hf, {', '.join(known)} (optionally @<budget>)")
+    if size and not size.isdigit():
+        raise SystemExit(f"engine method {name!r}: the part after @ is a budget in nodes, e.g. {base}@60")
     cfg = replace(known[base], budget=int(size)) if size else known[base]
     if knobs:
         fields = {k: ast.literal_eval(v) for k, _, v in (knob.partition("=") for knob in knobs)}

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollout_graft.assets import read_jsonl
+from rollout_graft.assets import read_prompt_rows
 
 
 def load_prompts(path: str | Path, tokenizer, split: str, n: int, offset: int = 0) -> list[list[int]]:
-    """Token ids of rows `offset .. offset + n` of `split`; chat messages go through the chat template."""
-    rows = read_jsonl(path, split=split)[offset : offset + n]
-    if len(rows) < n:
+    """Token ids of rows `offset .. offset + n` of `split`; chat messages go through the chat template.
+    Every row is checked first (ValueError naming its line: no `prompt`, an empty one)."""
+    rows = read_prompt_rows(path, answer=False, split=split)[offset : offset + n]
+    if not rows or len(rows) < n:
         raise SystemExit(f"{path} has only {len(rows)} {split!r} prompts after offset {offset}; need {n}")
     if isinstance(rows[0]["prompt"], list):  # chat messages
         return [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)

@@ -37,7 +37,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET  # noqa: E402
-from rollout_graft.files import atomic_write_json  # noqa: E402
+from rollout_graft.files import atomic_write_json, local_dir  # noqa: E402
 from rollout_graft_tools import tables  # noqa: E402
 from rollout_graft_tools.benchmark import cell, environment, measure_cell  # noqa: E402
 
@@ -52,18 +52,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", default=str(TINY_PROMPTS), help="JSON lines with a `prompt` (text or chat messages)")
     ap.add_argument("--methods", nargs="+", default=None, help="default: engine " + " ".join(DEFAULT_METHODS["engine"])
                     + "; vllm " + " ".join(DEFAULT_METHODS["vllm"]))
-    ap.add_argument("--batches", nargs="+", type=int, default=[8, 64], help="rows per rollout (prompts × G)")
-    ap.add_argument("--group", type=int, default=8, help="G: samples per prompt (one prompt's group if the batch is smaller)")
+    ap.add_argument("--batches", nargs="+", type=positive, default=[8, 64], help="rows per rollout (prompts × G)")
+    ap.add_argument("--group", type=positive, default=8, help="G: samples per prompt (one prompt's group if the batch is smaller)")
     ap.add_argument("--temperatures", nargs="+", type=float, default=[1.0])
-    ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per row at most")
+    ap.add_argument("--max-tokens", type=positive, default=128, help="new tokens per row at most")
     ap.add_argument("--ignore-eos", action="store_true", help="every row writes --max-tokens (steadier timings)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=positive, default=3)
     ap.add_argument("--revisit", action="store_true", help="a later GRPO epoch: each repeat's prompts run once before, untimed")
     ap.add_argument("--warmup-rollouts", type=int, default=1,
                     help="per cell, untimed rollouts of every method first (0: none; a cold first run reads as noise)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (engine)")
-    ap.add_argument("--budget", type=int, default=60, help="engine: candidate nodes per sequence and step")
+    ap.add_argument("--threads", type=positive, default=None, help="torch CPU threads (engine)")
+    ap.add_argument("--budget", type=positive, default=60, help="engine: candidate nodes per sequence and step")
     ap.add_argument("--draft-model", default=str(TINY_DRAFT), help="engine: the drafter of the graft methods")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here")
@@ -71,10 +71,39 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: 1 or more")
+    return value
+
+
+def check_args(ap: argparse.ArgumentParser, args) -> None:
+    """What would fail only after the model loads (or deep inside it), named now."""
+    plain = DEFAULT_METHODS[args.backend][0]
+    if plain not in args.methods:
+        ap.error(f"--methods {' '.join(args.methods)}: include {plain!r}, every ratio is taken against it")
+    if args.warmup_rollouts < 0:
+        ap.error(f"--warmup-rollouts {args.warmup_rollouts}: 0 or more")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error(f"--device {args.device}: this torch sees no CUDA GPU (torch {torch.__version__})")
+    try:
+        local_dir(args.model, "--model")
+    except (FileNotFoundError, ValueError) as exc:
+        ap.error(str(exc))
+    if not Path(args.prompts).is_file():
+        ap.error(f"--prompts {args.prompts} is not a file: JSON lines with a `prompt` per row")
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
     args.methods = args.methods or DEFAULT_METHODS[args.backend]
+    check_args(ap, args)
     if args.backend == "vllm" and not args.in_process:
         results = drive(args, argv)
     else:

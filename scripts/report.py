@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollout_graft.files import atomic_write_text
+from rollout_graft.files import atomic_write_text, read_json
 from rollout_graft_tools import clock_replay, tables
 
 REPO = Path(__file__).resolve().parents[1]
@@ -579,10 +579,18 @@ def generate(sections: list[Section] = SECTIONS) -> str:
 
 
 def show(paths: list[Path], plots_dir: Path | None) -> None:
+    if plots_dir is not None and plots_dir.exists() and not plots_dir.is_dir():
+        raise SystemExit(f"--plots {plots_dir} is a file: name a folder for the PNGs")
     for path in paths:
-        results = json.loads(path.read_text())
-        if not isinstance(results, dict) or "configs" not in results:
-            raise SystemExit(f"{path} is not a benchmark JSON (no 'configs'): write one with scripts/bench.py --out")
+        try:
+            results = read_json(path, "benchmark JSON")
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        configs = results.get("configs") if isinstance(results, dict) else None
+        if not isinstance(configs, list) or not all(isinstance(c, dict) and isinstance(c.get("methods"), dict)
+                                                    for c in configs):
+            raise SystemExit(f"{path} is not a scripts/bench.py JSON (a list of 'configs', each with its "
+                             "'methods'): write one with scripts/bench.py --out")
         print(tables.render(path, results), end="\n\n")
         for p in tables.plots(path, results, plots_dir) if plots_dir else ():
             print(f"wrote {p}")

@@ -41,3 +41,25 @@ def test_a_method_whose_extra_is_missing_is_named_and_the_twin_spread_is_printed
         "plain": {"vs_plain": 1.0}, "plain-twin": {"vs_plain": 1.05, "vs_plain_runs": [0.93, 1.05, 1.2]}}}]}
     assert "A/A twin plain-twin 1.05 [0.93–1.20]" in bench.twin_lines(results)
     assert "no A/A twin" in bench.twin_lines({"configs": [{"temperature": 1.0, "batch": 8, "methods": {}}]})
+
+
+def test_bad_arguments_are_named_before_any_model_loads(tmp_path, capsys):
+    import re
+
+    import pytest
+
+    bench = load_script("scripts/bench.py")
+    no_prompt = tmp_path / "rows.jsonl"
+    no_prompt.write_text('{"question": "1+1"}\n')
+    for argv, says in ((["--batches", "0"], "--batches: 0: 1 or more"),
+                       (["--repeats", "-1"], "--repeats: -1: 1 or more"),
+                       (["--methods", "retrieval"], "include 'ar', every ratio is taken against it"),
+                       (["--model", str(tmp_path / "none")], "--model directory .* does not exist"),
+                       (["--prompts", str(tmp_path)], "is not a file")):
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+        assert re.search(says, capsys.readouterr().err)
+    with pytest.raises(SystemExit, match="the part after @ is a budget"):
+        bench.main(["--methods", "ar", "retrieval@x", "--batches", "2", "--group", "2", "--max-tokens", "2"])
+    with pytest.raises(ValueError, match="line 1 has no `prompt` field"):
+        bench.main(["--methods", "ar", "--prompts", str(no_prompt), "--batches", "2", "--group", "2", "--max-tokens", "2"])

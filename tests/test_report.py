@@ -79,6 +79,20 @@ def test_show_prints_tables_and_writes_plots(report, tmp_path, capsys):
     assert names == ["run_accept_hist.png", "run_mat.png", "run_tokens_per_s.png"]
 
 
+def test_show_names_a_file_that_is_not_a_benchmark_json(report, tmp_path):
+    bad = tmp_path / "bad.json"
+    for content, says in (("", "is not valid JSON"), ('{"configs": [{"a": 1}]}', "not a scripts/bench.py JSON"),
+                          ('{"configs": 5}', "not a scripts/bench.py JSON"), ("[1, 2]", "not a scripts/bench.py JSON")):
+        bad.write_text(content)
+        with pytest.raises(SystemExit, match=says):
+            report.main(["--show", str(bad)])
+    for path, says in ((tmp_path / "none.json", "does not exist"), (tmp_path, "is a folder")):
+        with pytest.raises(SystemExit, match=says):
+            report.main(["--show", str(path)])
+    with pytest.raises(SystemExit, match="is a file: name a folder"):
+        report.main(["--show", str(bad), "--plots", str(bad)])
+
+
 def test_phases_and_dcut_choices():
     ar = {"tokens_per_s": 100.0, "tokens_per_s_runs": [100.0], "mat": 1.0, "wall_s": 1.0, "tokens": 100,
           "phase_s": {"prefill": 0.1, "propose": 0.1, "verify": 0.7, "learn": 0.0, "bookkeeping": 0.1}}
