@@ -283,6 +283,9 @@ class DraftConfig:
         check_types(self, ints=("top_k", "beam", "depth", "split_budget", "fixed_draft_nodes"),
                     bools=("prune", "graft", "adaptive_split"), paths=("draft_model", "thresholds_path"),
                     optional=("draft_model", "thresholds_path"))
+        if self.thresholds_path is not None and not os.path.isfile(self.thresholds_path):
+            raise ValueError(f"thresholds_path {self.thresholds_path} does not exist (or is not a file): pass the JSON "
+                             "that `rollout_graft.calibrate` wrote, or None for the default thresholds")
         for name in ("checkpoints", "thresholds", "split"):
             if not isinstance(getattr(self, name), (list, tuple)):
                 raise TypeError(f"DraftConfig.{name} must be a tuple, got {type(getattr(self, name)).__name__} "

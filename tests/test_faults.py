@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from rollout_graft import files
 from rollout_graft.adjacency import EMPTY, AdjacencyIndex
-from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_jsonl, read_prompt_rows, read_prompt_texts
+from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET, read_jsonl, read_prompt_rows, read_prompt_texts
 from rollout_graft.config import DCutConfig, DraftConfig, EngineConfig, RetrievalConfig
 from rollout_graft.cost import CostModel
 from rollout_graft.pruning import load_thresholds, save_thresholds
@@ -220,6 +220,14 @@ def test_a_missing_adjacency_prior_is_named_when_configured(tmp_path):
     missing = tmp_path / "graft_prior.safetensors"
     named_error(missing, RetrievalConfig, prior_path=str(missing))
     named_error(missing, GraftConfig, prior_path=str(missing))
+
+
+def test_missing_draft_thresholds_are_named_when_configured(tmp_path):
+    missing = tmp_path / "thresholds.json"
+    named_error(missing, DraftConfig, thresholds_path=str(missing))
+    named_error(missing, GraftConfig, method="graft", draft_model_name_or_path=str(TINY_DRAFT),
+                draft_thresholds_path=str(missing))
+    named_error(tmp_path, DraftConfig, thresholds_path=str(tmp_path))  # a folder
 
 
 def test_a_prior_with_another_vocabulary_is_refused_before_generating(tmp_path):
