@@ -153,10 +153,20 @@ def require_gguf() -> None:
                           "pip install -e \".[bench]\" (or pip install \"gguf>=0.10\"), then rerun") from exc
 
 
+def _prepared_from(marker: Path) -> str | None:
+    """The GGUF checksum a finished conversion recorded; None where none did (absent, or a marker left
+    unreadable: the folder is converted again)."""
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("gguf_sha256") if isinstance(data, dict) else None
+
+
 def prepare(src: Source, force: bool = False) -> Path:
     out = model_dir(src.name)
     marker = out / "prepared.json"
-    if not force and marker.exists() and json.loads(marker.read_text()).get("gguf_sha256") == src.sha256:
+    if not force and _prepared_from(marker) == src.sha256:
         print(f"{src.name}: ready at {out}", flush=True)
         return out
     require_gguf()

@@ -30,6 +30,28 @@ def test_a_prepared_folder_is_not_rebuilt(prep, capsys):
     assert "ready" in capsys.readouterr().out
 
 
+def test_an_unreadable_marker_means_not_prepared(prep, tmp_path, monkeypatch):
+    """A marker left empty or corrupt (an interrupted write by hand) starts the conversion again, as no marker
+    would, instead of a JSONDecodeError."""
+    src = prep.SMOLLM2
+    out = prep.model_dir(src.name)
+    out.mkdir(parents=True)
+    import rollout_graft_tools.models as models
+
+    calls = []
+
+    def converting():  # the conversion's first step: stop there
+        calls.append("convert")
+        raise ImportError("stop")
+
+    monkeypatch.setattr(models, "require_gguf", converting)
+    for text in ("", "[]", "{not json", json.dumps({"gguf_sha256": "other"})):
+        (out / "prepared.json").write_text(text)
+        with pytest.raises(ImportError, match="stop"):
+            prep.prepare(src)
+    assert calls == ["convert"] * 4
+
+
 def test_print_path_and_unknown_names(prep, capsys):
     prep.main(["--print-path", "smollm2-135m-instruct"])
     assert capsys.readouterr().out.strip().endswith("models/smollm2-135m-instruct")
