@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Rollout benchmark of either backend (docs/DESIGN.md §7): GRPO rollouts, P prompts × G samples,
+"""Rollout benchmark of either backend: GRPO rollouts, P prompts × G samples,
 EOS on, every method measured in the same run as the backend's plain path.
 
     python scripts/bench.py --backend engine --methods ar ar-twin hf retrieval+dcut --out engine.json

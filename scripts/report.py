@@ -573,8 +573,8 @@ def _section(s: Section) -> str:
 def generate(sections: list[Section] = SECTIONS) -> str:
     head = ["# Results", "",
             "Current numbers only, generated from the JSONs kept under `docs/bench` by `python scripts/report.py`; "
-            "do not edit by hand. Each table names its JSONs and the command each recorded. Methods and "
-            "protocol: `docs/DESIGN.md` §7; `scripts/bench.py` measures both backends.", ""]
+            "do not edit by hand. Each table names its JSONs and the command each recorded. The protocol: "
+            "`scripts/bench.py` (its docstring; it measures both backends); the methods: `docs/DESIGN.md`.", ""]
     return "\n".join(head + ["\n\n".join(_section(s) for s in sections), ""])
 
 
