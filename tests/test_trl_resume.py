@@ -229,3 +229,25 @@ def test_resume_from_checkpoint_true_or_a_missing_path(tmp_path):
         assert trainer._checkpoint_to_resume(no) is None
     with pytest.raises(ValueError, match="is not a directory: pass a checkpoint directory"):
         trainer._checkpoint_to_resume(str(tmp_path / "checkpoint-9"))
+
+
+def test_a_corrupt_rng_state_is_named_before_resuming(tmp_path):
+    """Garbage of the recorded size passes the manifest: the RNG state is read first, and a file torch
+    cannot load names itself (torch's own message would advise an unsafe weights_only=False)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from trainers.resume import check_rng_state
+
+    path = tmp_path / "rng_state.pth"
+    check_rng_state(str(path))  # absent: transformers' case (it resumes without one, saying so)
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}, path)
+    check_rng_state(str(path))
+    path.write_bytes(b"\0" * path.stat().st_size)
+    with pytest.raises(ValueError, match=f"the RNG state {path} is corrupt .*resume from an earlier checkpoint"):
+        check_rng_state(str(path))
+    torch.save({"cpu": torch.random.get_rng_state()}, path)
+    with pytest.raises(ValueError, match="holds no python / numpy / cpu generator states"):
+        check_rng_state(str(path))

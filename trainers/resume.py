@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import send_to_device
 from transformers import TrainerCallback
+from transformers.trainer_pt_utils import safe_globals
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
@@ -137,8 +138,10 @@ class ResumableGRPOTrainer(GRPOTrainer):
         return latest_complete_checkpoint(os.path.dirname(os.path.abspath(resume)) or ".", upto=resume)
 
     def _restore_state(self, checkpoint: str) -> None:
-        """Before TRL's resume: TRL's step counter from the checkpoint's global step, and the generation
-        batch where it was saved between two samplings (subclasses add theirs)."""
+        """Before TRL's resume: this rank's RNG state checked, TRL's step counter from the checkpoint's
+        global step, and the generation batch where it was saved between two samplings (subclasses add theirs)."""
+        rng = "rng_state.pth" if self.args.world_size <= 1 else f"rng_state_{self.args.process_index}.pth"
+        check_rng_state(os.path.join(checkpoint, rng))
         state = read_json(os.path.join(checkpoint, "trainer_state.json"), "the trainer state")
         step = state.get("global_step", 0) if isinstance(state, dict) else 0
         self._step = step * self.args.gradient_accumulation_steps
@@ -188,6 +191,23 @@ class ResumableGRPOTrainer(GRPOTrainer):
             folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
             if folder.is_dir():  # (not rotated away by save_total_limit)
                 write_manifest(folder)
+
+
+def check_rng_state(path: str) -> None:
+    """ValueError naming `path` where transformers could not restore an RNG state from it: the
+    manifest vouches for sizes, not contents, and torch's own error would advise an unsafe load.
+    A missing file is transformers' case (it resumes without, saying so)."""
+    if not os.path.isfile(path):
+        return
+    try:
+        with safe_globals():  # what transformers allows when it loads the file
+            state = torch.load(path, weights_only=True)
+    except Exception as exc:  # not a torch file, truncated, or garbage of the recorded size
+        raise ValueError(f"the RNG state {path} is corrupt ({type(exc).__name__}): resume from an earlier "
+                         "checkpoint") from None
+    if not isinstance(state, dict) or not {"python", "numpy", "cpu"} <= set(state):
+        raise ValueError(f"the RNG state {path} holds no python / numpy / cpu generator states: resume from an "
+                         "earlier checkpoint")
 
 
 # ---------------------------------------------------------------------------- checkpoint completeness
