@@ -251,3 +251,14 @@ def test_a_corrupt_rng_state_is_named_before_resuming(tmp_path):
     torch.save({"cpu": torch.random.get_rng_state()}, path)
     with pytest.raises(ValueError, match="holds no python / numpy / cpu generator states"):
         check_rng_state(str(path))
+
+
+
+def test_a_trainer_state_without_a_step_count_is_named(tmp_path):
+    from trainers.resume import ResumableGRPOTrainer
+
+    trainer = ResumableGRPOTrainer.__new__(ResumableGRPOTrainer)  # the method on a bare instance
+    trainer.args = type("Args", (), {"world_size": 1, "process_index": 0, "gradient_accumulation_steps": 1})()
+    (tmp_path / "trainer_state.json").write_text('{"global_step": "2"}')  # hand-edited, no manifest to refuse it
+    with pytest.raises(ValueError, match="has global_step='2', not a step count"):
+        trainer._restore_state(str(tmp_path))

@@ -42,7 +42,7 @@ from transformers.trainer_pt_utils import safe_globals
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from rollout_graft.files import atomic_path, atomic_write_json, read_json
+from rollout_graft.files import atomic_path, atomic_write_json, is_int, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +142,12 @@ class ResumableGRPOTrainer(GRPOTrainer):
         global step, and the generation batch where it was saved between two samplings (subclasses add theirs)."""
         rng = "rng_state.pth" if self.args.world_size <= 1 else f"rng_state_{self.args.process_index}.pth"
         check_rng_state(os.path.join(checkpoint, rng))
-        state = read_json(os.path.join(checkpoint, "trainer_state.json"), "the trainer state")
+        path = os.path.join(checkpoint, "trainer_state.json")
+        state = read_json(path, "the trainer state")
         step = state.get("global_step", 0) if isinstance(state, dict) else 0
+        if not is_int(step) or step < 0:
+            raise ValueError(f"the trainer state {path} has global_step={step!r}, not a step count: resume from "
+                             "another checkpoint")
         self._step = step * self.args.gradient_accumulation_steps
         if self._between_samplings():
             self._buffered_inputs = self._read_batch(checkpoint)
