@@ -229,6 +229,9 @@ def test_a_dataset_or_config_of_the_wrong_shape_is_named_when_the_trainer_is_bui
 
     with pytest.raises(ValueError, match=r"train_dataset has no 'prompt' column \(it has \['question'\]\).*rename_column"):
         build(train_dataset=Dataset.from_dict({"question": ["Q:1+2=\nA:"]}))
+    from trainers.grpo import _check_dataset_prompts  # with TRL's environment_factory, its reset() gives the prompts
+
+    _check_dataset_prompts(Dataset.from_dict({"environment": ["counter"]}), "train_dataset", prompt_optional=True)
     with pytest.raises(ValueError, match="train_dataset row 0: a prompt is text or a list of chat messages.*not int"):
         build(train_dataset=Dataset.from_dict({"prompt": [12, 13]}))
     with pytest.raises(ValueError, match="eval_dataset row 0: a prompt is text or a list of chat messages.*not list"):

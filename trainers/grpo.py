@@ -68,8 +68,8 @@ class GraftGRPOTrainer(ResumableGRPOTrainer):
         on_vllm = self.graft_config.backend == "vllm"
         if args is not None:
             _check_grpo_args(args, on_vllm)
-        for name in ("train_dataset", "eval_dataset"):
-            _check_dataset_prompts(kwargs.get(name), name)
+        for name in ("train_dataset", "eval_dataset"):  # an environment may supply the prompts (TRL's reset())
+            _check_dataset_prompts(kwargs.get(name), name, kwargs.get("environment_factory") is not None)
         if on_vllm:
             # TRL's own vLLM colocate path, its engine built with the draft method's speculative_config
             # (ours, vLLM's suffix or ngram, or none: trainers/vllm_backend.py)
@@ -313,13 +313,14 @@ def _load_vllm_state(trainer: "GraftGRPOTrainer", checkpoint: str) -> None:
         load_proposer_state(trainer.vllm_generation.llm, path)
 
 
-def _check_dataset_prompts(dataset, name: str) -> None:
+def _check_dataset_prompts(dataset, name: str, prompt_optional: bool = False) -> None:
     """An empty prompt, or an image (the rollout generates text only), fails only when it is sampled,
     steps later, and names a batch row: find it up front and name its dataset row. (A dict of
-    datasets is checked per split; streaming ones are not.)"""
+    datasets is checked per split; streaming ones are not.) `prompt_optional`: an environment
+    (TRL's `environment_factory`) supplies the prompts of rows without one."""
     if isinstance(dataset, dict):
         for split, part in dataset.items():
-            _check_dataset_prompts(part, f"{name}[{split!r}]")
+            _check_dataset_prompts(part, f"{name}[{split!r}]", prompt_optional)
         return
     columns = (getattr(dataset, "column_names", None) or []) if dataset is not None else []
     for column in ("image", "images"):  # TRL's image columns
@@ -327,7 +328,7 @@ def _check_dataset_prompts(dataset, name: str) -> None:
             raise ValueError(f"{name} has an {column!r} column: GraftGRPOTrainer generates text only; drop it "
                              f"({name}.remove_columns({column!r})) or train a vision model with GRPOTrainer")
     if "prompt" not in columns:
-        if columns:  # a dataset TRL would fail on at its first batch (KeyError: 'prompt'), after loading the model
+        if columns and not prompt_optional:  # TRL would fail at its first batch (KeyError: 'prompt'), after loading the model
             raise ValueError(f"{name} has no 'prompt' column (it has {columns}): rename the prompts' column to "
                              "'prompt' (dataset.rename_column(old, 'prompt'))")
         return
