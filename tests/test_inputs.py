@@ -207,6 +207,11 @@ def test_images_in_the_dataset_are_refused_when_the_trainer_is_built(tmp_path):
     with_column = Dataset.from_dict({"prompt": ["Q:1+2=\nA:"] * 2, "image": [None, None]})
     with pytest.raises(ValueError, match="train_dataset has an 'image' column.*remove_columns"):
         GraftGRPOTrainer("unused-model-path", reward_funcs=[], args=args, train_dataset=with_column)
+    from trainers.grpo import _check_dataset_prompts  # an `images` column of empty lists: text only, as TRL reads it
+
+    _check_dataset_prompts(Dataset.from_dict({"prompt": ["Q:1+2=\nA:"] * 2, "images": [[], []]}), "train_dataset")
+    with pytest.raises(ValueError, match="train_dataset has an 'images' column"):
+        _check_dataset_prompts(Dataset.from_dict({"prompt": ["a", "b"], "images": [[], [b"png"]]}), "train_dataset")
     parts = [[{"role": "user", "content": [{"type": "text", "text": "what is this?"}]}],
              [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and this?"}]}]]
     with pytest.raises(ValueError, match="eval_dataset row 1 has an image in its prompt"):

@@ -324,7 +324,7 @@ def _check_dataset_prompts(dataset, name: str, prompt_optional: bool = False) ->
         return
     columns = (getattr(dataset, "column_names", None) or []) if dataset is not None else []
     for column in ("image", "images"):  # TRL's image columns
-        if column in columns:
+        if column in columns and not _no_images(dataset, column):
             raise ValueError(f"{name} has an {column!r} column: GraftGRPOTrainer generates text only; drop it "
                              f"({name}.remove_columns({column!r})) or train a vision model with GRPOTrainer")
     if "prompt" not in columns:
@@ -344,6 +344,21 @@ def _check_dataset_prompts(dataset, name: str, prompt_optional: bool = False) ->
         text = prompt if isinstance(prompt, str) else "".join(_text_of(c) for c in parts)
         if not text.strip():
             raise ValueError(f"{name} row {row} has an empty prompt: remove it or give it text")
+
+
+def _no_images(dataset, column: str) -> bool:
+    """An `images` column of empty lists only (text-only rows of a mixed dataset), which TRL reads as
+    no images; read from the Arrow column, no image decoded. Any other image column holds images
+    (TRL hands even an all-None `image` column to the rollout as images)."""
+    if column != "images" or not hasattr(dataset, "data"):
+        return False
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = dataset.data.column(column)
+    if not (pa.types.is_list(values.type) or pa.types.is_large_list(values.type)) or values.null_count:
+        return False
+    return len(values) == 0 or (pc.max(pc.list_value_length(values)).as_py() or 0) == 0
 
 
 def _text_of(content) -> str:
