@@ -176,11 +176,8 @@ class ResumableGRPOTrainer(GRPOTrainer):
         path = os.path.join(checkpoint, BATCH_FILE.format(rank=self.accelerator.process_index))
         if saved != self.accelerator.num_processes or not os.path.isfile(path):
             return None
-        try:
-            batch = torch.load(path, map_location="cpu", weights_only=True)  # (a rank's CPU device reads "cpu:0")
-        except Exception as exc:  # truncated or not a torch file
-            raise ValueError(f"the generation batch {path} is corrupt ({exc}): resume from an earlier checkpoint, or "
-                             "delete the checkpoint's generation batch files (the batch is then sampled anew)") from exc
+        batch = _load(path, "the generation batch", "resume from an earlier checkpoint, or delete the checkpoint's "
+                      "generation batch files (the batch is then sampled anew)")
         if not isinstance(batch, list) or len(batch) != self.args.steps_per_generation or not all(
                 isinstance(b, dict) for b in batch):
             raise ValueError(f"the generation batch {path} does not hold steps_per_generation="
@@ -203,15 +200,21 @@ def check_rng_state(path: str) -> None:
     A missing file is transformers' case (it resumes without, saying so)."""
     if not os.path.isfile(path):
         return
-    try:
-        with safe_globals():  # what transformers allows when it loads the file
-            state = torch.load(path, weights_only=True)
-    except Exception as exc:  # not a torch file, truncated, or garbage of the recorded size
-        raise ValueError(f"the RNG state {path} is corrupt ({type(exc).__name__}): resume from an earlier "
-                         "checkpoint") from None
+    state = _load(path, "the RNG state", "resume from an earlier checkpoint")
     if not isinstance(state, dict) or not {"python", "numpy", "cpu"} <= set(state):
         raise ValueError(f"the RNG state {path} holds no python / numpy / cpu generator states: resume from an "
                          "earlier checkpoint")
+
+
+def _load(path: str, what: str, fix: str):
+    """A checkpoint's torch file, loaded safely on the CPU (a rank's CPU device reads "cpu:0"; transformers'
+    allowed globals); ValueError naming it and `fix` where it is truncated, not a torch file, or garbage
+    of the size the manifest recorded (torch's own message would advise an unsafe load)."""
+    try:
+        with safe_globals():
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{what} {path} is corrupt ({type(exc).__name__}: {exc}): {fix}") from None
 
 
 # ---------------------------------------------------------------------------- checkpoint completeness
