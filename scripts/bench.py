@@ -40,6 +40,7 @@ from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET  # noqa: 
 from rollout_graft.files import atomic_write_json, local_dir  # noqa: E402
 from rollout_graft_tools import tables  # noqa: E402
 from rollout_graft_tools.benchmark import cell, environment, measure_cell  # noqa: E402
+from rollout_graft_tools.cli import positive  # noqa: E402
 
 DEFAULT_METHODS = {"engine": ["ar", "ar-twin", "hf", "retrieval+dcut"], "vllm": ["plain", "plain-twin", "ours+dcut@8"]}
 
@@ -69,13 +70,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here")
     ap.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # vLLM: a child of the driver
     return ap
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: 1 or more")
-    return value
 
 
 def check_args(ap: argparse.ArgumentParser, args) -> None:

@@ -15,26 +15,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_graft import SamplingParams
-from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_rows
+from rollout_graft.assets import TINY_PROMPTS, TINY_TARGET, read_prompt_texts
 from rollout_graft.files import local_dir
 from rollout_graft.warmup import warm_prior
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: 1 or more")
-    return value
+from rollout_graft_tools.cli import positive
 
 
 def train_prompts(path: str, limit: int, tokenizer) -> list[list[int]]:
-    """Token ids of the first `limit` train rows' prompts (rows without `split` count as train; chat
-    prompts through the chat template); every row checked first (ValueError naming its line)."""
-    rows = [r for r in read_prompt_rows(path, answer=False) if r.get("split", "train") == "train"][:limit]
-    if not rows:
+    """Token ids of the first `limit` train rows' prompts (rows without `split` count as train)."""
+    texts = read_prompt_texts(path, tokenizer, split="train")[:limit]
+    if not texts:
         raise ValueError(f"--prompts {path} has no train rows (a row's `split` absent or \"train\")")
-    texts = [r["prompt"] if isinstance(r["prompt"], str)
-             else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 

@@ -127,13 +127,14 @@ def _is_integer_answer(answer) -> bool:
 _INTEGER = re.compile(r"\s*[+-]?\d+\s*")
 
 
-def read_prompt_texts(path: str | Path, tokenizer) -> list[str]:
-    """The `prompt` of every row of a JSON-lines file as the text a generation call takes: a string
-    as it is, chat messages through the tokenizer's chat template (as TRL sends them to vLLM). Every
-    row is checked first (`read_prompt_rows` without answers: ValueError naming the line)."""
+def read_prompt_texts(path: str | Path, tokenizer, **match: str | None) -> list[str]:
+    """The `prompt` of every row of a JSON-lines file (those matching `match`, as `read_jsonl`) as the
+    text a generation call takes: a string as it is, chat messages through the tokenizer's chat
+    template (as TRL sends them to vLLM). Every row is checked first (`read_prompt_rows` without
+    answers: ValueError naming the line)."""
     return [r["prompt"] if isinstance(r["prompt"], str)
             else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-            for r in read_prompt_rows(path, answer=False)]
+            for r in read_prompt_rows(path, answer=False, **match)]
 
 
 def load_tiny_prompts(split: str | None = None) -> list[dict]:
