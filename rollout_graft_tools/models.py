@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollout_graft.files import read_json
+
 
 @dataclass(frozen=True)
 class Source:
@@ -157,8 +159,8 @@ def _prepared_from(marker: Path) -> str | None:
     """The GGUF checksum a finished conversion recorded; None where none did (absent, or a marker left
     unreadable: the folder is converted again)."""
     try:
-        data = json.loads(marker.read_text())
-    except (OSError, ValueError):
+        data = read_json(marker, "the conversion marker")
+    except ValueError:  # absent, a folder, not UTF-8 or not JSON
         return None
     return data.get("gguf_sha256") if isinstance(data, dict) else None
 

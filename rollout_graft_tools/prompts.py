@@ -11,7 +11,7 @@ def load_prompts(path: str | Path, tokenizer, split: str, n: int, offset: int = 
     """Token ids of rows `offset .. offset + n` of `split`; chat messages go through the chat template.
     Every row is checked first (ValueError naming its line: no `prompt`, an empty one)."""
     rows = read_prompt_rows(path, answer=False, split=split)[offset : offset + n]
-    if not rows or len(rows) < n:
+    if len(rows) < n:
         raise SystemExit(f"{path} has only {len(rows)} {split!r} prompts after offset {offset}; need {n}")
     if isinstance(rows[0]["prompt"], list):  # chat messages
         return [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)
