@@ -220,7 +220,7 @@ def model_path(name: str | None) -> str:
         return str(TINY_TARGET)
     path = Path(name).expanduser()
     if path.exists():
-        if not (path / "config.json").is_file():
+        if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):  # a model, or a PEFT adapter
             raise FileNotFoundError(f"--model_name_or_path {name} is not a model folder (no config.json in it): pass "
                                     "a Hugging Face model's folder (scripts/prepare_models.py makes one) or a Hub id")
         return str(path)

@@ -322,6 +322,10 @@ def test_recipe_backend_names_and_model_paths(tmp_path, monkeypatch):
         recipe.model_path(str(tmp_path))  # a folder, but no model's
     (tmp_path / "config.json").write_text("{}")
     assert recipe.model_path(str(tmp_path)) == str(tmp_path)
+    adapter = tmp_path / "adapter"  # a PEFT adapter's folder, which transformers loads by its adapter_config.json
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    assert recipe.model_path(str(adapter)) == str(adapter)
     for missing in (str(tmp_path / "nope"), "./nope", f"{tmp_path.name}/nope/model"):
         with pytest.raises(FileNotFoundError, match="no such directory"):
             recipe.model_path(missing)
