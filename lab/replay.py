@@ -180,10 +180,12 @@ def engine_clocks(args) -> dict:
 
     model, tokenizer = _engine_target(args)
     table = CostModel.profile(model)
-    timers = [engine_clocks.TableClock(table, f"engine-cpu/{Path(args.model).name}")] + list(clocks.rooflines().values())
+    measured = [engine_clocks.measured_table_clock(*spec.rsplit(":", 1)) for spec in args.measured]
+    timers = ([engine_clocks.TableClock(table, f"engine-cpu/{Path(args.model).name}")] + measured
+              + list(clocks.rooflines().values()))
     out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True,
            "environment": environment("cpu", "float32", ["lab/replay.py", *args.argv]),  # the engine-cpu clock's table was profiled here
-           "clocks": {c.name: repr(c) if not isinstance(c, engine_clocks.TableClock) else table.to_json() for c in timers},
+           "clocks": {c.name: repr(c) if not isinstance(c, engine_clocks.TableClock) else c.table.to_json() for c in timers},
            "cells": []}
     for regime, sets, params in _engine_cells(args, tokenizer):
         for cell in engine_clocks.cells(model, tokenizer, sets, args.group, regime, params, timers, **dict(args.dcut)):
@@ -295,6 +297,8 @@ def vllm_run(args) -> dict:
     return out
 
 
+GPU_COST = "docs/bench/gpu_verify_cost_h100.json"  # the engine's verify forward measured on an H100
+TABLE_CONTEXT = 128  # rollout_graft_tools.engine_clocks.TABLE_CONTEXT (imported lazily with the engine)
 PROPOSER_COST = "docs/bench/vllm_proposer_vs_ngram.json"  # our proposer's own µs per request-step (this CPU)
 STEP_COST_RUNS = ["docs/bench/vllm_step_cost_b8.json", "docs/bench/vllm_step_cost_b64.json"]  # the tiny target's
 
@@ -405,6 +409,9 @@ def main(argv=None):
     _engine_rollout_args(k)
     k.add_argument("--dcut", nargs="*", default=[], metavar="NAME=VALUE", type=_dcut_option,
                    help="a DCutConfig setting of ours-dcut (e.g. probe_share=0.02)")
+    k.add_argument("--measured", nargs="*", default=[f"{GPU_COST}:{m}" for m in ("Qwen3-8B", "Qwen3-32B")],
+                   metavar="JSON:MODEL", help="clocks measured on a GPU: a lab/gpu_verify_cost.py JSON and a model in it "
+                                              f"(its forwards at context {TABLE_CONTEXT}; default: {GPU_COST}'s two)")
     k.add_argument("--json", type=Path)
     k.set_defaults(func=engine_clocks)
     q = engine.add_parser("pool", help="a cut of a wider proposal against the proposer's own tree (a study)")

@@ -4,7 +4,7 @@
     python lab/seed_exact.py --prompts 64 --group 8 --max-new-tokens 64 --json seed_exact.json
 
 Every method (retrieval, +suffix, +recall, group_lead, graft; fixed and D-cut budgets) runs on the
-embedded tiny target (fp32, T=1 with top-k/top-p/min-p) on a fresh engine (seed A) and again warm
+embedded tiny target (fp32 on `--device`, T=1 with top-k/top-p/min-p) on a fresh engine (seed A) and again warm
 (seed B, after the seed-A rollout taught its indices, recall memory and D-cut); each row is compared
 with "ar"'s row for the same seed. A differing row is explained at its first differing position:
 the uniform u there and the distance of u·total from the nearest CDF boundary of ar's distribution
@@ -42,7 +42,7 @@ def boundary_gap(model, prompt: list[int], completion: list[int], pos: int, para
                  row: int) -> dict:
     """u at `pos` of `row` and how far u·total lies from the nearest CDF boundary of ar's distribution."""
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion[:pos]])).logits[0, -1]
+        logits = model(torch.tensor([prompt + completion[:pos]], device=model.device)).logits[0, -1].float().cpu()
     cdf = warp_logits(logits, params).softmax(-1).cumsum(-1)
     u = uniforms(row_keys(seed, row + 1)[row], torch.tensor(pos)).item()
     target = u * cdf[-1].item()
@@ -69,12 +69,13 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut"])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="where the engines run (cuda: seed-exact on a GPU's kernels)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(TINY_TARGET)
-    target = AutoModelForCausalLM.from_pretrained(TINY_TARGET, dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(TINY_DRAFT, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(TINY_TARGET, dtype=torch.float32).to(args.device).eval()
+    draft = AutoModelForCausalLM.from_pretrained(TINY_DRAFT, dtype=torch.float32).to(args.device).eval()
     prompts = [tok(r["prompt"])["input_ids"] for r in load_tiny_prompts()[: args.prompts]]
     rows = [p for p in prompts for _ in range(args.group)]
     params = {s: SamplingParams(temperature=1.0, top_k=50, top_p=0.95, min_p=0.01, max_new_tokens=args.max_new_tokens,

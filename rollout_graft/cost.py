@@ -132,7 +132,7 @@ class CostModel:
         meta = {"profiled_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "loadavg": {"before": _loadavg()}, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
         runner = ModelRunner(model)
-        _time_forward(runner, 1, 1, context, runner.vocab_size, 1)  # first-call allocations
+        time_forward(runner, 1, 1, context, runner.vocab_size, 1)  # first-call allocations
         passes = [_grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms)]
         for _ in range(repeats - 1):  # cheap cells again, in whole passes: a busy spell distorts one pass
             passes.append(_grid(runner, batches, tokens, context, max_tokens_per_forward, cell_limit_ms / 4, passes[0]))
@@ -178,7 +178,7 @@ def _grid(runner: ModelRunner, batches, tokens, context: int, max_tokens_per_for
     earlier pass, taken from it)."""
     out = []
     for b, batch in enumerate(batches):
-        plain = _time_forward(runner, batch, 1, context, runner.vocab_size, 1)
+        plain = time_forward(runner, batch, 1, context, runner.vocab_size, 1)
         ratios: list[float] = []
         for q in tokens:
             slow = ratios and ratios[-1] * plain > cell_limit_ms
@@ -190,14 +190,14 @@ def _grid(runner: ModelRunner, batches, tokens, context: int, max_tokens_per_for
             elif too_big and ratios:
                 ratios.append(ratios[-1] * q / tokens[len(ratios) - 1])
             else:
-                base = _time_forward(runner, batch, 1, context, runner.vocab_size, 1)
-                ratios.append(_time_forward(runner, batch, q, context, runner.vocab_size, 1) / base)
+                base = time_forward(runner, batch, 1, context, runner.vocab_size, 1)
+                ratios.append(time_forward(runner, batch, q, context, runner.vocab_size, 1) / base)
         out.append((plain, ratios))
     return out
 
 
 @torch.inference_mode()
-def _time_forward(runner: ModelRunner, batch: int, q: int, context: int, vocab: int, repeats: int) -> float:
+def time_forward(runner: ModelRunner, batch: int, q: int, context: int, vocab: int, repeats: int) -> float:
     """Best of `repeats` verify forwards of `batch` rows × `q` tree tokens over a cached context, in the
     steady state of a rollout's steps (after one untimed forward that reserves the cache's room)."""
     dev = runner.device

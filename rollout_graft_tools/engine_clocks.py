@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from rollout_graft import engine as engine_module
 from rollout_graft.cost import DEFAULT_TOKENS, CostModel
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.dcut.trees import DCut
+from rollout_graft.files import read_json
 from rollout_graft.selection import keep_best
 from rollout_graft.stats import StepTimer
 
@@ -55,6 +57,50 @@ class TableClock:
     def profile_ms(self, rows, draft_tokens, context=0.0) -> np.ndarray:
         k = np.asarray(draft_tokens, dtype=np.float64)
         return np.array([self.table.predict(rows, 1 + x / rows) for x in np.atleast_1d(k)]).reshape(k.shape)
+
+
+def measured_table_clock(path: str | Path, model: str, context: int = TABLE_CONTEXT) -> TableClock:
+    """A clock from `lab/gpu_verify_cost.py`'s grid: `model`'s verify forwards measured at `context`
+    on the GPU the JSON names, as a forward-cost table (`lower_envelope` of the cells; a cell the run
+    skipped extrapolated linearly in tokens from the row's last two; a row of fewer than two cells
+    dropped). ValueError naming the file when it has no such model or context."""
+    data = read_json(path, "a lab/gpu_verify_cost.py JSON")
+    found = [m for m in data.get("models", []) if m["model"]["name"] == model]
+    cells = [c for c in found[0]["cells"] if c["context"] == context] if found else []
+    if not cells:
+        raise ValueError(f"{path}: no cells of {model!r} at context {context} (models: "
+                         f"{[m['model']['name'] for m in data.get('models', [])]})")
+    tokens = sorted({c["tokens"] for c in cells})
+    batches, latency = [], []
+    for rows in sorted({c["rows"] for c in cells}):
+        have = {c["tokens"]: c["ms"] for c in cells if c["rows"] == rows}
+        if len(have) < 2:
+            continue
+        row = []
+        for q in tokens:
+            if q not in have:  # past the row's last measured cells: their slope (as `CostModel.profile` does)
+                (q0, y0), (q1, y1) = sorted(have.items())[-2:]
+                have[q] = y1 + (y1 - y0) / (q1 - q0) * (q - q1)
+            row.append(have[q])
+        batches.append(rows)
+        latency.append(row)
+    gpu = str(data.get("gpu", "GPU")).replace("NVIDIA ", "").split()[0]
+    table = CostModel(batches, tokens, lower_envelope(latency), key=f"measured:{gpu}/{model}@{context}")
+    return TableClock(table, f"{gpu}-engine/{model}")
+
+
+def lower_envelope(latency: list[list[float]]) -> list[list[float]]:
+    """Each cell the least of itself and every cell of more rows and tokens: a table that never
+    decreases, drawn under the noise. A best-of timing errs only upwards (a host hiccup adds time;
+    on a host-bound GPU forward, ±20 % from one cell to the next), so the lower envelope is the
+    estimate; `cost.CostModel.profile`'s running maximum would carry one slow cell into every wider one."""
+    out = [list(row) for row in latency]
+    for b in reversed(range(len(out))):
+        for q in reversed(range(len(out[b]))):
+            later = [out[b][q + 1]] if q + 1 < len(out[b]) else []
+            later += [out[b + 1][q]] if b + 1 < len(out) else []
+            out[b][q] = min([out[b][q], *later])
+    return out
 
 
 def table_of(clock: StepClock) -> CostModel:

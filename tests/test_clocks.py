@@ -284,3 +284,47 @@ def test_a_pool_cut_of_the_whole_proposal_is_the_fixed_width():
     assert cut["pool"] == 8 and cut["keep"] == 4 and cut["mat"] > 1.0
     with pytest.raises(ValueError, match="ranking must be"):
         engine_clocks.PoolCut(engine_clocks.table_of(h800), 8, 4, "score")
+
+
+def test_a_gpu_measured_table_is_the_lower_envelope_of_its_cells(tmp_path):
+    """`engine_clocks.measured_table_clock`: a lab/gpu_verify_cost.py grid read as the engine's
+    forward-cost table. A slow outlier (a host hiccup: best-of timings err upwards only) is drawn
+    under, not carried into every wider cell; a cell the run skipped is extrapolated from its row;
+    an unknown model or context is named."""
+    import json
+
+    from rollout_graft_tools import engine_clocks
+
+    cells = [{"rows": r, "tokens": q, "context": 128, "ms": 10.0 + r * q / 10 + (30.0 if (r, q) == (1, 2) else 0.0)}
+             for r in (1, 8) for q in (1, 2, 4) if (r, q) != (8, 4)]
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "models": [{"model": {"name": "M"}, "cells": cells}]}))
+    clock = engine_clocks.measured_table_clock(path, "M")
+    assert clock.name == "H100-engine/M"
+    assert np.allclose(clock.table.latency_ms, [[10.1, 10.4, 10.4], [10.8, 11.6, 13.2]])
+    assert clock.step_ms(np.array([1] * 8)) == pytest.approx(11.6)  # 8 rows × 2 tokens
+    with pytest.raises(ValueError, match="no cells of 'M' at context 512"):
+        engine_clocks.measured_table_clock(path, "M", context=512)
+
+
+def test_the_gpu_grid_script_runs_and_reads_back_as_a_clock(tmp_path):
+    """lab/gpu_verify_cost.py, whose JSON the H100 clocks are read from, on this CPU with a tiny
+    random model of the Qwen3 architecture: every asked cell timed or skipped with its reason, and
+    the JSON readable by `measured_table_clock`."""
+    import json
+
+    from conftest import load_script
+
+    from rollout_graft_tools import engine_clocks
+
+    out = tmp_path / "grid.json"
+    load_script("lab/gpu_verify_cost.py").main(["--models", "tiny", "--device", "cpu", "--dtype", "float32",
+                                                "--rows", "1", "4", "--tokens", "1", "2", "8", "--contexts", "128",
+                                                "--repeats", "1", "--max-tokens", "16", "--json", str(out)])
+    run = json.loads(out.read_text())
+    cells, skipped = run["models"][0]["cells"], run["models"][0]["skipped"]
+    assert {(c["rows"], c["tokens"]) for c in cells} == {(1, 1), (1, 2), (1, 8), (4, 1), (4, 2)}
+    assert skipped == [{"rows": 4, "tokens": 8, "context": 128, "why": "over 16 tokens"}]
+    assert all(c["ms"] > 0 for c in cells)
+    clock = engine_clocks.measured_table_clock(out, "tiny")
+    assert clock.table.batches == [1, 4] and clock.table.tokens == [1, 2, 8]
