@@ -32,7 +32,7 @@ def setup(runner: ModelRunner, rows: int, context: int, holes: float, gen: torch
     if holes:
         invalid = torch.rand(rows, context, generator=gen) < holes
         invalid[:, 0] = False
-        runner.slot_valid &= ~invalid.to(runner.device)
+        runner.slot_valid = runner.slot_valid & ~invalid.to(runner.device)
 
 
 def time_verify(runner: ModelRunner, rows: int, q: int, context: int, repeats: int) -> tuple[float, float]:

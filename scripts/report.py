@@ -314,6 +314,21 @@ def render_gpu_cost(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_gqa_fold(runs: list[dict]) -> str:
+    """`lab/gqa_fold.py --json`: the engine's verify forward, transformers' SDPA path against GQA folded."""
+    lines = []
+    for run in runs:
+        lines += ["| model | heads / KV heads | rows | context | tokens per row | sdpa ms | folded ms | × (sdpa / folded) | "
+                  "A/A twin | max abs logit difference |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for m in run["models"]:
+            for c in m["cells"]:
+                med = c["median_ms"]
+                lines.append(f"| {Path(m['model']).name} | {m['heads']} / {m['kv_heads']} | {c['rows']} | {c['context']} | "
+                             f"{c['tokens']} | {med['sdpa']:.1f} | {med['folded']:.1f} | {c['speedup']:.2f} | "
+                             f"{c['twin']:.2f} | {c['max_logit_diff']:.1e} |")
+    return "\n".join(lines)
+
+
 def render_seed_exact(runs: list[dict]) -> str:
     """`lab/seed_exact.py --json`: rows of each method that differ from plain sampling's with one seed."""
     lines = []
@@ -611,6 +626,16 @@ SECTIONS: list[Section] = [
             "method with each budget policy on a fresh and a warm engine, each row compared with plain sampling's "
             "(`ar`) for the same seed, on the GPU's kernels (tiny target, T = 1 with top-k, top-p and min-p).",
             ("seed_exact_h100.json",), render_seed_exact),
+    Section("Engine's verify forward: grouped-query attention folded (a study, CPU)",
+            "`python lab/gqa_fold.py --models rollout_graft/assets/tiny-math/target "
+            "~/.cache/rollout_graft/models/smollm2-135m-instruct`: `ModelRunner.verify` on a cache with a fifth of "
+            "its slots masked (rejected nodes), through transformers' SDPA path (`sdpa`: under a mask it copies "
+            "every KV head out to the query heads sharing it, each layer and step) and through `folded_sdpa` (each "
+            "KV head's query heads stacked along the query axis, the mask repeated: no copy), fp32, one thread; "
+            "medians of three alternating rounds, each the best of three forwards; `sdpa-twin` a second unfolded "
+            "arm (the A/A control). The product's forwards are the unfolded ones: every engine number on this "
+            "page was measured through transformers' SDPA path.",
+            ("engine_gqa_fold_cpu.json",), render_gqa_fold),
     Section("GRPO training: the recipe on each backend (CPU)",
             "`accelerate launch recipes/grpo_qwen3.py --backend engine|vllm|hf`, 60 steps on the embedded demo; "
             "the plot is `scripts/plot_training.py` over the three `log_history` files, each in a folder named by its "

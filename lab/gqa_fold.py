@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""The engine's verify forward with grouped-query attention folded, against transformers' SDPA path.
+
+Under an explicit attention mask, transformers' SDPA path (`integrations.sdpa_attention`) copies
+every KV head out to the query heads that share it, in every layer and step (`repeat_kv`: torch's
+SDPA takes grouped-query attention without the copy only when no mask is given). The engine always
+passes a mask (ragged rows, rejected tree nodes), so it pays that copy every step. `folded_sdpa`
+computes the same attention with each KV head's query heads stacked along the query axis and the
+mask repeated to match: the same dot products, one SDPA call, no copy. This study times
+`ModelRunner.verify` both ways in one process, alternating, with an A/A twin of the unfolded path,
+and the largest logit difference between the two (float rounding only).
+
+    python lab/gqa_fold.py --json docs/bench/engine_gqa_fold_cpu.json
+    python lab/gqa_fold.py --models DIR --cells 64:300:1 --repeats 5       # any local model, cells ROWS:CONTEXT:TOKENS
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import AttentionInterface, AutoModelForCausalLM  # noqa: E402
+
+from rollout_graft.assets import TINY_TARGET  # noqa: E402
+from rollout_graft.runner import ModelRunner  # noqa: E402
+from rollout_graft_tools.benchmark import environment  # noqa: E402
+
+FOLDED = "gqa_folded_sdpa"
+CELLS = ("8:150:1", "64:150:1", "64:150:4", "64:300:1", "64:300:8", "32:1024:1")
+
+
+def folded_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """SDPA over [batch, heads, length, dim] queries and [batch, kv_heads, slots, dim] keys and values,
+    each KV head's query heads folded into the query axis; the engine's case only (a mask shared by
+    the heads, no dropout)."""
+    batch, heads, length, _ = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    mask = attention_mask[:, :, :, :slots].expand(batch, 1, length, slots)
+    mask = mask.repeat(1, groups, 1, 1).reshape(batch, 1, groups * length, slots)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(batch, kv_heads, groups * length, query.shape[-1]), key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(batch, heads, length, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(FOLDED, folded_sdpa)
+
+
+def cache_with_holes(runner: ModelRunner, rows: int, context: int) -> None:
+    """Every row's cache: one prompt of `context` tokens, a fifth of its slots masked (rejected nodes)."""
+    gen = torch.Generator().manual_seed(rows * 7919 + context)
+    prompt = torch.randint(0, runner.vocab_size, (context,), generator=gen).tolist()
+    runner.prefill([prompt], torch.zeros(rows, dtype=torch.long))
+    holes = torch.rand(rows, context, generator=gen) < 0.2
+    holes[:, 0] = False
+    runner.slot_valid = runner.slot_valid & ~holes.to(runner.device)
+
+
+def timed(model, runner: ModelRunner, attention: str, rows: int, context: int, tokens: int, repeats: int):
+    """(best ms of `repeats` verify forwards of `tokens` causal tokens per row, the last logits)."""
+    model.set_attn_implementation(attention)
+    cache_with_holes(runner, rows, context)
+    ids = torch.randint(0, runner.vocab_size, (rows, tokens), generator=torch.Generator().manual_seed(1))
+    positions = (context + torch.arange(tokens)).expand(rows, tokens)
+    mask = torch.ones(tokens, tokens, dtype=torch.bool).tril().expand(rows, tokens, tokens)
+    times = []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        logits = runner.verify(ids, positions, mask)
+        if i:  # the first forward after a prefill reserves the cache's room
+            times.append(1000 * (time.perf_counter() - start))
+        runner.truncate(context)
+    runner.release()
+    return min(times), logits
+
+
+def measure(path: str, cells: list[str], rounds: int, repeats: int) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    cfg = model.config
+    runner, out = ModelRunner(model), []
+    for cell in cells:
+        rows, context, tokens = map(int, cell.split(":"))
+        arms: dict[str, list[float]] = {"sdpa": [], "folded": [], "sdpa-twin": []}
+        for _ in range(rounds):  # alternating, so the machine's load falls on every arm alike
+            for arm in arms:
+                ms, logits = timed(model, runner, FOLDED if arm == "folded" else "sdpa", rows, context, tokens, repeats)
+                arms[arm].append(ms)
+                if arm == "sdpa":
+                    reference = logits
+                elif arm == "folded":
+                    diff = float((logits - reference).abs().max())
+        med = {a: statistics.median(v) for a, v in arms.items()}
+        out.append({"rows": rows, "context": context, "tokens": tokens, "ms": arms, "median_ms": med,
+                    "speedup": med["sdpa"] / med["folded"], "twin": med["sdpa"] / med["sdpa-twin"],
+                    "max_logit_diff": diff})
+        print(f"{Path(path).name} rows {rows} context {context} tokens {tokens}: sdpa {med['sdpa']:.1f} ms, folded "
+              f"{med['folded']:.1f} ({out[-1]['speedup']:.2f}×, twin {out[-1]['twin']:.2f}), max |Δlogit| {diff:.1e}",
+              flush=True)
+    model.set_attn_implementation("sdpa")
+    return {"model": str(path), "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+            "layers": cfg.num_hidden_layers, "cells": out}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=[str(TINY_TARGET)], help="local model folders (default: the tiny target)")
+    ap.add_argument("--cells", nargs="+", default=list(CELLS), metavar="ROWS:CONTEXT:TOKENS")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three arms")
+    ap.add_argument("--repeats", type=int, default=3, help="forwards per arm and round (the best counts)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    results = {**environment("cpu", "float32"), "models": [measure(m, args.cells, args.rounds, args.repeats)
+                                                            for m in args.models]}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
