@@ -10,8 +10,8 @@ Each cell is `cost.time_forward` (what `CostModel.profile` times): one prompt of
 prefilled and given to every row, then the best of `--repeats` verify forwards of `tokens` tree
 tokens per row (a causal block), after one untimed forward. A cell whose KV cache and logits would
 not fit the GPU's free memory is skipped and says so; the JSON is rewritten after every row of
-cells, so a run stopped at its time budget keeps what it measured. `rollout_graft_tools.clocks`
-reads the JSON as a measured clock (`grid_clock`).
+cells, so a run stopped at its time budget keeps what it measured. `engine_clocks.measured_table_clock`
+reads it as a clock: the engine's forward-cost table on that GPU.
 """
 
 from __future__ import annotations

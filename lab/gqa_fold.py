@@ -8,10 +8,12 @@ passes a mask (ragged rows, rejected tree nodes), so it pays that copy every ste
 computes the same attention with each KV head's query heads stacked along the query axis and the
 mask repeated to match: the same dot products, one SDPA call, no copy. This study times
 `ModelRunner.verify` both ways in one process, alternating, with an A/A twin of the unfolded path,
-and the largest logit difference between the two (float rounding only).
+and the largest logit difference between the two (float rounding only). `--device cuda`: the same
+on a GPU, each forward synchronised.
 
     python lab/gqa_fold.py --json docs/bench/engine_gqa_fold_cpu.json
     python lab/gqa_fold.py --models DIR --cells 64:300:1 --repeats 5       # any local model, cells ROWS:CONTEXT:TOKENS
+    python lab/gqa_fold.py --device cuda --dtype bfloat16 --json $OUT/gqa_fold_gpu.json   # on a GPU
 """
 
 from __future__ import annotations
@@ -70,10 +72,14 @@ def timed(model, runner: ModelRunner, attention: str, rows: int, context: int, t
     ids = torch.randint(0, runner.vocab_size, (rows, tokens), generator=torch.Generator().manual_seed(1))
     positions = (context + torch.arange(tokens)).expand(rows, tokens)
     mask = torch.ones(tokens, tokens, dtype=torch.bool).tril().expand(rows, tokens, tokens)
+    ids, positions, mask = ids.to(runner.device), positions.to(runner.device), mask.to(runner.device)
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     times = []
     for i in range(repeats + 1):
+        sync()
         start = time.perf_counter()
         logits = runner.verify(ids, positions, mask)
+        sync()
         if i:  # the first forward after a prefill reserves the cache's room
             times.append(1000 * (time.perf_counter() - start))
         runner.truncate(context)
@@ -81,8 +87,9 @@ def timed(model, runner: ModelRunner, attention: str, rows: int, context: int, t
     return min(times), logits
 
 
-def measure(path: str, cells: list[str], rounds: int, repeats: int) -> dict:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+def measure(path: str, cells: list[str], rounds: int, repeats: int, device: str = "cpu",
+            dtype: torch.dtype = torch.float32) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     cfg = model.config
     runner, out = ModelRunner(model), []
     for cell in cells:
@@ -115,11 +122,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three arms")
     ap.add_argument("--repeats", type=int, default=3, help="forwards per arm and round (the best counts)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", help="e.g. bfloat16 on a GPU")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    results = {**environment("cpu", "float32"), "models": [measure(m, args.cells, args.rounds, args.repeats)
-                                                            for m in args.models]}
+    results = {**environment(args.device, args.dtype),
+               "models": [measure(m, args.cells, args.rounds, args.repeats, args.device, getattr(torch, args.dtype))
+                          for m in args.models]}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))
