@@ -298,7 +298,6 @@ def vllm_run(args) -> dict:
 
 
 GPU_COST = "docs/bench/gpu_verify_cost_h100.json"  # the engine's verify forward measured on an H100
-TABLE_CONTEXT = 128  # rollout_graft_tools.engine_clocks.TABLE_CONTEXT (imported lazily with the engine)
 PROPOSER_COST = "docs/bench/vllm_proposer_vs_ngram.json"  # our proposer's own µs per request-step (this CPU)
 STEP_COST_RUNS = ["docs/bench/vllm_step_cost_b8.json", "docs/bench/vllm_step_cost_b64.json"]  # the tiny target's
 
@@ -411,7 +410,7 @@ def main(argv=None):
                    help="a DCutConfig setting of ours-dcut (e.g. probe_share=0.02)")
     k.add_argument("--measured", nargs="*", default=[f"{GPU_COST}:{m}" for m in ("Qwen3-8B", "Qwen3-32B")],
                    metavar="JSON:MODEL", help="clocks measured on a GPU: a lab/gpu_verify_cost.py JSON and a model in it "
-                                              f"(its forwards at context {TABLE_CONTEXT}; default: {GPU_COST}'s two)")
+                                              f"(its forwards at the profile's context; default: {GPU_COST}'s two)")
     k.add_argument("--json", type=Path)
     k.set_defaults(func=engine_clocks)
     q = engine.add_parser("pool", help="a cut of a wider proposal against the proposer's own tree (a study)")
