@@ -5,6 +5,7 @@ no weights can travel to the GPU machine), beside the roofline of the same step 
 
     python lab/gpu_verify_cost.py --models Qwen3-8B Qwen3-32B --json $OUT/gpu_verify_cost.json   # on the GPU
     python lab/gpu_verify_cost.py --models tiny --device cpu --time-budget 30 --json /tmp/g.json   # a smoke run
+    python lab/gpu_verify_cost.py --attention sdpa folded --json $OUT/g.json     # both attentions, cell by cell
 
 Each cell is `cost.time_forward` (what `CostModel.profile` times): one prompt of `context` tokens
 prefilled and given to every row, then the best of `--repeats` verify forwards of `tokens` tree
@@ -30,6 +31,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
 from rollout_graft.cost import time_forward  # noqa: E402
 from rollout_graft.files import atomic_write_json  # noqa: E402
 from rollout_graft.runner import ModelRunner  # noqa: E402
+from rollout_graft_tools.attention import FOLDED  # noqa: E402
 from rollout_graft_tools.benchmark import environment  # noqa: E402
 
 SHAPES = {  # the published config.json of Qwen/Qwen3-8B and Qwen/Qwen3-32B (the fields a forward's cost depends on)
@@ -80,7 +82,9 @@ def measure(name: str, args, results: dict, out: Path, deadline: float) -> None:
     cuda = args.device.startswith("cuda")
     free = torch.cuda.mem_get_info()[0] if cuda else float("inf")
     entry["free_gib_after_load"] = free / 2**30 if cuda else None
-    time_forward(runner, 1, 1, 128, runner.vocab_size, 1)  # first-call allocations, kernel choice
+    for attention in args.attention:  # first-call allocations, kernel choice: each attention's
+        model.set_attn_implementation(FOLDED if attention == "folded" else attention)
+        time_forward(runner, 1, 1, 128, runner.vocab_size, 1)
     for context in args.contexts:
         for rows in args.rows:
             for tokens in args.tokens:
@@ -93,13 +97,17 @@ def measure(name: str, args, results: dict, out: Path, deadline: float) -> None:
                                              else f"over {args.max_tokens} tokens"})
                     continue
                 try:
-                    ms = time_forward(runner, rows, tokens, context, runner.vocab_size, args.repeats)
+                    ms = {}
+                    for attention in args.attention:  # each arm on the same cell, one after the other
+                        model.set_attn_implementation(FOLDED if attention == "folded" else attention)
+                        ms[attention] = time_forward(runner, rows, tokens, context, runner.vocab_size, args.repeats)
                 except torch.OutOfMemoryError:
                     runner.release()
                     torch.cuda.empty_cache()
                     entry["skipped"].append({**cell, "why": "out of memory"})
                     continue
-                entry["cells"].append({**cell, "ms": ms})
+                entry["cells"].append({**cell, "ms": ms[args.attention[0]],
+                                       **({"ms_by_attention": ms} if len(ms) > 1 else {})})
             if cuda:
                 torch.cuda.empty_cache()
             results["elapsed_s"] = time.perf_counter() - results["_start"]
@@ -123,6 +131,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=8192, help="the most tokens one forward computes")
+    ap.add_argument("--attention", nargs="+", default=["sdpa"], choices=["sdpa", "folded"],
+                    help="the forward's attention: transformers' SDPA path (its `ms`) and/or grouped-query attention "
+                         "folded (rollout_graft_tools.attention); the first is the cell's `ms`, all in `ms_by_attention`")
     ap.add_argument("--time-budget", type=float, nargs="+", default=[240.0],
                     help="seconds per model (one figure for all, or one per model)")
     ap.add_argument("--json", required=True)

@@ -1,12 +1,6 @@
 #!/usr/bin/env python
-"""The engine's verify forward with grouped-query attention folded, against transformers' SDPA path.
-
-Under an explicit attention mask, transformers' SDPA path (`integrations.sdpa_attention`) copies
-every KV head out to the query heads that share it, in every layer and step (`repeat_kv`: torch's
-SDPA takes grouped-query attention without the copy only when no mask is given). The engine always
-passes a mask (ragged rows, rejected tree nodes), so it pays that copy every step. `folded_sdpa`
-computes the same attention with each KV head's query heads stacked along the query axis and the
-mask repeated to match: the same dot products, one SDPA call, no copy. This study times
+"""The engine's verify forward with grouped-query attention folded (`rollout_graft_tools.attention`:
+no KV head copy under the engine's masks), against transformers' SDPA path. This study times
 `ModelRunner.verify` both ways in one process, alternating, with an A/A twin of the unfolded path,
 and the largest logit difference between the two (float rounding only). `--device cuda`: the same
 on a GPU, each forward synchronised.
@@ -28,31 +22,14 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from transformers import AttentionInterface, AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 from rollout_graft.assets import TINY_TARGET  # noqa: E402
 from rollout_graft.runner import ModelRunner  # noqa: E402
+from rollout_graft_tools.attention import FOLDED  # noqa: E402
 from rollout_graft_tools.benchmark import environment  # noqa: E402
 
-FOLDED = "gqa_folded_sdpa"
 CELLS = ("8:150:1", "64:150:1", "64:150:4", "64:300:1", "64:300:8", "32:1024:1")
-
-
-def folded_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """SDPA over [batch, heads, length, dim] queries and [batch, kv_heads, slots, dim] keys and values,
-    each KV head's query heads folded into the query axis; the engine's case only (a mask shared by
-    the heads, no dropout)."""
-    batch, heads, length, _ = query.shape
-    kv_heads, slots = key.shape[1], key.shape[2]
-    groups = heads // kv_heads
-    mask = attention_mask[:, :, :, :slots].expand(batch, 1, length, slots)
-    mask = mask.repeat(1, groups, 1, 1).reshape(batch, 1, groups * length, slots)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(batch, kv_heads, groups * length, query.shape[-1]), key, value, attn_mask=mask, scale=scaling)
-    return out.reshape(batch, heads, length, value.shape[-1]).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(FOLDED, folded_sdpa)
 
 
 def cache_with_holes(runner: ModelRunner, rows: int, context: int) -> None:

@@ -1,4 +1,4 @@
-"""lab/gqa_fold.py: grouped-query attention folded into the query axis computes the attention
+"""rollout_graft_tools.attention (lab/gqa_fold.py's study): grouped-query attention folded into the query axis computes the attention
 transformers' SDPA path computes, under the engine's masks (ragged slots, a tree block)."""
 
 import torch
@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from rollout_graft.assets import TINY_TARGET
 from rollout_graft.runner import ModelRunner
+from rollout_graft_tools.attention import FOLDED
 
 
 def test_folded_attention_gives_the_sdpa_paths_logits():
@@ -15,8 +16,8 @@ def test_folded_attention_gives_the_sdpa_paths_logits():
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # the tiny target groups its heads
     runner = ModelRunner(model)
     logits = {}
-    for attention in ("sdpa", fold.FOLDED):
+    for attention in ("sdpa", FOLDED):
         logits[attention] = [fold.timed(model, runner, attention, rows, 40, tokens, repeats=1)[1]
                              for rows, tokens in ((3, 1), (3, 5))]
-    for a, b in zip(logits["sdpa"], logits[fold.FOLDED]):
+    for a, b in zip(logits["sdpa"], logits[FOLDED]):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-4)
