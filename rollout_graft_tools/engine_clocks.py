@@ -11,7 +11,8 @@ own profile — what `cost.CostModel.profile` measures on a real device — fres
 a cell has the layout of `clock_replay.cells`, judged by its `verdict`.
 Modelled throughput = tokens / Σ forward ms: the forward alone (prefill, the proposer's and the
 engine's host time are not priced; a roofline's `spec_ms` is charged to every step that verifies a
-tree). `engine-cpu/<model>` is the target's own forward-cost table profiled on this machine.
+tree). `engine-cpu/<model>` is the target's own forward-cost table profiled on this machine;
+`<GPU>-engine/<model>` the engine's forwards measured on a GPU (`measured_table_clock`).
 `pool_cells` is a study on the same runs: how well a cut of a wider proposal keeps what the target
 accepts (D-cut cuts from the proposal its last choice led to, `DCut.proposal_after`).
 """
