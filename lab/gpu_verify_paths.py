@@ -62,21 +62,28 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--layers", type=int, default=SMOLLM2["num_hidden_layers"], help="fewer: a quicker smoke run")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 16, 61], help="tree tokens per row")
+    ap.add_argument("--profile", nargs="*", default=["8:128:0:1", "8:128:0:16", "8:131:0.3:16", "64:517:0.3:16"],
+                    metavar="ROWS:CONTEXT:HOLES:TOKENS", help="cells whose operators the profiler lists")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with torch.device(args.device):
-        model = AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2), dtype=torch.bfloat16).eval()
+        config = LlamaConfig(**{**SMOLLM2, "num_hidden_layers": args.layers})
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     runner, gen = ModelRunner(model), torch.Generator().manual_seed(0)
     results, report = [], []
-    for rows in (1, 8, 64):
+    for rows in args.rows:
         for context, holes in ((128, 0.0), (131, 0.0), (131, 0.3), (517, 0.3)):
-            for q in (1, 2, 4, 16, 61):
+            for q in args.tokens:
                 setup(runner, rows, context, holes, gen)
                 whole, host = time_verify(runner, rows, q, context, args.repeats)
                 runner.release()
                 results.append({"rows": rows, "context": context, "holes": holes, "q": q, "ms": whole, "host_ms": host})
                 print(f"rows {rows:3d} ctx {context} holes {holes} q {q:2d}: {whole:6.2f} ms (host {host:6.2f})", flush=True)
-    for rows, context, holes, q in ((8, 128, 0.0, 1), (8, 128, 0.0, 16), (8, 131, 0.3, 16), (64, 517, 0.3, 16)):
+    for spec in args.profile:
+        rows, context, holes, q = (t(x) for t, x in zip((int, int, float, int), spec.split(":")))
         setup(runner, rows, context, holes, gen)
         time_verify(runner, rows, q, context, 2)
         activities = [torch.profiler.ProfilerActivity.CPU] + (
