@@ -28,10 +28,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
 
+from rollout_graft.attention import FOLDED  # noqa: E402
 from rollout_graft.cost import time_forward  # noqa: E402
 from rollout_graft.files import atomic_write_json  # noqa: E402
 from rollout_graft.runner import ModelRunner  # noqa: E402
-from rollout_graft_tools.attention import FOLDED  # noqa: E402
 from rollout_graft_tools.benchmark import environment  # noqa: E402
 
 SHAPES = {  # the published config.json of Qwen/Qwen3-8B and Qwen/Qwen3-32B (the fields a forward's cost depends on)
@@ -133,7 +133,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=8192, help="the most tokens one forward computes")
     ap.add_argument("--attention", nargs="+", default=["sdpa"], choices=["sdpa", "folded"],
                     help="the forward's attention: transformers' SDPA path (its `ms`) and/or grouped-query attention "
-                         "folded (rollout_graft_tools.attention); the first is the cell's `ms`, all in `ms_by_attention`")
+                         "folded (rollout_graft.attention); the first is the cell's `ms`, all in `ms_by_attention`")
     ap.add_argument("--time-budget", type=float, nargs="+", default=[240.0],
                     help="seconds per model (one figure for all, or one per model)")
     ap.add_argument("--json", required=True)

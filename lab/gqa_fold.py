@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The engine's verify forward with grouped-query attention folded (`rollout_graft_tools.attention`:
+"""The engine's verify forward with grouped-query attention folded (`rollout_graft.attention`:
 no KV head copy under the engine's masks), against transformers' SDPA path. This study times
 `ModelRunner.verify` both ways in one process, alternating, with an A/A twin of the unfolded path,
 and the largest logit difference between the two (float rounding only). `--device cuda`: the same
@@ -25,8 +25,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from rollout_graft.assets import TINY_TARGET  # noqa: E402
+from rollout_graft.attention import FOLDED  # noqa: E402
 from rollout_graft.runner import ModelRunner  # noqa: E402
-from rollout_graft_tools.attention import FOLDED  # noqa: E402
 from rollout_graft_tools.benchmark import environment  # noqa: E402
 
 CELLS = ("8:150:1", "64:150:1", "64:150:4", "64:300:1", "64:300:8", "32:1024:1")

@@ -116,6 +116,7 @@ class CostModel:
         cfg = model.config
         ident = f"{getattr(cfg, 'name_or_path', '')}|{cfg.model_type}|{sum(x.numel() for x in model.parameters())}"
         ident += f"|{p.device}|{p.dtype}|threads={torch.get_num_threads()}|forward-only|paired|steady"
+        ident += f"|attention={getattr(cfg, '_attn_implementation', None)}"  # folded or not (`EngineConfig.fold_gqa`)
         return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
     @staticmethod

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 import secrets
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from .attention import folded
 from .config import EngineConfig, SamplingParams
 from .cost import CostModel
 from .dcut.core import BudgetDecision
@@ -209,7 +211,8 @@ class RolloutEngine:
         """The budget policy of `config.budget_policy` (D-cut profiles its cost model on first call)."""
         if self.policy is None:
             if self.config.budget_policy == "dcut":
-                cost = CostModel.profile(self.model, refresh=self.config.cost_profile_refresh)
+                with self._attention():  # the table times the forward the rollouts run
+                    cost = CostModel.profile(self.model, refresh=self.config.cost_profile_refresh)
                 self.policy = DCut(cost, self.config.budget, self.config.dcut)
             else:
                 self.policy = FixedBudget(self.config.budget)
@@ -258,8 +261,12 @@ class RolloutEngine:
             raise TypeError(f"params must be a rollout_graft.SamplingParams, e.g. {hint}; got {type(params).__name__}")
         params = dataclasses.replace(params)  # validated again: its fields may have been set after it was built
         rows = self._check_prompts(prompt_ids, params)
-        with self._lock:
+        with self._lock, self._attention():
             return self._generate(rows, params)
+
+    def _attention(self):
+        """The target's attention for a rollout or a profile: folded where `config.fold_gqa` asks."""
+        return folded(self.model) if self.config.fold_gqa else contextlib.nullcontext()
 
     def _generate(self, rows: list[list[int]], params: SamplingParams) -> RolloutOutput:
         seed = params.seed if params.seed is not None else secrets.randbits(64)

@@ -39,6 +39,7 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
     return {
         "ar": EngineConfig(method="ar"),
         "ar-twin": EngineConfig(method="ar"),  # A/A control: its ratio to "ar" shows the run's noise
+        "ar-fold": EngineConfig(method="ar", fold_gqa=True),  # grouped-query attention folded (rollout_graft.attention)
         "retrieval": retrieval(retrieval=r),
         "retrieval+dcut": retrieval(retrieval=r, budget_policy="dcut"),
         "retrieval-noshare": retrieval(retrieval=replace(r, share_in_group=False)),
@@ -49,6 +50,8 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
         "retrieval+suffix": retrieval(retrieval=replace(r, suffix_depth=8)),
         "retrieval+recall": retrieval(retrieval=replace(r, suffix_depth=8, recall=4)),  # the engine's defaults
         "retrieval+recall+dcut": retrieval(retrieval=replace(r, suffix_depth=8, recall=4), budget_policy="dcut"),
+        "retrieval+recall+dcut-fold": retrieval(retrieval=replace(r, suffix_depth=8, recall=4), budget_policy="dcut",
+                                                fold_gqa=True),
         "retrieval+lead": retrieval(group_lead=1, retrieval=replace(r, suffix_depth=8)),
         "dense-draft": graft(replace(d, prune=False, graft=False)),  # EAGLE-like dense drafter tree
         "prune-only": graft(replace(d, graft=False)),  # pruned, freed slots left empty

@@ -626,15 +626,15 @@ SECTIONS: list[Section] = [
             "method with each budget policy on a fresh and a warm engine, each row compared with plain sampling's "
             "(`ar`) for the same seed, on the GPU's kernels (tiny target, T = 1 with top-k, top-p and min-p).",
             ("seed_exact_h100.json",), render_seed_exact),
-    Section("Engine's verify forward: grouped-query attention folded (a study, CPU)",
+    Section("Engine's verify forward: grouped-query attention folded (CPU)",
             "`python lab/gqa_fold.py --models rollout_graft/assets/tiny-math/target "
             "~/.cache/rollout_graft/models/smollm2-135m-instruct`: `ModelRunner.verify` on a cache with a fifth of "
             "its slots masked (rejected nodes), through transformers' SDPA path (`sdpa`: under a mask it copies "
             "every KV head out to the query heads sharing it, each layer and step) and through `folded_sdpa` (each "
             "KV head's query heads stacked along the query axis, the mask repeated: no copy), fp32, one thread; "
             "medians of three alternating rounds, each the best of three forwards; `sdpa-twin` a second unfolded "
-            "arm (the A/A control). The product's forwards are the unfolded ones: every engine number on this "
-            "page was measured through transformers' SDPA path.",
+            "arm (the A/A control). The engine folds with `fold_gqa` on (`EngineConfig`, `GraftConfig`), off by "
+            "default; every other engine number on this page was measured with it off.",
             ("engine_gqa_fold_cpu.json",), render_gqa_fold),
     Section("GRPO training: the recipe on each backend (CPU)",
             "`accelerate launch recipes/grpo_qwen3.py --backend engine|vllm|hf`, 60 steps on the embedded demo; "

@@ -69,9 +69,11 @@ def _score(model, prompts, completions, autocast: bool) -> list[torch.Tensor]:
     return out
 
 
-def test_bf16_rollout_logprobs_are_the_bf16_policys_on_the_tiny_target():
+@pytest.mark.parametrize("fold_gqa", [False, True])
+def test_bf16_rollout_logprobs_are_the_bf16_policys_on_the_tiny_target(fold_gqa):
     """On the embedded target: fp32 rollouts equal TRL's fp32 recomputation exactly; bf16-autocast rollouts
-    are the bf16 policy's (far closer to TRL's bf16 recomputation than to fp32's), within bf16 rounding."""
+    are the bf16 policy's (far closer to TRL's bf16 recomputation than to fp32's), within bf16 rounding.
+    With the engine's attention folded (`EngineConfig.fold_gqa`) too, though TRL's forward does not fold."""
     model = AutoModelForCausalLM.from_pretrained(TINY_TARGET, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(TINY_TARGET, local_files_only=True)
     texts = [json.loads(line)["prompt"] for line in Path(TINY_PROMPTS).read_text().splitlines()[:2]]
@@ -79,7 +81,7 @@ def test_bf16_rollout_logprobs_are_the_bf16_policys_on_the_tiny_target():
     params = SamplingParams(temperature=1.0, max_new_tokens=32, seed=1)
     rollouts = {}
     for autocast in (False, True):
-        engine = RolloutEngine(model, EngineConfig())
+        engine = RolloutEngine(model, EngineConfig(fold_gqa=fold_gqa))
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             rollouts[autocast] = engine.generate(prompts, params)
     add_fused_lm_head(model, temperature=1.0)

@@ -134,6 +134,9 @@ class GraftConfig:
             batch) draws the token at completion position t with the uniform hash(seed, r, t): runs
             repeat, ranks and rows differ, and no engine setting changes a token. k is saved with
             every checkpoint and restored on resume.
+        fold_gqa: backend "engine": the rollout's forwards with grouped-query attention folded into
+            the query axis (`EngineConfig.fold_gqa`: no KV head copies, faster at GRPO batch sizes; its
+            rounding differs from the training forward's); None = engine default (off).
     """
 
     backend: str = field(default="engine", metadata={"help": f"Rollout backend, one of {BACKENDS}."})
@@ -173,15 +176,18 @@ class GraftConfig:
                 "graft_vllm_state/prior.safetensors)."})
     save_prior: bool = field(default=True, metadata={"help": f"Save the adjacency prior as {PRIOR_FILE} with each checkpoint."})
     rollout_seed: int | None = field(default=None, metadata={"help": "Base seed of the rollout sampler (GRPOConfig.seed if unset)."})
+    fold_gqa: bool | None = field(default=None, metadata={
+        "help": "Engine: grouped-query attention folded in the rollout's forwards (no KV head copies; faster, rounds "
+                "unlike the training forward). None = engine default (off)."})
 
     def __post_init__(self) -> None:
         check_types(self, ints=("num_speculative_tokens", "draft_reload_steps", "budget", "max_depth", "suffix_depth",
                                 "group_lead", "recall", "rollout_seed"),
-                    bools=("share_in_group", "save_prior"),
+                    bools=("share_in_group", "save_prior", "fold_gqa"),
                     paths=("draft_model_name_or_path", "draft_thresholds_path", "prior_path"),
                     optional=("num_speculative_tokens", "draft_reload_steps", "budget", "max_depth", "suffix_depth",
                               "group_lead", "recall", "rollout_seed", "share_in_group", "draft_model_name_or_path",
-                              "draft_thresholds_path", "prior_path"))
+                              "draft_thresholds_path", "prior_path", "fold_gqa"))
         for name in ("backend", "method", "budget_policy"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise TypeError(f"GraftConfig.{name} must be a string, got {type(getattr(self, name)).__name__} "
@@ -212,7 +218,7 @@ class GraftConfig:
             raise ValueError(f"backend='vllm' drafts with method 'retrieval' (ours), vLLM's 'suffix' or 'ngram', or 'ar' "
                              f"(plain vLLM), got {self.method!r}: drafter trees (graft) run on backend='engine'")
         unused = [name for name in ("budget", "max_depth", "suffix_depth", "group_lead", "draft_model_name_or_path",
-                                    "draft_thresholds_path", "draft_reload_steps") if getattr(self, name) is not None]
+                                    "draft_thresholds_path", "draft_reload_steps", "fold_gqa") if getattr(self, name) is not None]
         if unused:
             raise ValueError(f"{unused} apply to backend='engine' only: unset them with backend='vllm'")
         if not self.uses_our_proposer:
@@ -243,7 +249,7 @@ class GraftConfig:
     def engine_config(self) -> EngineConfig:
         """The `EngineConfig` these settings describe (unset fields keep the engine's defaults)."""
         engine = _set_fields(EngineConfig, method=self.method, budget=self.budget, budget_policy=self.budget_policy,
-                             max_depth=self.max_depth, group_lead=self.group_lead)
+                             max_depth=self.max_depth, group_lead=self.group_lead, fold_gqa=self.fold_gqa)
         engine["retrieval"] = RetrievalConfig(**_set_fields(RetrievalConfig, share_in_group=self.share_in_group,
                                                              prior_path=self.prior_path, suffix_depth=self.suffix_depth,
                                                              recall=self.recall))
