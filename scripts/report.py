@@ -636,6 +636,13 @@ SECTIONS: list[Section] = [
             "arm (the A/A control). The engine folds with `fold_gqa` on (`EngineConfig`, `GraftConfig`), off by "
             "default; every other engine number on this page was measured with it off.",
             ("engine_gqa_fold_cpu.json",), render_gqa_fold),
+    Section("Engine, grouped-query attention folded end to end (CPU)",
+            "`scripts/bench.py --backend engine` with `ar-fold` (plain decoding, `fold_gqa=True`) and "
+            "`retrieval+recall+dcut-fold` beside their unfolded arms and the A/A twin (tiny target: T = 1, 128 new "
+            "tokens, batches 8 and 64, four repeats), measured while another job shared the machine (the arms "
+            "interleaved and paired, so its load fell on every arm alike). The forwards alone: the section above; "
+            "a forward is a smaller share of the tiny target's step than of a real model's.",
+            ("engine_tiny_fold.json",), render_speed),
     Section("GRPO training: the recipe on each backend (CPU)",
             "`accelerate launch recipes/grpo_qwen3.py --backend engine|vllm|hf`, 60 steps on the embedded demo; "
             "the plot is `scripts/plot_training.py` over the three `log_history` files, each in a folder named by its "

@@ -98,3 +98,14 @@ def test_the_gpu_probe_script_runs(tmp_path):
     results = json.loads((tmp_path / "gpu_verify_paths.json").read_text())["results"]
     assert len(results) == 8 and all(r["ms"] >= r["host_ms"] > 0 for r in results)
     assert "self_cpu_time_total" in (tmp_path / "gpu_verify_paths.txt").read_text()
+
+
+def test_graft_config_passes_fold_gqa_to_the_engine_and_refuses_it_for_vllm():
+    from trainers import GraftConfig
+
+    assert GraftConfig(fold_gqa=True).engine_config().fold_gqa is True
+    assert GraftConfig().engine_config().fold_gqa is False
+    with pytest.raises(ValueError, match=r"\['fold_gqa'\] apply to backend='engine' only"):
+        GraftConfig(backend="vllm", fold_gqa=True)
+    with pytest.raises(TypeError, match="fold_gqa"):
+        GraftConfig(fold_gqa="yes")
