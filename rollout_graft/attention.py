@@ -18,14 +18,18 @@ from contextlib import contextmanager
 
 import torch
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 FOLDED = "rollout_graft_folded_sdpa"
 
 
 def folded_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """SDPA over [batch, heads, length, dim] queries and [batch, kv_heads, slots, dim] keys and values,
-    each KV head's query heads folded into the query axis. For the engine's forwards: a mask shared
-    by the heads (`ModelRunner` always passes one), no dropout (inference)."""
+    each KV head's query heads folded into the query axis, for the engine's forwards: a mask shared
+    by the heads (`ModelRunner` always passes one), no dropout. Any other call is transformers' own."""
+    if attention_mask is None or attention_mask.shape[1] != 1 or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
     batch, heads, length, _ = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     groups = heads // kv_heads

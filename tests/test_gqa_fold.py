@@ -109,3 +109,15 @@ def test_graft_config_passes_fold_gqa_to_the_engine_and_refuses_it_for_vllm():
         GraftConfig(backend="vllm", fold_gqa=True)
     with pytest.raises(TypeError, match="fold_gqa"):
         GraftConfig(fold_gqa="yes")
+
+
+def test_a_call_without_the_engines_mask_is_transformers_own(target):
+    """No mask (a plain causal call): `folded_sdpa` hands it to transformers' SDPA path unchanged."""
+    from rollout_graft.attention import folded_sdpa
+
+    q, k = torch.randn(2, 6, 5, 32), torch.randn(2, 2, 5, 32)
+    attention = target.model.layers[0].self_attn
+    out, _ = folded_sdpa(attention, q, k, k, None, scaling=0.2)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.testing.assert_close(out, sdpa_attention_forward(attention, q, k, k, None, scaling=0.2)[0])
