@@ -246,8 +246,12 @@ def test_a_corrupt_rng_state_is_named_before_resuming(tmp_path):
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}, path)
     check_rng_state(str(path))
     path.write_bytes(b"\0" * path.stat().st_size)
-    with pytest.raises(ValueError, match=f"the RNG state {path} is corrupt .*resume from an earlier checkpoint"):
+    with pytest.raises(ValueError, match=f"the RNG state {path} is corrupt .*resume from an earlier checkpoint") as err:
         check_rng_state(str(path))
+    path.write_bytes(random.Random(0).randbytes(path.stat().st_size))  # garbage torch reads as an unsafe pickle
+    with pytest.raises(ValueError, match=f"the RNG state {path} is corrupt") as err:
+        check_rng_state(str(path))
+    assert "weights_only" not in str(err.value)  # torch's advice to load unsafely is not passed on
     torch.save({"cpu": torch.random.get_rng_state()}, path)
     with pytest.raises(ValueError, match="holds no python / numpy / cpu generator states"):
         check_rng_state(str(path))

@@ -214,7 +214,7 @@ def _load(path: str, what: str, fix: str):
         with safe_globals():
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"{what} {path} is corrupt ({type(exc).__name__}: {exc}): {fix}") from None
+        raise ValueError(f"{what} {path} is corrupt ({type(exc).__name__}): {fix}") from None
 
 
 # ---------------------------------------------------------------------------- checkpoint completeness
