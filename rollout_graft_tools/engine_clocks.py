@@ -79,7 +79,7 @@ def measured_table_clock(path: str | Path, model: str, context: int = TABLE_CONT
             continue
         row = []
         for q in tokens:
-            if q not in have:  # past the row's last measured cells: their slope (as `CostModel.profile` does)
+            if q not in have:  # past the row's last measured cells: the line through its last two
                 (q0, y0), (q1, y1) = sorted(have.items())[-2:]
                 have[q] = y1 + (y1 - y0) / (q1 - q0) * (q - q1)
             row.append(have[q])
