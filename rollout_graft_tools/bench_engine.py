@@ -24,6 +24,7 @@ from rollout_graft.warmup import warm_prior
 from .benchmark import Cell
 from .prompts import load_prompts
 
+FOLD = "-fold"  # a method's name with this suffix: the same configuration with `fold_gqa=True`
 GRAFT_VARIANTS = ("dense-draft", "prune-only", "fixed-split", "graft", "graft+dcut")
 WARM_PROMPTS = 8  # train prompts the prior is warmed on (and τ calibrated on)
 
@@ -39,7 +40,6 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
     return {
         "ar": EngineConfig(method="ar"),
         "ar-twin": EngineConfig(method="ar"),  # A/A control: its ratio to "ar" shows the run's noise
-        "ar-fold": EngineConfig(method="ar", fold_gqa=True),  # grouped-query attention folded (rollout_graft.attention)
         "retrieval": retrieval(retrieval=r),
         "retrieval+dcut": retrieval(retrieval=r, budget_policy="dcut"),
         "retrieval-noshare": retrieval(retrieval=replace(r, share_in_group=False)),
@@ -50,8 +50,6 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
         "retrieval+suffix": retrieval(retrieval=replace(r, suffix_depth=8)),
         "retrieval+recall": retrieval(retrieval=replace(r, suffix_depth=8, recall=4)),  # the engine's defaults
         "retrieval+recall+dcut": retrieval(retrieval=replace(r, suffix_depth=8, recall=4), budget_policy="dcut"),
-        "retrieval+recall+dcut-fold": retrieval(retrieval=replace(r, suffix_depth=8, recall=4), budget_policy="dcut",
-                                                fold_gqa=True),
         "retrieval+lead": retrieval(group_lead=1, retrieval=replace(r, suffix_depth=8)),
         "dense-draft": graft(replace(d, prune=False, graft=False)),  # EAGLE-like dense drafter tree
         "prune-only": graft(replace(d, graft=False)),  # pruned, freed slots left empty
@@ -62,16 +60,20 @@ def variants(budget: int, prior: str | None, draft: str | None = None, threshold
 
 
 def variant(name: str, budget: int, prior: str | None, draft: str | None = None, thresholds: str | None = None) -> EngineConfig:
-    """The configuration called `name`; `name@N` is it with budget N, and `name:field=value[:…]`
-    sets fields of its `DCutConfig` (ablations: `retrieval+dcut:probe_share=0.05`)."""
+    """The configuration called `name`; `name-fold` is it with grouped-query attention folded
+    (`EngineConfig.fold_gqa`), `name@N` with budget N, and `name:field=value[:…]` sets fields of its
+    `DCutConfig` (ablations: `retrieval+dcut:probe_share=0.05`)."""
     name, *knobs = name.split(":")
     base, _, size = name.partition("@")
+    fold = base.endswith(FOLD)
+    base = base.removesuffix(FOLD)
     known = variants(budget, prior, draft, thresholds)
     if base not in known:
-        raise SystemExit(f"unknown engine method {name!r}; known: hf, {', '.join(known)} (optionally @<budget>)")
+        raise SystemExit(f"unknown engine method {name!r}; known: hf, {', '.join(known)} (optionally {FOLD}, @<budget>)")
     if size and not size.isdigit():
         raise SystemExit(f"engine method {name!r}: the part after @ is a budget in nodes, e.g. {base}@60")
-    cfg = replace(known[base], budget=int(size)) if size else known[base]
+    cfg = replace(known[base], fold_gqa=fold)
+    cfg = replace(cfg, budget=int(size)) if size else cfg
     if knobs:
         fields = {k: ast.literal_eval(v) for k, _, v in (knob.partition("=") for knob in knobs)}
         cfg = replace(cfg, dcut=replace(cfg.dcut, **fields))

@@ -121,3 +121,14 @@ def test_a_call_without_the_engines_mask_is_transformers_own(target):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     torch.testing.assert_close(out, sdpa_attention_forward(attention, q, k, k, None, scaling=0.2)[0])
+
+
+def test_a_bench_methods_fold_suffix_is_that_method_folded():
+    from rollout_graft_tools.bench_engine import variant
+
+    plain, folded_ar = variant("ar", 60, None), variant("ar-fold", 60, None)
+    assert (plain.method, plain.fold_gqa, folded_ar.method, folded_ar.fold_gqa) == ("ar", False, "ar", True)
+    cfg = variant("retrieval+recall+dcut-fold@30", 60, None)
+    assert (cfg.budget_policy, cfg.budget, cfg.fold_gqa, cfg.retrieval.recall) == ("dcut", 30, True, 4)
+    with pytest.raises(SystemExit, match="unknown engine method"):
+        variant("nothing-fold", 60, None)
