@@ -12,49 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from rollout_graft.runner import ModelRunner
+from rollout_graft_tools.verify_timing import cache_with_holes, time_verify
 
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
                max_position_embeddings=8192, rope_theta=1e5, rms_norm_eps=1e-5)
-
-
-def setup(runner: ModelRunner, rows: int, context: int, holes: float, gen: torch.Generator) -> None:
-    """Every row's cache: one prompt of `context` tokens, a share `holes` of its slots masked (rejected nodes)."""
-    prompt = torch.randint(0, runner.vocab_size, (context,), generator=gen).tolist()
-    runner.prefill([prompt], torch.zeros(rows, dtype=torch.long))
-    if holes:
-        invalid = torch.rand(rows, context, generator=gen) < holes
-        invalid[:, 0] = False
-        runner.slot_valid = runner.slot_valid & ~invalid.to(runner.device)
-
-
-def time_verify(runner: ModelRunner, rows: int, q: int, context: int, repeats: int) -> tuple[float, float]:
-    """(best synchronised ms, best host-side ms) of a verify forward of `q` causal tokens per row."""
-    dev = runner.device
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda d: None)
-    tokens = torch.randint(0, runner.vocab_size, (rows, q), device=dev)
-    positions = (context + torch.arange(q, device=dev)).expand(rows, q)
-    mask = torch.ones(q, q, dtype=torch.bool, device=dev).tril().expand(rows, q, q)
-    whole, host = [], []
-    for i in range(repeats + 1):
-        sync(dev)
-        start = time.perf_counter()
-        runner.verify(tokens, positions, mask)
-        returned = time.perf_counter()
-        sync(dev)
-        end = time.perf_counter()
-        runner.truncate(context)
-        if i:
-            whole.append(1000 * (end - start))
-            host.append(1000 * (returned - start))
-    return min(whole), min(host)
 
 
 def main(argv=None) -> None:
@@ -72,25 +40,25 @@ def main(argv=None) -> None:
     with torch.device(args.device):
         config = LlamaConfig(**{**SMOLLM2, "num_hidden_layers": args.layers})
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    runner, gen = ModelRunner(model), torch.Generator().manual_seed(0)
+    runner = ModelRunner(model)
     results, report = [], []
     for rows in args.rows:
         for context, holes in ((128, 0.0), (131, 0.0), (131, 0.3), (517, 0.3)):
             for q in args.tokens:
-                setup(runner, rows, context, holes, gen)
-                whole, host = time_verify(runner, rows, q, context, args.repeats)
-                runner.release()
-                results.append({"rows": rows, "context": context, "holes": holes, "q": q, "ms": whole, "host_ms": host})
-                print(f"rows {rows:3d} ctx {context} holes {holes} q {q:2d}: {whole:6.2f} ms (host {host:6.2f})", flush=True)
+                cache_with_holes(runner, rows, context, holes)
+                t = time_verify(runner, rows, q, context, args.repeats)
+                results.append({"rows": rows, "context": context, "holes": holes, "q": q, "ms": t.ms, "host_ms": t.host_ms})
+                print(f"rows {rows:3d} ctx {context} holes {holes} q {q:2d}: {t.ms:6.2f} ms (host {t.host_ms:6.2f})",
+                      flush=True)
     for spec in args.profile:
         rows, context, holes, q = (t(x) for t, x in zip((int, int, float, int), spec.split(":")))
-        setup(runner, rows, context, holes, gen)
+        cache_with_holes(runner, rows, context, holes)
         time_verify(runner, rows, q, context, 2)
         activities = [torch.profiler.ProfilerActivity.CPU] + (
             [torch.profiler.ProfilerActivity.CUDA] if args.device == "cuda" else [])
+        cache_with_holes(runner, rows, context, holes)
         with torch.profiler.profile(activities=activities) as prof:
             time_verify(runner, rows, q, context, 2)
-        runner.release()
         for key in ("self_cuda_time_total", "self_cpu_time_total")[args.device != "cuda":]:
             report.append(f"### rows {rows} ctx {context} holes {holes} q {q}, by {key}\n"
                           + prof.key_averages().table(sort_by=key, row_limit=14))

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -28,40 +27,18 @@ from rollout_graft.assets import TINY_TARGET  # noqa: E402
 from rollout_graft.attention import FOLDED  # noqa: E402
 from rollout_graft.runner import ModelRunner  # noqa: E402
 from rollout_graft_tools.benchmark import environment  # noqa: E402
+from rollout_graft_tools.verify_timing import cache_with_holes, time_verify  # noqa: E402
 
 CELLS = ("8:150:1", "64:150:1", "64:150:4", "64:300:1", "64:300:8", "32:1024:1")
 
 
-def cache_with_holes(runner: ModelRunner, rows: int, context: int) -> None:
-    """Every row's cache: one prompt of `context` tokens, a fifth of its slots masked (rejected nodes)."""
-    gen = torch.Generator().manual_seed(rows * 7919 + context)
-    prompt = torch.randint(0, runner.vocab_size, (context,), generator=gen).tolist()
-    runner.prefill([prompt], torch.zeros(rows, dtype=torch.long))
-    holes = torch.rand(rows, context, generator=gen) < 0.2
-    holes[:, 0] = False
-    runner.slot_valid = runner.slot_valid & ~holes.to(runner.device)
-
-
 def timed(model, runner: ModelRunner, attention: str, rows: int, context: int, tokens: int, repeats: int):
-    """(best ms of `repeats` verify forwards of `tokens` causal tokens per row, the last logits)."""
+    """(best ms of `repeats` verify forwards of `tokens` causal tokens per row, the last logits) with
+    `attention`, over a cache with a fifth of its slots masked."""
     model.set_attn_implementation(attention)
-    cache_with_holes(runner, rows, context)
-    ids = torch.randint(0, runner.vocab_size, (rows, tokens), generator=torch.Generator().manual_seed(1))
-    positions = (context + torch.arange(tokens)).expand(rows, tokens)
-    mask = torch.ones(tokens, tokens, dtype=torch.bool).tril().expand(rows, tokens, tokens)
-    ids, positions, mask = ids.to(runner.device), positions.to(runner.device), mask.to(runner.device)
-    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
-    times = []
-    for i in range(repeats + 1):
-        sync()
-        start = time.perf_counter()
-        logits = runner.verify(ids, positions, mask)
-        sync()
-        if i:  # the first forward after a prefill reserves the cache's room
-            times.append(1000 * (time.perf_counter() - start))
-        runner.truncate(context)
-    runner.release()
-    return min(times), logits
+    cache_with_holes(runner, rows, context, 0.2)
+    t = time_verify(runner, rows, tokens, context, repeats)
+    return t.ms, t.logits
 
 
 def measure(path: str, cells: list[str], rounds: int, repeats: int, device: str = "cpu",
