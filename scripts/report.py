@@ -289,8 +289,9 @@ def render_gpu_cost(runs: list[dict]) -> str:
     for run in runs:
         peaks, gpu = run.get("measured_peaks", {}), run.get("gpu", "?")
         accelerator = accelerator_named(gpu)
-        lines.append(f"{gpu} (preset {accelerator.name if accelerator else 'none'}: {accelerator.tflops if accelerator else '–'} "
-                     f"TFLOP/s, {accelerator.tbps if accelerator else '–'} TB/s; measured {peaks.get('tflops', 0):.0f} "
+        preset = (f"preset {accelerator.name}: {accelerator.tflops} TFLOP/s, {accelerator.tbps} TB/s" if accelerator
+                  else "no preset")
+        lines.append(f"{gpu} ({preset}; measured {peaks.get('tflops', 0):.0f} "
                      f"TFLOP/s on a bf16 8192³ matmul, {peaks.get('tbps', 0):.2f} TB/s on a device copy), torch "
                      f"{run['torch']}, transformers {run['transformers']}, {run['dtype']}.")
         for m in run["models"]:
