@@ -50,6 +50,10 @@ class SamplingParams:
         stop_token_ids: extra ids that end a completion (the model's EOS ids always do unless
             `ignore_eos`).
         ignore_eos: keep generating past EOS (benchmarks with a fixed length).
+        repetition_penalty: > 0; 1 disables it. Before the temperature, the logit of every token the
+            row's prompt or completion so far holds (a draft's own earlier tokens included) is divided
+            by it where positive, multiplied where not (HF's `RepetitionPenaltyLogitsProcessor` and
+            vLLM's rule). The logprobs returned stay the unpenalized ones TRL recomputes.
         seed: an int in [0, 2^64): the uniform behind the token at completion position t of row r
             (its index in the `generate` call) is hash(seed, r, t) (`sampling.uniforms`), so every
             method emits the tokens plain "ar" decoding emits with this seed; None draws a fresh
@@ -64,6 +68,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         self.temperature = _real("temperature", self.temperature, "e.g. 1.0; 0 = greedy")
@@ -82,6 +87,9 @@ class SamplingParams:
         self.min_p = _real("min_p", self.min_p, "e.g. 0.05; 0.0 disables it")
         if not (0.0 <= self.min_p < 1.0):
             raise ValueError(f"min_p must be in [0, 1) (0 disables it), got {self.min_p!r}")
+        self.repetition_penalty = _real("repetition_penalty", self.repetition_penalty, "e.g. 1.1; 1.0 disables it")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 disables it), got {self.repetition_penalty!r}")
         self.max_new_tokens = _integer("max_new_tokens", self.max_new_tokens, "e.g. 128")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")

@@ -52,12 +52,21 @@ class _Rows:
     group: torch.Tensor  # [rows]
     generated: torch.Tensor  # [rows] completion tokens so far = completion position of the next token
     key: torch.Tensor  # [rows] int64 sampling key of the row (`sampling.row_keys` of its index in the call)
+    seen: torch.Tensor | None = None  # [rows, V + 1] bool: the tokens of the row's prompt and completion
+    # (column V: where the -1 of rows that emitted fewer land), for the repetition penalty; None without one
 
     def select(self, keep: list[int]) -> None:
         idx = torch.tensor(keep, dtype=torch.long, device=self.last_token.device)
         self.index = [self.index[i] for i in keep]
-        for name in ("last_token", "prev_token", "length", "group", "generated", "key"):
-            setattr(self, name, getattr(self, name).index_select(0, idx))
+        for name in ("last_token", "prev_token", "length", "group", "generated", "key", "seen"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).index_select(0, idx))
+
+    def see(self, tokens: torch.Tensor) -> None:
+        """Mark `tokens` [rows, m] (-1: none) as seen by their rows (where a penalty asks for it)."""
+        if self.seen is not None:
+            vocab = self.seen.shape[1] - 1
+            self.seen.scatter_(1, tokens.masked_fill(tokens < 0, vocab), True)
 
 
 @dataclass(slots=True)
@@ -304,6 +313,10 @@ class RolloutEngine:
                     generated=torch.zeros(len(wave), dtype=torch.long, device=device),
                     key=keys[wave],
                 )
+                if params.repetition_penalty != 1.0:
+                    state.seen = torch.zeros(len(wave), self.runner.vocab_size + 1, dtype=torch.bool, device=device)
+                    state.see(torch.nn.utils.rnn.pad_sequence(
+                        [torch.tensor(rows[r], dtype=torch.long) for r in wave], batch_first=True, padding_value=-1).to(device))
                 while state.index:
                     self._step(state, run)
         finally:
@@ -348,7 +361,7 @@ class RolloutEngine:
             check_finite(logits)
             levels = torch.arange(tree.max_depth + 1, device=state.key.device)  # level l emits completion position generated + l
             u = None if params.greedy else uniforms(state.key.unsqueeze(1), state.generated.unsqueeze(1) + levels)
-            acc = accept(tree, logits, params, u)
+            acc = accept(tree, logits, params, u, state.seen)
             kept = acc.kept_nodes(tree.tokens.shape[1])
             self.runner.commit(kept)
         with timer.phase("learn"):
@@ -411,6 +424,7 @@ class RolloutEngine:
         state.last_token = acc.emitted[rows, acc.n_emitted - 1]
         state.length = state.length + acc.n_emitted
         state.generated = state.generated + acc.n_emitted
+        state.see(acc.emitted)
         if len(keep) < len(state.index):
             state.select(keep)
             rows_t = torch.tensor(keep, dtype=torch.long, device=state.length.device)

@@ -28,6 +28,15 @@ def check_finite(logits: torch.Tensor) -> None:
         )
 
 
+def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The repetition penalty (HF's `RepetitionPenaltyLogitsProcessor`, vLLM's rule): the logit of
+    every token `seen` [..., ≥ V] bool marks (its first V columns) divided by `penalty` where
+    positive, multiplied by it where not. logits [..., V] → [..., V] float32."""
+    logits = logits.float()
+    hit = seen[..., : logits.shape[-1]]
+    return torch.where(hit, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature → top-k → top-p → min-p (the order of HF `generate` and vLLM).
 

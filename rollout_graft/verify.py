@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SamplingParams
-from .sampling import sample, token_logprobs
+from .sampling import penalize, sample, token_logprobs
 from .tree import Draft, TreeBatch
 
 
@@ -79,14 +79,22 @@ def walk(tree: TreeBatch, draw: Callable[[int, torch.Tensor], torch.Tensor], dep
     return torch.stack(path, 1), torch.stack(draws, 1)
 
 
-def accept(tree: TreeBatch, logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None) -> Acceptance:
+def accept(tree: TreeBatch, logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None,
+           seen: torch.Tensor | None = None) -> Acceptance:
     """Walk every row's tree. logits: [batch, n, V] target logits at each node; u: [batch, ≥ D+1]
-    uniforms, u[:, l] for the token emitted at level l (None when greedy)."""
+    uniforms, u[:, l] for the token emitted at level l (None when greedy); seen: [batch, ≥ V] bool,
+    the tokens of each row's prompt and completion so far, for `params.repetition_penalty` (None:
+    no penalty) — a draw at a node also counts the tokens on the path to it."""
     dev = logits.device
     rows = torch.arange(logits.shape[0], device=dev)
+    penalized = [seen]  # the tokens before the walk's current node (its path's added level by level)
 
     def draw(level: int, cur: torch.Tensor) -> torch.Tensor:  # x = F⁻¹(u; p(· | path to cur))
-        return sample(logits[rows, cur], params, None if u is None else u[:, level])
+        x = logits[rows, cur]
+        if seen is not None:
+            penalized[0] = penalized[0].scatter(1, tree.tokens[rows, cur].unsqueeze(1), True)
+            x = penalize(x, penalized[0], params.repetition_penalty)
+        return sample(x, params, None if u is None else u[:, level])
 
     path, draws = walk(tree, draw, tree.max_depth)  # [batch, D+1] each
     n_emitted = (path >= 0).sum(1)

@@ -259,7 +259,6 @@ def test_num_generations_must_divide_the_batch(tmp_path):
 
 @pytest.mark.parametrize("override, match", [
     ({"use_vllm": True}, "set use_vllm=False"),
-    ({"repetition_penalty": 1.2}, "repetition_penalty"),
     ({"generation_kwargs": {"do_sample": False}}, "generation_kwargs"),
 ])
 def test_grpo_settings_the_engine_cannot_honour(tmp_path, override, match):

@@ -43,6 +43,7 @@ def build(tmp_path, model=None, **overrides) -> GraftGRPOTrainer:
     ({"top_k": 50}, {"top_k": 50}),  # sampling controls the engine has: used, as TRL's generate uses them
     ({"top_p": 0.9, "min_p": 0.05, "temperature": 0.7}, {"top_p": 0.9, "min_p": 0.05, "temperature": 0.7}),
     ({"max_new_tokens": 8, "repetition_penalty": 1.0, "use_cache": True}, {}),
+    ({"repetition_penalty": 1.1}, {"repetition_penalty": 1.1}),  # the engine penalizes as TRL's generate does
 ])
 def test_generation_kwargs_the_engine_honours_are_accepted_and_used(tmp_path, kwargs, sampling):
     trainer = build(tmp_path, generation_kwargs=kwargs, top_k=3)
@@ -82,6 +83,18 @@ def test_every_loss_type_trl_trains_on_its_generate_path_trains_on_the_engine(tm
     step = next(h for h in trainer.state.log_history if "loss" in h)
     assert torch.isfinite(torch.tensor(step["loss"]))
     assert any(not torch.equal(p, trainer.model.get_parameter(n)) for n, p in before.items())
+
+
+def test_grpo_repetition_penalty_trains_on_the_engine(tmp_path):
+    """GRPOConfig.repetition_penalty, which TRL's generate applies, reaches the engine's sampling; the
+    logprobs the rollout returns stay the unpenalized ones TRL's forward recomputes (ratio 1)."""
+    trainer = build(tmp_path, repetition_penalty=1.2, generation_kwargs={"top_k": 5})
+    assert trainer._sampling_params().repetition_penalty == 1.2
+    trainer.train()
+    step = next(h for h in trainer.state.log_history if "loss" in h)
+    assert step["sampling/sampling_logp_difference/max"] < 1e-5
+    assert build(tmp_path, repetition_penalty=1.2, generation_kwargs={"repetition_penalty": 1.05})._sampling_params(
+    ).repetition_penalty == 1.05  # generation_kwargs override, as on TRL's generate path
 
 
 # ---------------------------------------------------------------------------- hybrid / recurrent models

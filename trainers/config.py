@@ -38,7 +38,7 @@ ROLLOUT_STATE_FILE = "graft_rollout_state.json"
 """Name of the rollout counter saved in every checkpoint (the rollout seeds continue from it on resume)."""
 
 
-ENGINE_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
+ENGINE_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 """`GRPOConfig.generation_kwargs` keys the engine samples with: like TRL's own `generate`, they
 override GRPOConfig's fields of the same name for the rollouts."""
 
@@ -50,7 +50,6 @@ NEUTRAL_GENERATION_KWARGS = {
     "num_return_sequences": lambda value, kwargs: value == 1,
     "length_penalty": _ONE_BEAM,
     "early_stopping": _ONE_BEAM,
-    "repetition_penalty": lambda value, kwargs: value == 1.0,
     "typical_p": lambda value, kwargs: value == 1.0,
     "epsilon_cutoff": lambda value, kwargs: value == 0.0,
     "eta_cutoff": lambda value, kwargs: value == 0.0,

@@ -203,7 +203,8 @@ class GraftGRPOTrainer(ResumableGRPOTrainer):
             self._eval_rollouts = (self.state.global_step, j + 1)
             k = -(self.state.global_step * _SEED_STRIDE + j + 1)
         seed = ((base * _SEED_STRIDE + self.accelerator.process_index) * _SEED_STRIDE + k) % 2**63
-        sampling = dict(temperature=self.temperature, top_k=self.top_k or 0, top_p=self.top_p, min_p=self.min_p or 0.0)
+        sampling = dict(temperature=self.temperature, top_k=self.top_k or 0, top_p=self.top_p, min_p=self.min_p or 0.0,
+                        repetition_penalty=self.repetition_penalty)
         sampling.update(engine_sampling_overrides(self.args.generation_kwargs, self.max_completion_length))
         return SamplingParams(
             **sampling,
@@ -395,9 +396,6 @@ def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
                          "(or GraftConfig(backend='vllm') to generate with vLLM and our proposer)")
     if args.use_transformers_continuous_batching:
         raise ValueError("GraftGRPOTrainer replaces transformers generation: set use_transformers_continuous_batching=False")
-    if args.repetition_penalty != 1.0:
-        raise ValueError(f"repetition_penalty={args.repetition_penalty} is not supported by the rollout engine "
-                         "(it would change the sampled distribution): set repetition_penalty=1.0")
     engine_sampling_overrides(args.generation_kwargs, args.max_completion_length)  # refuses what it cannot honour
     if args.temperature < MIN_TEMPERATURE:
         raise ValueError(f"temperature={args.temperature}: GRPO divides logits by the temperature, so it must be >= "
