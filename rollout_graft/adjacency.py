@@ -51,7 +51,8 @@ def _merge_rows(ids_a, p_a, ids_b, p_b, k: int) -> tuple[torch.Tensor, torch.Ten
     p, order = torch.sort(p, dim=1, descending=True)
     ids = ids.gather(1, order)
     same = ids.unsqueeze(2) == ids.unsqueeze(1)  # [N, 2k, 2k]
-    dup = (same & torch.ones_like(same[0]).tril(-1)).any(2)  # an earlier (larger) copy exists
+    earlier = torch.ones(same.shape[1:], dtype=torch.bool, device=ids.device).tril(-1)  # not same[0]: N may be 0
+    dup = (same & earlier).any(2)  # an earlier (larger) copy exists
     p = p.masked_fill(dup, -1.0)
     p, keep = torch.topk(p, k, dim=1)
     ids = ids.gather(1, keep).masked_fill(p < 0, EMPTY)

@@ -168,6 +168,19 @@ def test_second_order_context_wins_over_first_order():
     assert first_order.tokens[:, 0].tolist() == [5, 5, 5]
 
 
+def test_second_order_context_with_prompts_of_one_or_two_tokens():
+    """context_order=2 learns (previous token, token) pairs: a step or prompt without any previous
+    token merged zero rows (an IndexError from deep inside) instead of none."""
+    model = random_model("qwen3")
+    plain = RolloutEngine(model)
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    for context_rows in (None, 1):
+        engine = RolloutEngine(model, EngineConfig(method="retrieval", retrieval=RetrievalConfig(
+            context_order=2, context_rows=context_rows)))
+        for prompts in ([[3]] * 2, [[3, 4]] * 2, [[3, 4, 5, 6]] * 2):
+            assert engine.generate(prompts, params).completion_ids == plain.generate(prompts, params).completion_ids
+
+
 def test_graft_saves_its_retrieval_prior(tmp_path):
     from rollout_graft import DraftConfig
 
