@@ -52,6 +52,7 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token)
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= params.top_p
+        drop_sorted[..., 0] = False  # a top_p below float32's smallest (~1e-45) rounds to 0: keep the top token
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     if params.min_p > 0.0:

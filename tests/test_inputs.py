@@ -300,3 +300,15 @@ def test_numpy_arrays_and_tokenizer_outputs_are_prompts(qwen3_model):
         with pytest.raises(TypeError, match=match):
             engine.generate(bad, params)
     assert engine.generate([[3, 4, 5]] * 2, params).completion_ids == want
+
+
+def test_a_top_p_below_float32s_smallest_keeps_the_top_token(qwen3_model):
+    """top_p = 1e-46 rounds to 0 against float32 probabilities: every token was dropped and every
+    method emitted the last vocabulary id; the top token is always kept (HF's and vLLM's rule)."""
+    prompts = [[3, 4, 5]] * 2
+    greedy = RolloutEngine(qwen3_model).generate(prompts, SamplingParams(temperature=0, max_new_tokens=8)).completion_ids
+    for method in ("ar", "retrieval"):
+        engine = RolloutEngine(qwen3_model, EngineConfig(method=method))
+        for top_p in (1e-46, 1e-300):
+            out = engine.generate(prompts, SamplingParams(top_p=top_p, max_new_tokens=8, seed=1))
+            assert out.completion_ids == greedy, (method, top_p)
