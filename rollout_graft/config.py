@@ -36,6 +36,11 @@ MIN_TEMPERATURE = 1e-5
 (about 1e-38 and below every method then emits the last vocabulary id); vLLM samples greedily below
 this value (its `_SAMPLING_EPS`). Use 0 for greedy."""
 
+MIN_REPETITION_PENALTY = 1e-5
+"""The smallest repetition penalty: it divides the positive logits of the tokens a row has seen, and
+float32 logits divided by a much smaller one overflow to inf (about 1e-37 and below every method
+then emits the last vocabulary id)."""
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -50,7 +55,7 @@ class SamplingParams:
         stop_token_ids: extra ids that end a completion (the model's EOS ids always do unless
             `ignore_eos`).
         ignore_eos: keep generating past EOS (benchmarks with a fixed length).
-        repetition_penalty: > 0; 1 disables it. Before the temperature, the logit of every token the
+        repetition_penalty: at least `MIN_REPETITION_PENALTY`; 1 disables it. Before the temperature, the logit of every token the
             row's prompt or completion so far holds (a draft's own earlier tokens included) is divided
             by it where positive, multiplied where not (HF's `RepetitionPenaltyLogitsProcessor` and
             vLLM's rule). The logprobs returned stay the unpenalized ones TRL recomputes.
@@ -90,6 +95,10 @@ class SamplingParams:
         self.repetition_penalty = _real("repetition_penalty", self.repetition_penalty, "e.g. 1.1; 1.0 disables it")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 disables it), got {self.repetition_penalty!r}")
+        if self.repetition_penalty < MIN_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty!r} is below {MIN_REPETITION_PENALTY}, the smallest "
+                             "the engine divides float32 logits by (a much smaller one overflows them to inf): pass a "
+                             f"penalty >= {MIN_REPETITION_PENALTY} (values < 1 favour repetition, 1.0 disables it)")
         self.max_new_tokens = _integer("max_new_tokens", self.max_new_tokens, "e.g. 128")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")

@@ -87,13 +87,13 @@ def accept(tree: TreeBatch, logits: torch.Tensor, params: SamplingParams, u: tor
     no penalty) — a draw at a node also counts the tokens on the path to it."""
     dev = logits.device
     rows = torch.arange(logits.shape[0], device=dev)
-    penalized = [seen]  # the tokens before the walk's current node (its path's added level by level)
+    before = None if seen is None else seen.clone()  # the tokens before the walk's node: its path's added level by level
 
     def draw(level: int, cur: torch.Tensor) -> torch.Tensor:  # x = F⁻¹(u; p(· | path to cur))
         x = logits[rows, cur]
-        if seen is not None:
-            penalized[0] = penalized[0].scatter(1, tree.tokens[rows, cur].unsqueeze(1), True)
-            x = penalize(x, penalized[0], params.repetition_penalty)
+        if before is not None:
+            before.scatter_(1, tree.tokens[rows, cur].unsqueeze(1), True)
+            x = penalize(x, before, params.repetition_penalty)
         return sample(x, params, None if u is None else u[:, level])
 
     path, draws = walk(tree, draw, tree.max_depth)  # [batch, D+1] each

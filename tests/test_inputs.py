@@ -312,3 +312,16 @@ def test_a_top_p_below_float32s_smallest_keeps_the_top_token(qwen3_model):
         for top_p in (1e-46, 1e-300):
             out = engine.generate(prompts, SamplingParams(top_p=top_p, max_new_tokens=8, seed=1))
             assert out.completion_ids == greedy, (method, top_p)
+
+
+def test_a_repetition_penalty_too_small_to_divide_float32_logits_is_refused(qwen3_model):
+    """A penalty of 1e-40 overflowed the seen tokens' logits to inf and sampling emitted the last
+    vocabulary id; it is refused like a temperature too small, naming the smallest accepted."""
+    from rollout_graft.config import MIN_REPETITION_PENALTY
+
+    for tiny in (1e-300, 1e-40, MIN_REPETITION_PENALTY / 2):
+        with pytest.raises(ValueError, match=f"repetition_penalty={tiny!r} is below {MIN_REPETITION_PENALTY}"):
+            SamplingParams(repetition_penalty=tiny)
+    params = SamplingParams(max_new_tokens=6, seed=1, repetition_penalty=MIN_REPETITION_PENALTY)
+    out = RolloutEngine(qwen3_model).generate([[3, 4, 5]], params)
+    assert len(out.completion_ids[0]) == 6  # the smallest accepted samples
