@@ -40,12 +40,25 @@ class TemplateConfig:
     rank_acceptance: tuple[float, ...] = DEFAULT_RANK_ACCEPTANCE
 
     def __post_init__(self) -> None:
+        from .config import _real, check_types  # config imports this module
+
         if self.kind not in ("best_first", "breadth_first"):
             raise ValueError(f"template kind must be 'best_first' or 'breadth_first', got {self.kind!r}")
+        check_types(self, ints=("depth", "width"))
         if self.depth < 1 or self.width < 1:
             raise ValueError(f"template depth and width must be >= 1, got {self.depth}, {self.width}")
+        if not isinstance(self.rank_acceptance, (list, tuple)):
+            raise TypeError(f"TemplateConfig.rank_acceptance must be a tuple of probabilities, one per successor rank, "
+                            f"e.g. {DEFAULT_RANK_ACCEPTANCE}; got {type(self.rank_acceptance).__name__} "
+                            f"{self.rank_acceptance!r}")
+        ranks = tuple(_real("every TemplateConfig.rank_acceptance value", a, "a probability such as 0.15")
+                      for a in self.rank_acceptance)
+        if any(not 0.0 <= a <= 1.0 for a in ranks):  # NaN fails too
+            raise ValueError(f"TemplateConfig.rank_acceptance must hold probabilities in [0, 1], got {ranks}")
+        object.__setattr__(self, "rank_acceptance", ranks)  # a tuple: templates are cached by config
         if len(self.rank_acceptance) < self.width:
-            raise ValueError("rank_acceptance needs one value per successor rank up to `width`")
+            raise ValueError(f"rank_acceptance needs one value per successor rank up to width={self.width}, got "
+                             f"{len(self.rank_acceptance)}: add values or lower width")
 
 
 @dataclass(frozen=True, slots=True)

@@ -325,3 +325,34 @@ def test_a_repetition_penalty_too_small_to_divide_float32_logits_is_refused(qwen
     params = SamplingParams(max_new_tokens=6, seed=1, repetition_penalty=MIN_REPETITION_PENALTY)
     out = RolloutEngine(qwen3_model).generate([[3, 4, 5]], params)
     assert len(out.completion_ids[0]) == 6  # the smallest accepted samples
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"depth": "3"}, TypeError, "TemplateConfig.depth must be an int"),  # was: '<' not supported between str and int
+    ({"depth": 2.5}, TypeError, "TemplateConfig.depth must be an int"),  # was accepted
+    ({"width": None}, TypeError, "TemplateConfig.width must be an int"),
+    ({"rank_acceptance": 0.5}, TypeError, "rank_acceptance must be a tuple of probabilities"),  # was: float has no len()
+    ({"rank_acceptance": ("a",) * 8}, TypeError, "rank_acceptance value must be a number"),
+    ({"rank_acceptance": (-0.5,) * 8}, ValueError, r"probabilities in \[0, 1\]"),
+    ({"rank_acceptance": (float("nan"),) * 8}, ValueError, r"probabilities in \[0, 1\]"),
+    ({"width": 9}, ValueError, "up to width=9, got 8"),
+])
+def test_retrieval_template_settings_name_the_fix(kwargs, error, match):
+    from rollout_graft.templates import TemplateConfig
+
+    with pytest.raises(error, match=match):
+        TemplateConfig(**kwargs)
+
+
+def test_a_template_with_list_rank_acceptance_generates(qwen3_model):
+    """A list of rank acceptances is kept as a tuple: templates are cached by their config, and a list
+    made the first retrieval step fail with `unhashable type: 'list'`."""
+    from rollout_graft import RetrievalConfig
+    from rollout_graft.templates import DEFAULT_RANK_ACCEPTANCE, TemplateConfig
+
+    template = TemplateConfig(rank_acceptance=list(DEFAULT_RANK_ACCEPTANCE))
+    assert template == TemplateConfig()
+    engine = RolloutEngine(qwen3_model, EngineConfig(method="retrieval", retrieval=RetrievalConfig(template=template)))
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    assert engine.generate([[3, 4, 5]] * 2, params).completion_ids == RolloutEngine(qwen3_model).generate(
+        [[3, 4, 5]] * 2, params).completion_ids
