@@ -309,9 +309,16 @@ class DraftConfig:
                                 f"{getattr(self, name)!r}")
         if self.top_k < 1 or self.beam < 1 or self.depth < 1:
             raise ValueError(f"draft top_k, beam and depth must be >= 1, got {self.top_k}, {self.beam}, {self.depth}")
-        self.checkpoints = tuple(int(c) for c in self.checkpoints)
-        self.thresholds = tuple(float(t) for t in self.thresholds)
-        self.split = tuple((int(d), int(n)) for d, n in self.split)
+        self.checkpoints = tuple(_integer("every DraftConfig.checkpoints level", c, "a tree level such as 1")
+                                 for c in self.checkpoints)
+        self.thresholds = tuple(_real("every DraftConfig.thresholds value", t, "a confidence such as 0.15")
+                                for t in self.thresholds)
+        if any(not isinstance(pair, (list, tuple)) or len(pair) != 2 for pair in self.split):
+            raise TypeError(f"DraftConfig.split must hold (checkpoint level, draft nodes kept) pairs, e.g. "
+                            f"((0, 8), (1, 24), (5, 40)); got {self.split!r}")
+        self.split = tuple((_integer("every DraftConfig.split level", d, "a checkpoint level such as 1"),
+                            _integer("every DraftConfig.split node count", n, "draft nodes kept such as 24"))
+                           for d, n in self.split)
         if list(self.checkpoints) != sorted(set(self.checkpoints)) or any(not 0 <= c < self.depth for c in self.checkpoints):
             raise ValueError(f"checkpoints must be distinct increasing levels in [0, depth={self.depth}), "
                              f"got {self.checkpoints}")

@@ -356,3 +356,32 @@ def test_a_template_with_list_rank_acceptance_generates(qwen3_model):
     params = SamplingParams(temperature=0, max_new_tokens=6)
     assert engine.generate([[3, 4, 5]] * 2, params).completion_ids == RolloutEngine(qwen3_model).generate(
         [[3, 4, 5]] * 2, params).completion_ids
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"checkpoints": ("a",), "thresholds": (0.3,), "split": ((0, 8),)}, TypeError,
+     "every DraftConfig.checkpoints level must be an int"),  # was: invalid literal for int() with base 10
+    ({"checkpoints": (0.5,), "thresholds": (0.3,), "split": ((0, 8),)}, TypeError,
+     "every DraftConfig.checkpoints level must be an int"),  # was truncated to level 0
+    ({"checkpoints": (False, True, 5)}, TypeError, "every DraftConfig.checkpoints level must be an int"),
+    ({"thresholds": ("x", 0.1, 0.05)}, TypeError, "every DraftConfig.thresholds value must be a number"),
+    ({"split": (0, 8)}, TypeError, r"\(checkpoint level, draft nodes kept\) pairs"),  # was: cannot unpack int
+    ({"split": ((0, 8, 1), (1, 24), (5, 40))}, TypeError, r"\(checkpoint level, draft nodes kept\) pairs"),
+    ({"split": ((0, "x"), (1, 24), (5, 40))}, TypeError, "every DraftConfig.split node count must be an int"),
+    ({"split": ((0, 8.7), (1, 24), (5, 40))}, TypeError, "every DraftConfig.split node count must be an int"),
+])
+def test_draft_config_sequences_name_the_bad_element(kwargs, error, match):
+    from rollout_graft import DraftConfig
+
+    with pytest.raises(error, match=match):
+        DraftConfig(**kwargs)
+
+
+def test_draft_config_sequences_accept_lists_and_numpy_numbers():
+    import numpy as np
+
+    from rollout_graft import DraftConfig
+
+    cfg = DraftConfig(checkpoints=[np.int64(0), 1, 5], thresholds=[np.float32(0.5), 0.25, 0.125], split=[[0, 8], (1, 24), (5, 40)])
+    assert (cfg.checkpoints, cfg.thresholds, cfg.split) == ((0, 1, 5), (0.5, 0.25, 0.125), ((0, 8), (1, 24), (5, 40)))
+    assert type(cfg.checkpoints[0]) is int and type(cfg.thresholds[0]) is float
