@@ -366,8 +366,9 @@ class DCutConfig:
             raise ValueError(f"DCutConfig.ratios must be fractions in [0, 1], got {self.ratios}")
         if not 0.0 < self.probe_share <= 1.0:
             raise ValueError(f"DCutConfig.probe_share must be in (0, 1], got {self.probe_share}")
-        if self.calibration_prior <= 0:
-            raise ValueError(f"DCutConfig.calibration_prior must be > 0 verified nodes, got {self.calibration_prior}")
+        if not (math.isfinite(self.calibration_prior) and self.calibration_prior > 0):  # inf/NaN: NaN acceptance rates
+            raise ValueError(f"DCutConfig.calibration_prior must be a finite number > 0 of verified nodes (larger trusts "
+                             f"the raw scores longer, e.g. 1000), got {self.calibration_prior}")
 
 
 @dataclass(slots=True)

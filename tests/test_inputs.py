@@ -385,3 +385,18 @@ def test_draft_config_sequences_accept_lists_and_numpy_numbers():
     cfg = DraftConfig(checkpoints=[np.int64(0), 1, 5], thresholds=[np.float32(0.5), 0.25, 0.125], split=[[0, 8], (1, 24), (5, 40)])
     assert (cfg.checkpoints, cfg.thresholds, cfg.split) == ((0, 1, 5), (0.5, 0.25, 0.125), ((0, 8), (1, 24), (5, 40)))
     assert type(cfg.checkpoints[0]) is int and type(cfg.thresholds[0]) is float
+
+
+def test_dcut_calibration_prior_must_be_finite():
+    """inf or NaN passed `> 0` checks (NaN) or looked like "trust the raw scores forever" (inf), and
+    made every calibrated acceptance rate NaN (inf / inf) for D-cut's decisions."""
+    import numpy as np
+
+    from rollout_graft import DCutConfig
+    from rollout_graft.dcut.core import ScoreCalibration
+
+    assert np.isnan(ScoreCalibration(prior_weight=float("inf")).rates()).all()  # what an infinite prior gave
+    for bad in (float("inf"), float("nan"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="calibration_prior must be a finite number > 0"):
+            DCutConfig(calibration_prior=bad)
+    assert DCutConfig(calibration_prior=1e6).calibration_prior == 1e6
