@@ -164,6 +164,11 @@ class RolloutEngine:
         if config is not None and not isinstance(config, EngineConfig):
             raise TypeError(f"config must be a rollout_graft.EngineConfig, got {type(config).__name__} (the arguments are "
                             "RolloutEngine(model, config, tokenizer): pass the tokenizer as tokenizer=...)")
+        if not isinstance(model, torch.nn.Module):
+            hint = (f"for a model directory use RolloutEngine.from_pretrained({str(model)!r})" if isinstance(model, (str, Path))
+                    else "e.g. AutoModelForCausalLM.from_pretrained(directory), or RolloutEngine.from_pretrained(directory)")
+            raise TypeError(f"model must be a loaded causal LM (a transformers PreTrainedModel), got "
+                            f"{type(model).__name__}: {hint}")
         self.config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer

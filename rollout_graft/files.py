@@ -124,7 +124,10 @@ def is_finite_number(x) -> bool:
 
 def local_dir(path: str | Path, what: str) -> Path:
     """`path` as a local directory; FileNotFoundError naming it when it does not exist (we never
-    download: a Hub id such as "org/name" is not a directory here), ValueError when it is a file."""
+    download: a Hub id such as "org/name" is not a directory here), ValueError when it is a file,
+    TypeError when it is no path at all."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} directory must be a local path (str), got {type(path).__name__} {path!r}")
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise ValueError(f"{what} path {path} is a file, not a directory: pass the directory that holds its "

@@ -400,3 +400,18 @@ def test_dcut_calibration_prior_must_be_finite():
         with pytest.raises(ValueError, match="calibration_prior must be a finite number > 0"):
             DCutConfig(calibration_prior=bad)
     assert DCutConfig(calibration_prior=1e6).calibration_prior == 1e6
+
+
+def test_a_model_or_directory_of_the_wrong_kind_is_named(qwen3_model, tmp_path):
+    """RolloutEngine(path) and from_pretrained(None) / draft_model=123 failed with AttributeError /
+    pathlib TypeErrors from deep inside; they name the argument and what to pass."""
+    from rollout_graft import DraftConfig
+
+    with pytest.raises(TypeError, match=r"got str: for a model directory use RolloutEngine\.from_pretrained\("):
+        RolloutEngine(str(tmp_path))
+    with pytest.raises(TypeError, match="model must be a loaded causal LM.*got NoneType"):
+        RolloutEngine(None)
+    with pytest.raises(TypeError, match="the target model's directory must be a local path.*NoneType"):
+        RolloutEngine.from_pretrained(None)
+    with pytest.raises(TypeError, match="the draft model's directory must be a local path.*int 123"):
+        RolloutEngine(qwen3_model, EngineConfig(method="graft", draft=DraftConfig()), draft_model=123)
