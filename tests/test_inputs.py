@@ -415,3 +415,22 @@ def test_a_model_or_directory_of_the_wrong_kind_is_named(qwen3_model, tmp_path):
         RolloutEngine.from_pretrained(None)
     with pytest.raises(TypeError, match="the draft model's directory must be a local path.*int 123"):
         RolloutEngine(qwen3_model, EngineConfig(method="graft", draft=DraftConfig()), draft_model=123)
+
+
+@pytest.mark.parametrize("settings, match", [
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    ({"top_k": -1}, "top_k must be an int >= 0"),
+    ({"min_p": 1.5}, r"min_p must be in \[0, 1\)"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0"),
+    ({"max_completion_length": 0}, "max_completion_length=0: a completion needs at least one token"),
+])
+def test_grpo_sampling_settings_are_named_when_the_trainer_is_built(tmp_path, settings, match):
+    """A bad GRPOConfig sampling setting failed only at the first rollout, after the model had loaded
+    (max_completion_length=0 in transformers' GenerationConfig, as `max_new_tokens`)."""
+    from trl import GRPOConfig
+
+    from trainers import GraftGRPOTrainer
+
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **settings)
+    with pytest.raises(ValueError, match=match):
+        GraftGRPOTrainer("unused-model-path", reward_funcs=[], args=args)

@@ -396,9 +396,16 @@ def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
                          "(or GraftConfig(backend='vllm') to generate with vLLM and our proposer)")
     if args.use_transformers_continuous_batching:
         raise ValueError("GraftGRPOTrainer replaces transformers generation: set use_transformers_continuous_batching=False")
-    engine_sampling_overrides(args.generation_kwargs, args.max_completion_length)  # refuses what it cannot honour
+    overrides = engine_sampling_overrides(args.generation_kwargs, args.max_completion_length)  # refuses what it cannot honour
     if args.temperature < MIN_TEMPERATURE:
         raise ValueError(f"temperature={args.temperature}: GRPO divides logits by the temperature, so it must be >= "
                          f"{MIN_TEMPERATURE} (smaller ones overflow float32 logits)")
+    if not is_int(args.max_completion_length) or args.max_completion_length < 1:
+        raise ValueError(f"max_completion_length={args.max_completion_length!r}: a completion needs at least one token; "
+                         "set max_completion_length to an int >= 1 (tokens per completion)")
+    # top_k, top_p, min_p, repetition_penalty named now, not at the first rollout (after the model loaded)
+    SamplingParams(**{"temperature": args.temperature, "top_k": args.top_k or 0, "top_p": args.top_p,
+                      "min_p": args.min_p or 0.0, "repetition_penalty": args.repetition_penalty, **overrides},
+                   max_new_tokens=args.max_completion_length)
     # Every loss_type TRL trains on its own generate path trains here too (vespo included: TRL checks
     # vllm_importance_sampling_mode on its vLLM path only, which backend="vllm" runs).
