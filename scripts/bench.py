@@ -36,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+from rollout_graft import SamplingParams  # noqa: E402
 from rollout_graft.assets import TINY_DRAFT, TINY_PROMPTS, TINY_TARGET  # noqa: E402
 from rollout_graft.files import atomic_write_json, local_dir  # noqa: E402
 from rollout_graft_tools import tables  # noqa: E402
@@ -79,6 +80,11 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error(f"--methods {' '.join(args.methods)}: include {plain!r}, every ratio is taken against it")
     if args.warmup_rollouts < 0:
         ap.error(f"--warmup-rollouts {args.warmup_rollouts}: 0 or more")
+    for t in args.temperatures:  # else a ValueError once the model loaded and the prior warmed at the first one
+        try:
+            SamplingParams(temperature=t)
+        except ValueError as exc:
+            ap.error(f"--temperatures {t}: {exc}")
     if args.device.startswith("cuda"):
         import torch
 

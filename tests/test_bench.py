@@ -63,3 +63,16 @@ def test_bad_arguments_are_named_before_any_model_loads(tmp_path, capsys):
         bench.main(["--methods", "ar", "retrieval@x", "--batches", "2", "--group", "2", "--max-tokens", "2"])
     with pytest.raises(ValueError, match="line 1 has no `prompt` field"):
         bench.main(["--methods", "ar", "--prompts", str(no_prompt), "--batches", "2", "--group", "2", "--max-tokens", "2"])
+
+
+def test_a_bad_temperature_is_named_before_any_model_loads(capsys):
+    """--temperatures -1 / nan / 1e-9 failed with SamplingParams' ValueError only after the model had
+    loaded and the prior had been warmed."""
+    import pytest
+
+    bench = load_script("scripts/bench.py")
+    for bad, says in (("-1", "finite number >= 0"), ("nan", "finite number >= 0"), ("1e-9", "use 0 for greedy")):
+        with pytest.raises(SystemExit):
+            bench.main(["--temperatures", "1.0", bad, "--model", "/nonexistent-model-dir"])  # the model is never read
+        err = capsys.readouterr().err
+        assert f"--temperatures {float(bad)}: temperature" in err and says in err, err
