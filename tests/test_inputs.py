@@ -434,3 +434,23 @@ def test_grpo_sampling_settings_are_named_when_the_trainer_is_built(tmp_path, se
     args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **settings)
     with pytest.raises(ValueError, match=match):
         GraftGRPOTrainer("unused-model-path", reward_funcs=[], args=args)
+
+
+def test_vllm_num_speculative_tokens_takes_numpy_ints_and_names_other_types():
+    """np.int64(8) was refused as "must be an int >= 1, got np.int64(8)"; a float or a string raised
+    the same ValueError as 0. Now numpy ints pass as Python ints (the config is JSON for `vllm serve`)
+    and other types raise a TypeError naming theirs."""
+    import json
+
+    import numpy as np
+
+    from rollout_graft.vllm import speculative_config, vllm_speculative_config
+
+    for build in (speculative_config, lambda k: vllm_speculative_config("ngram", k)):
+        config = build(np.int64(8))
+        assert type(config["num_speculative_tokens"]) is int and json.loads(json.dumps(config)) == config
+        for bad in (8.0, "8", None, True):
+            with pytest.raises(TypeError, match=f"num_speculative_tokens must be an int >= 1 .e.g. 8., got {type(bad).__name__}"):
+                build(bad)
+        with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1, got 0"):
+            build(0)

@@ -156,7 +156,7 @@ def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPoli
     step (D-cut chooses depths up to it). ValueError where the vLLM installed here lacks the hook our
     proposer runs through (`check_custom_class`).
     """
-    check_num_speculative_tokens(num_speculative_tokens)
+    num_speculative_tokens = check_num_speculative_tokens(num_speculative_tokens)
     check_custom_class(installed_vllm())
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ChainConfig)})
     if unknown:

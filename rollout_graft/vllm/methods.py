@@ -15,6 +15,7 @@ Importing this module does not import vLLM.
 from __future__ import annotations
 
 import importlib.util
+import numbers
 from typing import Literal
 
 VLLMOwnMethod = Literal["ngram", "suffix"]
@@ -34,16 +35,21 @@ def check_vllm_method(method: str) -> None:
                          "pyproject.toml lists what the build needs), or pick another draft method")
 
 
-def check_num_speculative_tokens(num_speculative_tokens) -> None:
-    """ValueError unless `num_speculative_tokens` (the deepest draft per request and step) is an int >= 1."""
-    if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1:
+def check_num_speculative_tokens(num_speculative_tokens) -> int:
+    """`num_speculative_tokens` (the deepest draft per request and step) as a Python int (a numpy one
+    too: the config travels as JSON); TypeError for a non-integer, ValueError below 1."""
+    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, numbers.Integral):
+        raise TypeError(f"num_speculative_tokens must be an int >= 1 (e.g. 8), got {type(num_speculative_tokens).__name__} "
+                        f"{num_speculative_tokens!r}")
+    if num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be an int >= 1, got {num_speculative_tokens!r}")
+    return int(num_speculative_tokens)
 
 
 def vllm_speculative_config(method: VLLMOwnMethod, num_speculative_tokens: int = 8) -> dict:
     """vLLM's `speculative_config` for its own draft `method`, drafting up to `num_speculative_tokens`
     tokens per request and step. ValueError when vLLM lacks the method here (`check_vllm_method`)."""
-    check_num_speculative_tokens(num_speculative_tokens)
+    num_speculative_tokens = check_num_speculative_tokens(num_speculative_tokens)
     check_vllm_method(method)
     config = {"method": method, "num_speculative_tokens": num_speculative_tokens}
     if method == "ngram":
