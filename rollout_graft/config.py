@@ -121,7 +121,11 @@ def _real(name: str, value, example: str) -> float:
     """`value` as a float; TypeError for bools, strings and other non-numbers."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number ({example}), got {type(value).__name__} {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float's range (about 1.8e308)
+        raise ValueError(f"{name} must be a number ({example}), got an int of {len(str(abs(int(value))))} digits, "
+                         "beyond float's range") from None
 
 
 def _integer(name: str, value, example: str) -> int:
