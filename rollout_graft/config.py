@@ -55,10 +55,11 @@ class SamplingParams:
         stop_token_ids: extra ids that end a completion (the model's EOS ids always do unless
             `ignore_eos`).
         ignore_eos: keep generating past EOS (benchmarks with a fixed length).
-        repetition_penalty: at least `MIN_REPETITION_PENALTY`; 1 disables it. Before the temperature, the logit of every token the
-            row's prompt or completion so far holds (a draft's own earlier tokens included) is divided
-            by it where positive, multiplied where not (HF's `RepetitionPenaltyLogitsProcessor` and
-            vLLM's rule). The logprobs returned stay the unpenalized ones TRL recomputes.
+        repetition_penalty: at least `MIN_REPETITION_PENALTY`; 1 disables it. Before the temperature,
+            the logit of every token the row's prompt or completion so far holds (a draft's own
+            earlier tokens included) is divided by it where positive, multiplied where not (HF's
+            `RepetitionPenaltyLogitsProcessor` and vLLM's rule). The logprobs returned stay the
+            unpenalized ones TRL recomputes.
         seed: an int in [0, 2^64): the uniform behind the token at completion position t of row r
             (its index in the `generate` call) is hash(seed, r, t) (`sampling.uniforms`), so every
             method emits the tokens plain "ar" decoding emits with this seed; None draws a fresh

@@ -330,6 +330,20 @@ def render_gqa_fold(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_op_counts(runs: list[dict]) -> str:
+    """`lab/op_counts.py --json`: ATen operators per decode step, the engine's methods against HF `generate`."""
+    lines = ["| model | layers | rows | method | ops / step | in the model | per layer | outside it | × HF generate's |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        hf = {(c["model"], c["rows"]): c["ops_per_step"] for c in run["cells"] if c["method"] == "hf"}
+        for c in run["cells"]:
+            ref = hf.get((c["model"], c["rows"]))
+            lines.append(f"| {c['model']} | {c['layers']} | {c['rows']} | {c['method']} | {c['ops_per_step']:.0f} | "
+                         f"{c['in_model']:.0f} | {c['in_model_per_layer']:.1f} | {c['outside']:.0f} | "
+                         f"{_num(c['ops_per_step'] / ref if ref else None, 2)} |")
+    return "\n".join(lines)
+
+
 def render_seed_exact(runs: list[dict]) -> str:
     """`lab/seed_exact.py --json`: rows of each method that differ from plain sampling's with one seed."""
     lines = []
@@ -637,6 +651,19 @@ SECTIONS: list[Section] = [
             "arm (the A/A control). The engine folds with `fold_gqa` on (`EngineConfig`, `GraftConfig`), off by "
             "default; every other engine number on this page was measured with it off.",
             ("engine_gqa_fold_cpu.json",), render_gqa_fold),
+    Section("Engine's host work per decode step: operators against HF generate (deterministic)",
+            "`python lab/op_counts.py`: the ATen operators each decode step issues (counted with "
+            "`TorchDispatchMode`, no timing: the counts depend on the code, the architecture and the batch shape, "
+            "not on the machine's load), inside the target's forward and outside it (ours: drafting, masks, "
+            "acceptance, sampling, bookkeeping; HF's: its logits processors, sampling, stopping), T = 1, 32 new "
+            "tokens a row, equal-length prompts (HF without padding), fp32. Where a GPU step is host-bound (the "
+            "engine's forwards up to about a thousand tokens on the H100 above), each operator costs its Python, "
+            "dispatch and launch on the host, so the count is the step's time to first order. Inside the model ours "
+            "adds about 14 a layer: the in-place cache's slices and copies where HF's cache concatenates, and "
+            "transformers' SDPA path copying the KV heads out under the engine's mask (`repeat_kv`; folded "
+            "attention replaces the copy, not the operators). `retrieval` drafts with about a thousand operators a "
+            "step (its index lookups and tree expansion, level by level) beside its wider forward.",
+            ("engine_op_counts.json",), render_op_counts),
     Section("Engine, grouped-query attention folded end to end (CPU)",
             "`scripts/bench.py --backend engine` with `ar-fold` (plain decoding, `fold_gqa=True`) and "
             "`retrieval+recall+dcut-fold` beside their unfolded arms and the A/A twin (tiny target: T = 1, 128 new "
