@@ -655,11 +655,11 @@ SECTIONS: list[Section] = [
             "`python lab/op_counts.py`: the ATen operators each decode step issues (counted with "
             "`TorchDispatchMode`, no timing: the counts depend on the code, the architecture and the batch shape, "
             "not on the machine's load), inside the target's forward and outside it (ours: drafting, masks, "
-            "acceptance, sampling, bookkeeping; HF's: its logits processors, sampling, stopping), T = 1, 32 new "
+            "acceptance, sampling, bookkeeping; HF's: its logits processors, sampling, stopping), 8 rows, T = 1, 32 new "
             "tokens a row, equal-length prompts (HF without padding), fp32. Where a GPU step is host-bound (the "
             "engine's forwards up to about a thousand tokens on the H100 above), each operator costs its Python, "
             "dispatch and launch on the host, so the count is the step's time to first order. Inside the model ours "
-            "adds about 14 a layer: the in-place cache's slices and copies where HF's cache concatenates, and "
+            "adds 11–12 a layer: the in-place cache's slices and copies where HF's cache concatenates, and "
             "transformers' SDPA path copying the KV heads out under the engine's mask (`repeat_kv`; folded "
             "attention replaces the copy, not the operators). `retrieval` drafts with about a thousand operators a "
             "step (its index lookups and tree expansion, level by level) beside its wider forward.",
