@@ -652,7 +652,7 @@ SECTIONS: list[Section] = [
             "default; every other engine number on this page was measured with it off.",
             ("engine_gqa_fold_cpu.json",), render_gqa_fold),
     Section("Engine's host work per decode step: operators against HF generate (deterministic)",
-            "`python lab/op_counts.py`: the ATen operators each decode step issues (counted with "
+            "`python lab/op_counts.py`: the ATen operators each decode step runs (counted with "
             "`TorchDispatchMode`, no timing: the counts depend on the code, the architecture and the batch shape, "
             "not on the machine's load), inside the target's forward and outside it (ours: drafting, masks, "
             "acceptance, sampling, bookkeeping; HF's: its logits processors, sampling, stopping), 8 rows, T = 1, 32 new "
