@@ -10,8 +10,9 @@ and kernel launch per operator. This counts the ATen operators each decode step 
 masks, acceptance, sampling, bookkeeping; HF's: its logits processors, sampling and stopping), for
 our methods and for HF `generate` sampling the same prompts (equal lengths, no padding) for the
 same number of tokens. Counts depend on the code, the model's architecture and the batch shape,
-not on the machine's load: one run decides. Per-layer figures divide the in-model count by the
-model's layers.
+not on the machine's load: one run decides. The in-model count is per forward of the target (the
+engine prefills the prompt apart, HF's prefill samples the first token), the rest per step;
+per-layer figures divide the in-model count by the model's layers.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Counter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.inside = 0
+        self.forwards = 0  # the target's forwards (the prefill's included)
         self.ops = {"model": collections.Counter(), "outside": collections.Counter()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -52,6 +54,7 @@ def counting(model):
     forward = model.forward
 
     def marked(*args, **kwargs):
+        marked.counter.forwards += marked.counter.inside == 0
         marked.counter.inside += 1
         try:
             return forward(*args, **kwargs)
@@ -75,7 +78,7 @@ def cell(model, marked, prompts, method: str, tokens: int) -> dict:
             marked.counter = counter = Counter()
             with counter:
                 model.generate(ids, **kwargs)
-        steps = tokens  # one forward per token (the prefill's included, as in ours)
+        steps = tokens  # one step per token
     else:
         engine = RolloutEngine(model, EngineConfig(**METHODS[method]))
         engine.generate(prompts, params)
@@ -83,7 +86,10 @@ def cell(model, marked, prompts, method: str, tokens: int) -> dict:
         with counter:
             out = engine.generate(prompts, params)
         steps = out.stats.target_forwards
-    inside, outside = (sum(counter.ops[k].values()) / steps for k in ("model", "outside"))
+    # the model's part per forward (the engine prefills apart and then takes a forward per token; HF's
+    # prefill samples the first token), the rest per step
+    inside = sum(counter.ops["model"].values()) / counter.forwards
+    outside = sum(counter.ops["outside"].values()) / steps
     layers = model.config.get_text_config().num_hidden_layers
     return {"method": method, "steps": steps, "ops_per_step": inside + outside, "in_model": inside,
             "in_model_per_layer": inside / layers, "outside": outside,
