@@ -203,11 +203,8 @@ class GraftGRPOTrainer(ResumableGRPOTrainer):
             self._eval_rollouts = (self.state.global_step, j + 1)
             k = -(self.state.global_step * _SEED_STRIDE + j + 1)
         seed = ((base * _SEED_STRIDE + self.accelerator.process_index) * _SEED_STRIDE + k) % 2**63
-        sampling = dict(temperature=self.temperature, top_k=self.top_k or 0, top_p=self.top_p, min_p=self.min_p or 0.0,
-                        repetition_penalty=self.repetition_penalty)
-        sampling.update(engine_sampling_overrides(self.args.generation_kwargs, self.max_completion_length))
         return SamplingParams(
-            **sampling,
+            **_grpo_sampling(self, self.args),  # the trainer's fields: TRL's generate reads them there too
             max_new_tokens=self.max_completion_length,
             stop_token_ids=list(self.eos_token_ids),
             seed=seed,
@@ -381,6 +378,16 @@ def _check_engine_model(model) -> None:
                          "GRPOTrainer (the recipe's --backend hf)") from None
 
 
+def _grpo_sampling(fields, args: GRPOConfig) -> dict:
+    """The engine's sampling settings from `fields`' temperature, top_k, top_p, min_p and
+    repetition_penalty (a GRPOConfig, or the trainer, which holds its copies of them), `args`'
+    `generation_kwargs` overriding them as on TRL's own generate path (`engine_sampling_overrides`:
+    refuses what the engine cannot honour)."""
+    return {"temperature": fields.temperature, "top_k": fields.top_k or 0, "top_p": fields.top_p,
+            "min_p": fields.min_p or 0.0, "repetition_penalty": fields.repetition_penalty,
+            **engine_sampling_overrides(args.generation_kwargs, args.max_completion_length)}
+
+
 def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
     """GRPOConfig settings the engine cannot honour, caught before TRL loads anything."""
     if on_vllm:
@@ -396,16 +403,13 @@ def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
                          "(or GraftConfig(backend='vllm') to generate with vLLM and our proposer)")
     if args.use_transformers_continuous_batching:
         raise ValueError("GraftGRPOTrainer replaces transformers generation: set use_transformers_continuous_batching=False")
-    overrides = engine_sampling_overrides(args.generation_kwargs, args.max_completion_length)  # refuses what it cannot honour
+    sampling = _grpo_sampling(args, args)  # refuses the generation_kwargs the engine cannot honour
     if args.temperature < MIN_TEMPERATURE:
         raise ValueError(f"temperature={args.temperature}: GRPO divides logits by the temperature, so it must be >= "
                          f"{MIN_TEMPERATURE} (smaller ones overflow float32 logits)")
     if not is_int(args.max_completion_length) or args.max_completion_length < 1:
         raise ValueError(f"max_completion_length={args.max_completion_length!r}: a completion needs at least one token; "
                          "set max_completion_length to an int >= 1 (tokens per completion)")
-    # top_k, top_p, min_p, repetition_penalty named now, not at the first rollout (after the model loaded)
-    SamplingParams(**{"temperature": args.temperature, "top_k": args.top_k or 0, "top_p": args.top_p,
-                      "min_p": args.min_p or 0.0, "repetition_penalty": args.repetition_penalty, **overrides},
-                   max_new_tokens=args.max_completion_length)
+    SamplingParams(**sampling, max_new_tokens=args.max_completion_length)  # bad values named now, not at the first rollout
     # Every loss_type TRL trains on its own generate path trains here too (vespo included: TRL checks
     # vllm_importance_sampling_mode on its vLLM path only, which backend="vllm" runs).
