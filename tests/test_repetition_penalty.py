@@ -1,6 +1,8 @@
 """The repetition penalty (`SamplingParams.repetition_penalty`, TRL's `GRPOConfig.repetition_penalty`):
 HF's rule, the same greedy tokens as HF `generate`, and seed-exact under every method."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import load_script, random_model
@@ -61,7 +63,7 @@ def test_every_method_with_penalty_emits_ar_tokens():
     rows = [p for r in load_tiny_prompts("test")[:2] for p in [tok(r["prompt"])["input_ids"]] * 4]
     params = SamplingParams(temperature=1.0, top_k=30, max_new_tokens=24, seed=5, repetition_penalty=1.2)
     ar = RolloutEngine(target, tokenizer=tok).generate(rows, params)
-    unpenalized = RolloutEngine(target, tokenizer=tok).generate(rows, SamplingParams(**{**vars_of(params), "repetition_penalty": 1.0}))
+    unpenalized = RolloutEngine(target, tokenizer=tok).generate(rows, replace(params, repetition_penalty=1.0))
     assert ar.completion_ids != unpenalized.completion_ids
     for lp, ref in zip(ar.logprobs, RolloutEngine(target, tokenizer=tok).generate(rows, params).logprobs):
         assert lp == ref
@@ -72,10 +74,6 @@ def test_every_method_with_penalty_emits_ar_tokens():
             assert out.completion_ids == ar.completion_ids, (name, warmth)
             for lp, ref in zip(out.logprobs, ar.logprobs):  # unpenalized logprobs, as TRL recomputes them
                 assert torch.allclose(torch.tensor(lp), torch.tensor(ref), atol=1e-4), (name, warmth)
-
-
-def vars_of(params: SamplingParams) -> dict:
-    return {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
 
 
 @pytest.mark.parametrize("value, error", [(0.0, ValueError), (-1.1, ValueError), (float("nan"), ValueError),
