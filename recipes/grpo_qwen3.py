@@ -28,6 +28,8 @@ Writes `log_history.json` and `summary.json` into `--output_dir` (default
 
 The embedded default model runs offline (`HF_HUB_OFFLINE=1` unless set); a `--model_name_or_path` or a
 config file leaves the Hub to the environment, and a local folder that does not exist is named as missing.
+A bad setting ends the run with one line naming the fix and exit status 1 (`accelerate launch` then adds its
+own launcher traceback; `accelerate launch -q` leaves the line alone).
 """
 
 import dataclasses
@@ -438,14 +440,21 @@ def make_parser() -> TrlParser:
     return parser
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> None:
+    """The command line (`argv`: sys.argv[1:] when None). Bad input, found by the parser or inside `main`
+    (the trainer's and our checks' ValueError / TypeError, a missing model folder), ends in one line on
+    stderr and exit status 1, not a traceback; any other exception keeps its traceback."""
     try:
-        parsed = make_parser().parse_args_and_config()  # ScriptArguments checks its counts: ValueError
+        parsed = make_parser().parse_args_and_config(argv)  # ScriptArguments checks its counts: ValueError
         model_path(parsed[2].model_name_or_path)
         output_dir(parsed[1].output_dir, parsed[3].backend)
-    except (FileNotFoundError, ValueError) as exc:  # bad input: one line, not a traceback from the Hub client
+        main(*parsed)
+    except (FileNotFoundError, ValueError, TypeError) as exc:  # bad input: one line, not a traceback
         sys.exit(f"recipes/grpo_qwen3.py: {exc}")
-    main(*parsed)
     # tear the process group down before exit (not left to the interpreter: gloo/NCCL threads then
     # abort one rank or warn that destroy_process_group() was never called); a no-op on one process
     PartialState().destroy_process_group()
+
+
+if __name__ == "__main__":
+    cli()

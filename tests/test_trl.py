@@ -343,6 +343,26 @@ def test_recipe_backend_names_and_model_paths(tmp_path, monkeypatch):
             recipe.ScriptArguments(**{name: -1})
 
 
+def test_recipe_command_line_names_bad_input_inside_main_in_one_line(tmp_path, monkeypatch):
+    """A bad setting found inside `main` (a dataset row, read as the trainer is built) ends in one line and a
+    nonzero exit, as the parser's checks do, not a traceback; any other exception keeps its traceback."""
+    recipe = load_recipe()
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"prompt": "Q: 1+1?", "answer": "2"}\n{"prompt": "Q: 2+2?", "answer": "four"}\n')
+    argv = ["--dataset_path", str(path), "--num_threads", "0", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exc:
+        recipe.cli(argv)
+    said = str(exc.value.code)
+    assert said.startswith("recipes/grpo_qwen3.py: ") and "line 2" in said and "\n" not in said, said
+
+    def bug(*args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(recipe, "main", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        recipe.cli(argv)
+
+
 def test_eval_on_training_rows_is_not_called_held_out(capsys):
     from datasets import Dataset
 
