@@ -41,6 +41,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+# ruff: noqa: E402 (the environment below is set before torch, trl and vLLM are imported)
 
 
 def _names_a_model(argv: list[str]) -> bool:
