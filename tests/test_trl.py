@@ -260,12 +260,24 @@ def test_num_generations_must_divide_the_batch(tmp_path):
 @pytest.mark.parametrize("override, match", [
     ({"use_vllm": True}, "set use_vllm=False"),
     ({"generation_kwargs": {"do_sample": False}}, "generation_kwargs"),
+    # GRPOConfig accepts these; torch's DataLoader refused 0 only at the first step, -4 failed in a deque
+    ({"per_device_train_batch_size": 0}, r"per_device_train_batch_size=0: .*set per_device_train_batch_size to an int >= 1"),
+    ({"per_device_train_batch_size": -4}, r"per_device_train_batch_size=-4: .*an int >= 1"),
+    ({"per_device_eval_batch_size": 0}, r"per_device_eval_batch_size=0: .*an int >= 1"),
 ])
 def test_grpo_settings_the_engine_cannot_honour(tmp_path, override, match):
     tok = char_tokenizer()
     with pytest.raises(ValueError, match=match):
         GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path, **override),
                          train_dataset=prompt_dataset(), processing_class=tok)
+
+
+def test_an_empty_batch_is_refused_on_the_vllm_backend_too(tmp_path):
+    tok = char_tokenizer()
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size=0: .*an int >= 1"):
+        GraftGRPOTrainer(tiny_policy(len(tok)), length_reward, args=grpo_args(tmp_path, per_device_train_batch_size=0),
+                         graft_config=GraftConfig(backend="vllm", method="ar"), train_dataset=prompt_dataset(),
+                         processing_class=tok)
 
 
 def test_rollout_func_is_rejected(tmp_path):

@@ -390,6 +390,11 @@ def _grpo_sampling(fields, args: GRPOConfig) -> dict:
 
 def _check_grpo_args(args: GRPOConfig, on_vllm: bool = False) -> None:
     """GRPOConfig settings the engine cannot honour, caught before TRL loads anything."""
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):  # GRPOConfig accepts 0 (trl 1.16)
+        value = getattr(args, name)
+        if not is_int(value) or value < 1:  # else torch's DataLoader refuses it at the first step, the model loaded
+            raise ValueError(f"{name}={value!r}: a batch holds at least one completion; set {name} to an int >= 1 "
+                             "(completions per device and step, e.g. 8)")
     if on_vllm:
         if args.vllm_mode not in ("colocate", None) and args.use_vllm:
             raise ValueError(f"GraftConfig(backend='vllm') runs TRL's colocate mode, not vllm_mode={args.vllm_mode!r}: with "
