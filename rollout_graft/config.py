@@ -23,6 +23,10 @@ its W best nodes, one W for the batch chosen per step by the profiled cost model
 DEFAULT_RECALL = 4
 """Completions remembered per prompt by default (RetrievalConfig.recall): a GRPO epoch revisits every prompt."""
 
+DEFAULT_SUFFIX_DEPTH = 8
+"""Suffix chain nodes by default (RetrievalConfig.suffix_depth); an `EngineConfig` whose retrieval is left to
+its default cuts them at its `max_depth` (deeper nodes could never be accepted)."""
+
 DEFAULT_DCUT_RATIOS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 """Draft source. "ar": plain autoregressive decoding (the baseline, one token per forward).
 "retrieval": group-shared adjacency retrieval trees (model-free).
@@ -190,7 +194,8 @@ class RetrievalConfig:
             continuation after the longest match of the row's last tokens in its group's rows
             (prompt and siblings' completions; only its own row without `share_in_group`),
             merged into the retrieval tree in front of it (`history.TokenHistory`). 0 turns it
-            (and `recall`) off.
+            (and `recall`) off. At most `EngineConfig.max_depth` (refused above it); `EngineConfig`'s
+            default retrieval uses min(`DEFAULT_SUFFIX_DEPTH`, max_depth).
         suffix_match: most trailing tokens compared when matching (the longest match wins).
         suffix_min_match: fewest matching tokens that count as a match.
         recall: earlier completions remembered per prompt across rollouts (`generate` calls) and
@@ -215,7 +220,7 @@ class RetrievalConfig:
     context_rows: int | None = None
     # suffix_depth on: GRPO's siblings and epochs repeat text (docs/RESULTS.md, "Engine, tiny target: suffix
     # chains and recall across GRPO epochs (CPU)")
-    suffix_depth: int = 8
+    suffix_depth: int = DEFAULT_SUFFIX_DEPTH
     suffix_match: int = 4
     suffix_min_match: int = 1
     suffix_rows: int = 16
@@ -384,7 +389,8 @@ class EngineConfig:
         method: draft source, see `Method`.
         budget: candidate nodes per sequence and step (the tree's size without its root).
         max_depth: deepest candidate node (tokens accepted per step ≤ max_depth + 1).
-        retrieval: adjacency-index settings (methods "retrieval" and "graft").
+        retrieval: adjacency-index settings (methods "retrieval" and "graft"); None: the defaults, with
+            suffix chains cut at `max_depth` (an explicit `suffix_depth` above `max_depth` is refused).
         draft: drafter, pruning and grafting settings (method "graft").
         budget_policy: see `BudgetPolicy`.
         dcut: D-cut's settings (`DCutConfig`; used with budget_policy "dcut").
@@ -443,7 +449,7 @@ class EngineConfig:
                              "cannot resume rows; set group_lead=0")
         if not (0.0 < self.compact_slack <= 4.0):
             raise ValueError(f"compact_slack must be in (0, 4], got {self.compact_slack}")
-        if self.retrieval is None:
-            self.retrieval = RetrievalConfig()
+        if self.retrieval is None:  # the default chains stop at max_depth: deeper nodes could never be accepted
+            self.retrieval = RetrievalConfig(suffix_depth=min(DEFAULT_SUFFIX_DEPTH, self.max_depth))
         if self.draft is None and self.method == "graft":
             self.draft = DraftConfig()

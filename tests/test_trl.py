@@ -157,6 +157,21 @@ def test_unset_fields_keep_engine_defaults():
         default.budget, default.max_depth, default.retrieval.share_in_group)
 
 
+def test_suffix_depth_never_exceeds_max_depth_however_the_config_is_built():
+    """An explicit suffix_depth above max_depth is refused; the default one is cut at max_depth (it was 8 under
+    EngineConfig(max_depth=4), and GraftConfig(max_depth=4) was refused for a suffix_depth never set)."""
+    assert EngineConfig(method="retrieval", max_depth=4).retrieval.suffix_depth == 4
+    assert EngineConfig(method="retrieval", max_depth=16).retrieval.suffix_depth == 8
+    assert GraftConfig(max_depth=4).engine_config().retrieval.suffix_depth == 4
+    assert GraftConfig(max_depth=4, suffix_depth=0).engine_config().retrieval.suffix_depth == 0
+    with pytest.raises(ValueError, match="suffix_depth=8 exceeds max_depth=4"):
+        EngineConfig(method="retrieval", max_depth=4, retrieval=RetrievalConfig(suffix_depth=8))
+    with pytest.raises(ValueError, match="suffix_depth=6 exceeds max_depth=4"):
+        GraftConfig(max_depth=4, suffix_depth=6)
+    with pytest.raises(ValueError, match="max_depth must be >= 1, got 0"):
+        GraftConfig(max_depth=0)
+
+
 def test_unknown_method_names_the_choices():
     with pytest.raises(ValueError, match="unknown method 'eagle'") as err:
         GraftConfig(method="eagle")

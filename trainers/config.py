@@ -12,7 +12,7 @@ all three from one command line or YAML file.
 import dataclasses
 from dataclasses import dataclass, field
 
-from rollout_graft.config import METHODS, DraftConfig, EngineConfig, RetrievalConfig, SamplingParams, check_types
+from rollout_graft.config import DEFAULT_SUFFIX_DEPTH, METHODS, DraftConfig, EngineConfig, RetrievalConfig, SamplingParams, check_types
 
 BACKENDS = ("engine", "vllm")
 """Where rollouts are generated: our engine on the trainer's own module, or TRL's vLLM colocate
@@ -118,7 +118,7 @@ class GraftConfig:
         max_depth: deepest candidate node; None = engine default.
         share_in_group: the G samples of one prompt share one retrieval index; None = engine default.
         suffix_depth: draft chains copied from the group's text (prompt and siblings' completions),
-            up to this many nodes; 0 = off; None = engine default.
+            up to this many nodes, at most `max_depth`; 0 = off; None = engine default (8, cut at `max_depth`).
         group_lead: rows per group that generate first so that the others can draft from their
             completions (method "retrieval"; more target forwards, fewer verified tokens); None =
             engine default (0, all rows at once).
@@ -249,8 +249,11 @@ class GraftConfig:
         """The `EngineConfig` these settings describe (unset fields keep the engine's defaults)."""
         engine = _set_fields(EngineConfig, method=self.method, budget=self.budget, budget_policy=self.budget_policy,
                              max_depth=self.max_depth, group_lead=self.group_lead, fold_gqa=self.fold_gqa)
+        suffix_depth = self.suffix_depth
+        if suffix_depth is None and self.max_depth is not None and self.max_depth >= 1:  # as EngineConfig cuts its default
+            suffix_depth = min(DEFAULT_SUFFIX_DEPTH, self.max_depth)
         engine["retrieval"] = RetrievalConfig(**_set_fields(RetrievalConfig, share_in_group=self.share_in_group,
-                                                             prior_path=self.prior_path, suffix_depth=self.suffix_depth,
+                                                             prior_path=self.prior_path, suffix_depth=suffix_depth,
                                                              recall=self.recall))
         if self.draft_model_name_or_path is not None:
             engine["draft"] = DraftConfig(**_set_fields(DraftConfig, draft_model=self.draft_model_name_or_path,
