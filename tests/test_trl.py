@@ -176,6 +176,9 @@ def test_unknown_method_names_the_choices():
     with pytest.raises(ValueError, match="unknown method 'eagle'") as err:
         GraftConfig(method="eagle")
     assert all(m in str(err.value) for m in METHODS)
+    with pytest.raises(TypeError, match="GraftConfig.method must be a string: one of") as err:
+        GraftConfig(method=None)  # was silently the engine's default "ar", not GraftConfig's "retrieval"
+    assert all(m in str(err.value) for m in METHODS) and str(err.value).endswith("got NoneType None")
 
 
 def test_unknown_budget_policy_is_rejected():

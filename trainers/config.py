@@ -104,7 +104,7 @@ class GraftConfig:
             (suffix decoding; needs `pip install -e ".[vllm-suffix]"`) or "ngram" (prompt lookup of
             1–4 tokens), or "ar" (plain vLLM). Accepted tokens come from vLLM's spec-decode counters;
             `budget_policy`, `share_in_group`, `recall` and `prior_path` are our proposer's
-            (`budget_policy` is ignored by the others, the rest refused).
+            (`budget_policy` is ignored by the others, the rest refused). None is refused (name the method).
         draft_model_name_or_path: local path of a draft model sharing the policy's tokenizer
             (used by drafter-based methods only).
         draft_thresholds_path: pruning thresholds τ calibrated for this drafter (JSON written by
@@ -188,9 +188,10 @@ class GraftConfig:
                               "group_lead", "recall", "rollout_seed", "share_in_group", "draft_model_name_or_path",
                               "draft_thresholds_path", "prior_path", "fold_gqa"))
         for name in ("backend", "method", "budget_policy"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise TypeError(f"GraftConfig.{name} must be a string, got {type(getattr(self, name)).__name__} "
-                                f"{getattr(self, name)!r}")
+            value = getattr(self, name)
+            if (value is not None or name == "method") and not isinstance(value, str):  # method None: no engine default
+                choices = f": one of {METHODS} (backend 'engine') or {VLLM_METHODS} (backend 'vllm')" if name == "method" else ""
+                raise TypeError(f"GraftConfig.{name} must be a string{choices}, got {type(value).__name__} {value!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "vllm":
