@@ -678,6 +678,27 @@ def test_speculative_config_round_trip_and_errors():
         speculative_config(recall=-1)
 
 
+def test_a_corrupt_proposer_class_name_is_named_with_how_names_are_made():
+    """A name no `class_path` made failed with JSONDecodeError, binascii.Error or a TypeError from `**`."""
+    import base64
+    import json
+    import re
+
+    name = ChainConfig(recall=2).class_path().rsplit(".", 1)[1]
+    blob = lambda settings: base64.urlsafe_b64encode(json.dumps(settings).encode()).decode()  # noqa: E731
+    for bad, why in ((name[:-3], "Expecting value"), ("RLDraftProposer__x", "base64"),
+                     (f"RLDraftProposer__{blob([1])}", "decode to a list"),
+                     (f"RLDraftProposer__{blob({'depth': 4})}", r"no field \['depth'\]"),
+                     (f"Proposer__{name.partition('__')[2]}", "does not start with RLDraftProposer")):
+        with pytest.raises(ValueError, match="is not a proposer class name") as err:
+            ChainConfig.from_class_name(bad)
+        assert repr(bad) in str(err.value) and "ChainConfig.class_path()" in str(err.value)
+        assert re.search(why, str(err.value)), str(err.value)
+    with pytest.raises(ValueError, match="recall must be an int >= 0"):  # decoded settings are checked as ChainConfig checks
+        ChainConfig.from_class_name(f"RLDraftProposer__{blob({'recall': -1})}")
+    assert ChainConfig.from_class_name("RLDraftProposer") == ChainConfig()
+
+
 def test_the_tracker_counts_each_text_once_where_vllm_holds_it():
     """`RequestTracker.count` reads the step's rows from vLLM's token array and the texts of requests
     that left since from the tracker's own (their rows are gone once vLLM condenses): after steps

@@ -140,11 +140,25 @@ class ChainConfig:
 
     @staticmethod
     def from_class_name(name: str) -> "ChainConfig":
-        """Inverse of `class_path` (the part after the last dot)."""
-        _, _, blob = name.partition("__")
-        if not blob:
-            return ChainConfig()
-        return ChainConfig(**json.loads(base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4))))
+        """Inverse of `class_path` (the part after the last dot). ValueError naming `name` where no
+        `class_path` could have made it (a corrupt or hand-edited name); settings it decodes to are
+        checked as `ChainConfig` checks them."""
+        base = PROPOSER_CLASS.rsplit(".", 1)[1]
+        head, _, blob = name.partition("__")
+        try:
+            if head != base:
+                raise ValueError(f"it does not start with {base}")
+            settings = json.loads(base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4))) if blob else {}
+            if not isinstance(settings, dict):
+                raise ValueError(f"its settings decode to a {type(settings).__name__}, not a dict")
+            unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(ChainConfig)})
+            if unknown:
+                raise ValueError(f"ChainConfig has no field {unknown}")
+        except ValueError as exc:  # bad base64 or JSON (binascii.Error and JSONDecodeError are ValueErrors)
+            raise ValueError(f"{name!r} is not a proposer class name: names are {base}__<urlsafe base64 of the JSON "
+                             "settings>, as ChainConfig.class_path() (or speculative_config()) makes them; build the "
+                             f"speculative_config again rather than editing its 'model' ({exc})") from None
+        return ChainConfig(**settings)
 
 
 def speculative_config(num_speculative_tokens: int = 8, budget_policy: ChainPolicy = "dcut", **options) -> dict:
