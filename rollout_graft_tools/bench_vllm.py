@@ -75,6 +75,8 @@ def spec_for(method: str) -> dict | None:
     """The `speculative_config` of a method name (None: plain)."""
     base, _, k = method.partition("@")
     k, _, variant = k.partition("~")
+    if k and not k.isdigit():  # else int()'s ValueError, which `scripts/bench.py` reads as a missing extra
+        raise SystemExit(f"vLLM method {method!r}: the part after @ is a draft depth K in tokens, e.g. {base}@8")
     k = int(k or 8)
     if variant:  # ours+dcut@K~NAME: one of D-cut's mechanisms taken out (`ablation.VARIANTS`)
         from .ablation import VARIANTS

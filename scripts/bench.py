@@ -80,6 +80,14 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error(f"--methods {' '.join(args.methods)}: include {plain!r}, every ratio is taken against it")
     if args.warmup_rollouts < 0:
         ap.error(f"--warmup-rollouts {args.warmup_rollouts}: 0 or more")
+    if args.backend == "engine":  # else an unknown name ends the run once the model loaded (vLLM: `drive` checks first)
+        from rollout_graft_tools.bench_engine import variant
+
+        for method in (m for m in args.methods if m != "hf"):
+            try:
+                variant(method, args.budget, None)  # SystemExit naming the known methods
+            except (ValueError, TypeError, SyntaxError) as exc:  # a `:field=value` knob D-cut refuses
+                ap.error(f"--methods {method}: {exc}")
     for t in args.temperatures:  # else a ValueError once the model loaded and the prior warmed at the first one
         try:
             SamplingParams(temperature=t)

@@ -65,6 +65,24 @@ def test_bad_arguments_are_named_before_any_model_loads(tmp_path, capsys):
         bench.main(["--methods", "ar", "--prompts", str(no_prompt), "--batches", "2", "--group", "2", "--max-tokens", "2"])
 
 
+def test_an_unknown_method_is_named_before_any_model_loads(capsys):
+    """--methods with an unknown engine method (or a D-cut knob it refuses) ended the run only once the model
+    had loaded; a vLLM depth that is no number read as a missing extra (skipped)."""
+    import pytest
+
+    bench = load_script("scripts/bench.py")
+    never = ["--model", "/nonexistent-model-dir"]  # the model is never read
+    with pytest.raises(SystemExit, match="unknown engine method 'retreival'; known: hf, ar, ar-twin, retrieval,"):
+        bench.main(["--methods", "ar", "retreival", *never])
+    with pytest.raises(SystemExit):
+        bench.main(["--methods", "ar", "retrieval+dcut:probe_share=2", *never])
+    assert "--methods retrieval+dcut:probe_share=2: DCutConfig.probe_share must be in (0, 1]" in capsys.readouterr().err
+    from rollout_graft_tools.bench_vllm import spec_for
+
+    with pytest.raises(SystemExit, match="the part after @ is a draft depth K in tokens, e.g. ours@8"):
+        spec_for("ours@x")
+
+
 def test_a_bad_temperature_is_named_before_any_model_loads(capsys):
     """--temperatures -1 / nan / 1e-9 failed with SamplingParams' ValueError only after the model had
     loaded and the prior had been warmed."""
