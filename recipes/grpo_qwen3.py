@@ -409,13 +409,24 @@ def print_summary(s: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- main
+BAD_INPUT = (FileNotFoundError, ValueError, TypeError)
+"""What the parser, our checks and the trainer's build raise for bad input."""
+
+
+class BadInput(Exception):
+    """Bad input `main` found before training (`cli` prints it as one line; `main`'s callers get it)."""
+
+
 def main(script_args, training_args, model_args, graft_args) -> dict:
     if script_args.num_threads:
         torch.set_num_threads(script_args.num_threads)
     training_args.output_dir = output_dir(training_args.output_dir, graft_args.backend)
     if not script_args.num_eval_prompts:
         training_args.eval_strategy, training_args.eval_on_start = IntervalStrategy.NO, False
-    trainer = build_trainer(script_args, training_args, model_args, graft_args)
+    try:
+        trainer = build_trainer(script_args, training_args, model_args, graft_args)
+    except BAD_INPUT as exc:  # found before training: `cli` prints it as one line
+        raise BadInput(str(exc)) from exc
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     summary = summarize(trainer.state.log_history, time.perf_counter() - start, graft_args.backend)
@@ -442,15 +453,16 @@ def make_parser() -> TrlParser:
 
 
 def cli(argv: list[str] | None = None) -> None:
-    """The command line (`argv`: sys.argv[1:] when None). Bad input, found by the parser or inside `main`
-    (the trainer's and our checks' ValueError / TypeError, a missing model folder), ends in one line on
-    stderr and exit status 1, not a traceback; any other exception keeps its traceback."""
+    """The command line (`argv`: sys.argv[1:] when None). Bad input, found by the parser or while
+    `main` builds the trainer (the trainer's and our checks' ValueError / TypeError, a missing model
+    folder), ends in one line on stderr and exit status 1, not a traceback; an exception in training
+    keeps its traceback (a bug's ValueError there would otherwise lose where it came from)."""
     try:
         parsed = make_parser().parse_args_and_config(argv)  # ScriptArguments checks its counts: ValueError
         model_path(parsed[2].model_name_or_path)
         output_dir(parsed[1].output_dir, parsed[3].backend)
         main(*parsed)
-    except (FileNotFoundError, ValueError, TypeError) as exc:  # bad input: one line, not a traceback
+    except (BadInput, *BAD_INPUT) as exc:  # bad input: one line, not a traceback
         sys.exit(f"recipes/grpo_qwen3.py: {exc}")
     # tear the process group down before exit (not left to the interpreter: gloo/NCCL threads then
     # abort one rank or warn that destroy_process_group() was never called); a no-op on one process
