@@ -6,7 +6,10 @@ starts: docs/DESIGN.md, "The vLLM backend").
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import binding, ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 SHRINK = 0.5
 """Added to a context's total in a confidence: count / (total + SHRINK)."""
@@ -26,15 +29,19 @@ _P = np.uint64(0x9E3779B97F4A7C15)
 _S = np.uint64(29)
 
 
+_P1, _P2, _P3 = np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9), np.uint64(0xD6E8FEB86659FD93)
+_P4, _P5, _P6 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53), np.uint64(0x94D049BB133111EB)
+
+
 @njit(cache=True, inline="always")
 def _hash(owner, w0, w1, w2, w3, extra):
-    h = np.uint64(owner) * _P
-    h = ((h ^ (h >> _S)) ^ np.uint64(w0)) * _P
-    h = ((h ^ (h >> _S)) ^ np.uint64(w1)) * _P
-    h = ((h ^ (h >> _S)) ^ np.uint64(w2)) * _P
-    h = ((h ^ (h >> _S)) ^ np.uint64(w3)) * _P
-    h = ((h ^ (h >> _S)) ^ np.uint64(extra)) * _P
-    return h ^ (h >> _S)
+    """A key's 64-bit hash: its six parts multiplied by odd constants at once (independent products: a
+    lookup's hash is a few cycles, not a chain of six rounds), their xor mixed once (murmur's finalizer
+    step). Where a row sits changes nothing a table holds (`ngrams.NgramStore.rows` sorts)."""
+    h = ((np.uint64(owner) * _P) ^ (np.uint64(w0) * _P1) ^ (np.uint64(w1) * _P2) ^ (np.uint64(w2) * _P3)
+         ^ (np.uint64(w3) * _P4) ^ (np.uint64(extra) * _P5))
+    h = (h ^ (h >> _S)) * _P6
+    return h ^ (h >> np.uint64(32))
 
 
 @njit(cache=True, inline="always")
@@ -62,6 +69,32 @@ def _find_from(keys, i, owner, w0, w1, w2, w3, extra, wide: bool):
                 and keys[i, WORD + 3] == w3 and (not wide or keys[i, SUCC] == extra)):
             return i
         i = (i + 1) & mask
+
+
+_PREFETCH = "llvm.prefetch.p0" if binding.llvm_version_info >= (15,) else "llvm.prefetch.p0i8"
+"""LLVM's prefetch intrinsic, named by its pointer type: opaque from LLVM 15 (numba >= 0.61), i8* before."""
+
+
+@intrinsic
+def _prefetch(typingctx, keys, i):
+    """Hint the CPU to load row `i` of the 2-D array `keys` into its caches (LLVM's prefetch, for
+    writing): the load overlaps the work before the row is read. Changes nothing."""
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        row = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
+                                        inds=[row, context.get_constant(types.intp, 0)])
+        byte = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte.type, i32, i32, i32]),
+                                            _PREFETCH)
+        builder.call(fn, [byte, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])  # write, keep, data
+        return context.get_dummy_value()
+
+    return types.void(keys, i), codegen
 
 
 @njit(cache=True, inline="always")
@@ -125,6 +158,34 @@ def _owner(gens, slot: int) -> int:
     return 0 if slot < 0 else (slot + 1) << 32 | gens[slot]
 
 
+AHEAD = 4
+"""`_teach` asks for the rows of the position this many ahead (and of the next segment's first this
+many) while it counts: a lookup whose row is not loaded yet stalls on a branch that waits for it, so
+lookups in a row overlap only when their rows were asked for before (`_prefetch`)."""
+
+
+@njit(cache=True, inline="always")
+def _fetch(ctx, pairs, gens, meta, tokens, s: int, base: int, a: int, b: int, lo: int, hi: int) -> None:
+    """`_prefetch` the context rows that segment s's positions start + a … start + b (those before its
+    end) will look up in both its tables (`_teach`'s layout: the segment's text from `base`)."""
+    slot, other_slot, start, end = meta[s, 0], meta[s, 1], meta[s, 2], meta[s, 3]
+    owner, other = _owner(gens, slot), _owner(gens, other_slot)
+    first = max(start - hi, 0)
+    for pos in range(max(start + a, lo), min(start + b, end)):
+        i = base + pos - first
+        tok = tokens[i]
+        w0 = w1 = w2 = w3 = 0
+        for n in range(1, min(pos, hi) + 1):
+            w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
+            if n >= lo:
+                if owner > 0:
+                    _prefetch(ctx, _home(ctx, owner, w0, w1, w2, w3, 0))
+                    _prefetch(pairs, _home(pairs, owner, w0, w1, w2, w3, tok))
+                if other > 0:
+                    _prefetch(ctx, _home(ctx, other, w0, w1, w2, w3, 0))
+                    _prefetch(pairs, _home(pairs, other, w0, w1, w2, w3, tok))
+
+
 @njit(cache=True, nogil=True)
 def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, spare: int) -> None:
     """Segment s = meta[s] (table slot or -1, also slot or -1, start, end): count the text's positions
@@ -143,10 +204,14 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, sp
         if owner == 0 and other == 0:
             base += max(end - first, 0)
             continue
+        nxt = base + max(end - first, 0)  # the next segment's first token in `tokens`
+        if s + 1 < len(meta):  # the next segment's first positions: their rows load while this one counts
+            _fetch(ctx, pairs, gens, meta, tokens, s + 1, nxt, 0, AHEAD, lo, hi)
         for pos in range(max(start, lo, at[1] if s == at[0] else 0), end):
             if spare * (used[0] + 2 * orders) > len(ctx) or spare * (used[1] + 4 * orders) > len(pairs):
                 at[0], at[1], at[2] = s, pos, base
                 return
+            _fetch(ctx, pairs, gens, meta, tokens, s, base, pos + AHEAD - start, pos + AHEAD - start + 1, lo, hi)
             i = base + pos - first
             tok = tokens[i]
             w0 = w1 = w2 = w3 = 0
