@@ -165,25 +165,38 @@ lookups in a row overlap only when their rows were asked for before (`_prefetch`
 
 
 @njit(cache=True, inline="always")
-def _fetch(ctx, pairs, gens, meta, tokens, s: int, base: int, a: int, b: int, lo: int, hi: int) -> None:
-    """`_prefetch` the context rows that segment s's positions start + a … start + b (those before its
-    end) will look up in both its tables (`_teach`'s layout: the segment's text from `base`)."""
+def _position(ctx, pairs, used, sizes, slot: int, owner: int, other_slot: int, other: int, tokens, i: int, pos: int,
+              lo: int, hi: int, fetch: bool) -> None:
+    """Count tokens[i] (the text's position `pos`) after its contexts of lo…hi tokens in the tables of
+    `owner` and `other` (0: none) — or, `fetch`, only `_prefetch` the context and pair rows that
+    counting will read."""
+    tok = tokens[i]
+    w0 = w1 = w2 = w3 = 0
+    for n in range(1, min(pos, hi) + 1):
+        w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
+        if n < lo:
+            continue
+        if fetch:
+            for ow in (owner, other):
+                if ow > 0:
+                    _prefetch(ctx, _home(ctx, ow, w0, w1, w2, w3, 0))
+                    _prefetch(pairs, _home(pairs, ow, w0, w1, w2, w3, tok))
+        else:
+            if owner > 0:
+                _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok, 1)
+            if other > 0:
+                _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
+
+
+@njit(cache=True, inline="always")
+def _fetch(ctx, pairs, used, sizes, gens, meta, tokens, s: int, base: int, a: int, b: int, lo: int, hi: int) -> None:
+    """`_prefetch` the rows that segment s's positions start + a … start + b (those before its end)
+    will read in its tables (`_teach`'s layout: the segment's text from `base`)."""
     slot, other_slot, start, end = meta[s, 0], meta[s, 1], meta[s, 2], meta[s, 3]
     owner, other = _owner(gens, slot), _owner(gens, other_slot)
     first = max(start - hi, 0)
     for pos in range(max(start + a, lo), min(start + b, end)):
-        i = base + pos - first
-        tok = tokens[i]
-        w0 = w1 = w2 = w3 = 0
-        for n in range(1, min(pos, hi) + 1):
-            w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
-            if n >= lo:
-                if owner > 0:
-                    _prefetch(ctx, _home(ctx, owner, w0, w1, w2, w3, 0))
-                    _prefetch(pairs, _home(pairs, owner, w0, w1, w2, w3, tok))
-                if other > 0:
-                    _prefetch(ctx, _home(ctx, other, w0, w1, w2, w3, 0))
-                    _prefetch(pairs, _home(pairs, other, w0, w1, w2, w3, tok))
+        _position(ctx, pairs, used, sizes, slot, owner, other_slot, other, tokens, base + pos - first, pos, lo, hi, True)
 
 
 @njit(cache=True, nogil=True)
@@ -206,22 +219,15 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, sp
             continue
         nxt = base + max(end - first, 0)  # the next segment's first token in `tokens`
         if s + 1 < len(meta):  # the next segment's first positions: their rows load while this one counts
-            _fetch(ctx, pairs, gens, meta, tokens, s + 1, nxt, 0, AHEAD, lo, hi)
+            _fetch(ctx, pairs, used, sizes, gens, meta, tokens, s + 1, nxt, 0, AHEAD, lo, hi)
         for pos in range(max(start, lo, at[1] if s == at[0] else 0), end):
             if spare * (used[0] + 2 * orders) > len(ctx) or spare * (used[1] + 4 * orders) > len(pairs):
                 at[0], at[1], at[2] = s, pos, base
                 return
-            _fetch(ctx, pairs, gens, meta, tokens, s, base, pos + AHEAD - start, pos + AHEAD - start + 1, lo, hi)
-            i = base + pos - first
-            tok = tokens[i]
-            w0 = w1 = w2 = w3 = 0
-            for n in range(1, min(pos, hi) + 1):
-                w0, w1, w2, w3 = _put(w0, w1, w2, w3, n - 1, tokens[i - n])
-                if n >= lo:
-                    if owner > 0:
-                        _add(ctx, pairs, used, sizes, slot, owner, w0, w1, w2, w3, tok, 1)
-                    if other > 0:
-                        _add(ctx, pairs, used, sizes, other_slot, other, w0, w1, w2, w3, tok, 1)
+            _fetch(ctx, pairs, used, sizes, gens, meta, tokens, s, base, pos + AHEAD - start, pos + AHEAD - start + 1, lo,
+                   hi)
+            _position(ctx, pairs, used, sizes, slot, owner, other_slot, other, tokens, base + pos - first, pos, lo, hi,
+                      False)
         base += max(end - first, 0)
     at[0], at[1], at[2] = len(meta), 0, base
 
