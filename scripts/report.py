@@ -330,6 +330,18 @@ def render_gqa_fold(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_count_prefetch(runs: list[dict]) -> str:
+    """`lab/count_prefetch.py --json`: the counting kernel at each prefetch distance on the same tables."""
+    lines = ["| table | rows | tables MB | ahead | ns per add (median) | × ahead 0 (median) | × ahead 0 (range over repeats) |",
+             "|---|---|---|---|---|---|---|"]
+    for run in runs:
+        for r in run["results"]:
+            lo, hi = r["ratio_to_0_range"]
+            lines.append(f"| {r['table']} | {run['args']['rows']} | {run['tables_mb']:.0f} | {r['ahead']} | "
+                         f"{r['ns_per_add_median']:.1f} | {r['ratio_to_0_median']:.3f} | {lo:.2f}–{hi:.2f} |")
+    return "\n".join(lines)
+
+
 def render_op_counts(runs: list[dict]) -> str:
     """`lab/op_counts.py --json`: ATen operators per decode step, the engine's methods against HF `generate`."""
     lines = ["| model | layers | rows | method | ops / step | in the model | per layer | outside it | × HF generate's |",
@@ -536,6 +548,14 @@ SECTIONS: list[Section] = [
             "interleaved, 7 repeats, wall clock, "
             "on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_threads.json",), render_proposer_profile),
+    Section("vLLM proposer's counting kernel: rows asked for ahead of time (prefetch distance)",
+            "`python lab/count_prefetch.py`: one proposer's tables (GRPO groups of 8 and the prior, 64-token prompts and "
+            "256-token completions counted), then one step's new text, 3 tokens a row, counted into a fresh (cold) "
+            "copy of the group and prior hash tables by `_kernels._teach` at each distance `ahead` (positions whose "
+            "context and pair rows it asks the CPU for ahead of their lookup; 0: none; `0-twin`: the A/A twin of "
+            "0), arms interleaved in a new order each repeat, 15 repeats, wall clock on a shared 2-core machine. An "
+            "add is one context length's update of one table; the tables after every arm are equal.",
+            ("vllm_count_prefetch.json",), render_count_prefetch),
     Section("vLLM step cost against draft tokens (tiny target)",
             "Steps with randomly cut chains, timed as D-cut times them, and the step-cost models fitted to them "
             "(`lab/vllm_step_cost.py`); `spec` is the model the chain policy fits.",

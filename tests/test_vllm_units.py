@@ -279,6 +279,34 @@ def test_the_prior_counted_and_walked_in_a_helper_thread_changes_nothing(monkeyp
     assert alone._helper is None
 
 
+def test_the_counting_prefetch_changes_nothing(monkeypatch):
+    """Counting asks for the rows of positions ahead (`_kernels.AHEAD`, LLVM's prefetch) before it
+    looks them up: a hint only, so at every distance, none included, the hash tables are the same row
+    for row and the tables equal the plain-Python reference's — segments of one token and long ones,
+    two tables a segment, and a pass that stops to grow the tables and goes on."""
+    from rollout_graft.vllm import _kernels
+
+    rng = np.random.default_rng(5)
+    texts = [rng.integers(0, 7, int(rng.integers(1, 120))).tolist() for _ in range(60)]
+    got = []
+    for ahead in (0, 1, 4, 9):
+        monkeypatch.setattr(_kernels, "AHEAD", ahead)
+        store = NgramStore(8, 1)
+        groups = [store.slot() for _ in range(6)]
+        for i in range(0, 120, 3):  # steps of 3 tokens a text, then the rest at once
+            store.teach([(groups[j % 6], groups[(j + 1) % 6], t, i, min(i + 3, len(t))) for j, t in enumerate(texts)
+                         if i < len(t)])
+        sh = store.shards[0]
+        got.append((sh.ctx.copy(), sh.pairs.copy(), [store.table(g) for g in groups]))
+    for ctx, pairs, tables in got[1:]:
+        assert np.array_equal(ctx, got[0][0]) and np.array_equal(pairs, got[0][1]) and tables == got[0][2]
+    ref = [PyNgramCounts(8, 1) for _ in groups]
+    for j, t in enumerate(texts):
+        for r in (ref[j % 6], ref[(j + 1) % 6]):
+            r.teach(t, 0, len(t))
+    assert [r.table() for r in ref] == got[0][2] and any(got[0][2])
+
+
 def test_counting_beside_the_forward_leaves_every_call_the_same_tables():
     """`teach(beside=True)` counts in the helper thread while the caller goes on; the store's next
     call waits for it, so every walk, table and bound sees what a counting in the call would have

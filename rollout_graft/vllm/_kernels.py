@@ -159,9 +159,10 @@ def _owner(gens, slot: int) -> int:
 
 
 AHEAD = 4
-"""`_teach` asks for the rows of the position this many ahead (and of the next segment's first this
-many) while it counts: a lookup whose row is not loaded yet stalls on a branch that waits for it, so
-lookups in a row overlap only when their rows were asked for before (`_prefetch`)."""
+"""Positions ahead whose rows `_teach` asks for while it counts (`_prefetch`; 0: none): a lookup whose
+row is not loaded stalls on a branch that waits for it, so lookups overlap only when their rows were
+asked for before. Chosen by `lab/count_prefetch.py` (docs/bench/vllm_count_prefetch.json, RESULTS:
+the counting kernel at 0–8 ahead on the same tables, an A/A twin beside)."""
 
 
 @njit(cache=True, inline="always")
@@ -189,25 +190,26 @@ def _position(ctx, pairs, used, sizes, slot: int, owner: int, other_slot: int, o
 
 
 @njit(cache=True, inline="always")
-def _fetch(ctx, pairs, used, sizes, gens, meta, tokens, s: int, base: int, a: int, b: int, lo: int, hi: int) -> None:
-    """`_prefetch` the rows that segment s's positions start + a … start + b (those before its end)
-    will read in its tables (`_teach`'s layout: the segment's text from `base`)."""
+def _fetch(ctx, pairs, used, sizes, gens, meta, tokens, s: int, base: int, p0: int, p1: int, lo: int, hi: int) -> None:
+    """`_prefetch` the rows that segment s's positions p0 … p1 - 1 (those it counts) will read in its
+    tables (`_teach`'s layout: the segment's text from `base`)."""
     slot, other_slot, start, end = meta[s, 0], meta[s, 1], meta[s, 2], meta[s, 3]
     owner, other = _owner(gens, slot), _owner(gens, other_slot)
     first = max(start - hi, 0)
-    for pos in range(max(start + a, lo), min(start + b, end)):
+    for pos in range(max(p0, start, lo), min(p1, end)):
         _position(ctx, pairs, used, sizes, slot, owner, other_slot, other, tokens, base + pos - first, pos, lo, hi, True)
 
 
 @njit(cache=True, nogil=True)
-def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, spare: int) -> None:
+def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, spare: int, ahead: int) -> None:
     """Segment s = meta[s] (table slot or -1, also slot or -1, start, end): count the text's positions
     [start, end) as the successor of their contexts of lo…hi tokens in both tables (-1: none; a
     segment of neither is skipped). `tokens` holds each segment's text[max(start - hi, 0):end], one
     after the other. Releases the GIL (`ngrams.NgramStore._both`).
     Runs from `at` = (segment, position, its segment's start in `tokens`) and stops before a
     position that could fill a table past 1 / `spare` of its rows (`at` is then where to go on; at[0] = len(meta):
-    done), so a table grows with what it holds (`ngrams.NgramStore.teach`)."""
+    done), so a table grows with what it holds (`ngrams.NgramStore.teach`). The rows of the position
+    `ahead` on (and of the next segment's first `ahead`) are asked for while a position counts (`AHEAD`)."""
     orders = hi - lo + 1
     base = at[2]
     for s in range(at[0], len(meta)):
@@ -219,13 +221,13 @@ def _teach(ctx, pairs, used, sizes, gens, meta, tokens, lo: int, hi: int, at, sp
             continue
         nxt = base + max(end - first, 0)  # the next segment's first token in `tokens`
         if s + 1 < len(meta):  # the next segment's first positions: their rows load while this one counts
-            _fetch(ctx, pairs, used, sizes, gens, meta, tokens, s + 1, nxt, 0, AHEAD, lo, hi)
+            _fetch(ctx, pairs, used, sizes, gens, meta, tokens, s + 1, nxt, meta[s + 1, 2], meta[s + 1, 2] + ahead, lo, hi)
         for pos in range(max(start, lo, at[1] if s == at[0] else 0), end):
             if spare * (used[0] + 2 * orders) > len(ctx) or spare * (used[1] + 4 * orders) > len(pairs):
                 at[0], at[1], at[2] = s, pos, base
                 return
-            _fetch(ctx, pairs, used, sizes, gens, meta, tokens, s, base, pos + AHEAD - start, pos + AHEAD - start + 1, lo,
-                   hi)
+            if ahead:
+                _fetch(ctx, pairs, used, sizes, gens, meta, tokens, s, base, pos + ahead, pos + ahead + 1, lo, hi)
             _position(ctx, pairs, used, sizes, slot, owner, other_slot, other, tokens, base + pos - first, pos, lo, hi,
                       False)
         base += max(end - first, 0)

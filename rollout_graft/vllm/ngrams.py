@@ -283,7 +283,7 @@ class NgramStore:
         at = np.zeros(3, np.int64)
         while True:
             self.kern._teach(sh.ctx, sh.pairs, sh.used, self.sizes, self.gens, meta, tokens, self.min_order, self.order,
-                             at, SPARE)
+                             at, SPARE, self.kern.AHEAD)
             if at[0] == len(meta):
                 return
             self._grow(shard, 2 * orders, 4 * orders)
