@@ -24,8 +24,15 @@ DEFAULT_RECALL = 4
 """Completions remembered per prompt by default (RetrievalConfig.recall): a GRPO epoch revisits every prompt."""
 
 DEFAULT_SUFFIX_DEPTH = 8
-"""Suffix chain nodes by default (RetrievalConfig.suffix_depth); an `EngineConfig` whose retrieval is left to
-its default cuts them at its `max_depth` (deeper nodes could never be accepted)."""
+"""Suffix chain nodes by default (RetrievalConfig.suffix_depth); where an engine's retrieval leaves them
+unset they are cut at its `max_depth` (`default_suffix_depth`)."""
+
+
+def default_suffix_depth(max_depth: int) -> int:
+    """The suffix chain nodes of an engine whose retrieval does not set them: `DEFAULT_SUFFIX_DEPTH`,
+    at most `max_depth` (deeper nodes could never be accepted; a `max_depth` below 1 is `EngineConfig`'s
+    to refuse). `EngineConfig`'s default retrieval and `GraftConfig.engine_config` both use it."""
+    return min(DEFAULT_SUFFIX_DEPTH, max(max_depth, 0))
 
 DEFAULT_DCUT_RATIOS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 """Draft source. "ar": plain autoregressive decoding (the baseline, one token per forward).
@@ -195,7 +202,7 @@ class RetrievalConfig:
             (prompt and siblings' completions; only its own row without `share_in_group`),
             merged into the retrieval tree in front of it (`history.TokenHistory`). 0 turns it
             (and `recall`) off. At most `EngineConfig.max_depth` (refused above it); `EngineConfig`'s
-            default retrieval uses min(`DEFAULT_SUFFIX_DEPTH`, max_depth).
+            default retrieval uses `default_suffix_depth(max_depth)`.
         suffix_match: most trailing tokens compared when matching (the longest match wins).
         suffix_min_match: fewest matching tokens that count as a match.
         recall: earlier completions remembered per prompt across rollouts (`generate` calls) and
@@ -450,6 +457,6 @@ class EngineConfig:
         if not (0.0 < self.compact_slack <= 4.0):
             raise ValueError(f"compact_slack must be in (0, 4], got {self.compact_slack}")
         if self.retrieval is None:  # the default chains stop at max_depth: deeper nodes could never be accepted
-            self.retrieval = RetrievalConfig(suffix_depth=min(DEFAULT_SUFFIX_DEPTH, self.max_depth))
+            self.retrieval = RetrievalConfig(suffix_depth=default_suffix_depth(self.max_depth))
         if self.draft is None and self.method == "graft":
             self.draft = DraftConfig()

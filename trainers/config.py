@@ -12,7 +12,7 @@ all three from one command line or YAML file.
 import dataclasses
 from dataclasses import dataclass, field
 
-from rollout_graft.config import DEFAULT_SUFFIX_DEPTH, METHODS, DraftConfig, EngineConfig, RetrievalConfig, SamplingParams, check_types
+from rollout_graft.config import METHODS, DraftConfig, EngineConfig, RetrievalConfig, SamplingParams, check_types, default_suffix_depth
 
 BACKENDS = ("engine", "vllm")
 """Where rollouts are generated: our engine on the trainer's own module, or TRL's vLLM colocate
@@ -250,9 +250,10 @@ class GraftConfig:
         """The `EngineConfig` these settings describe (unset fields keep the engine's defaults)."""
         engine = _set_fields(EngineConfig, method=self.method, budget=self.budget, budget_policy=self.budget_policy,
                              max_depth=self.max_depth, group_lead=self.group_lead, fold_gqa=self.fold_gqa)
-        suffix_depth = self.suffix_depth
-        if suffix_depth is None and self.max_depth is not None and self.max_depth >= 1:  # as EngineConfig cuts its default
-            suffix_depth = min(DEFAULT_SUFFIX_DEPTH, self.max_depth)
+        suffix_depth = self.suffix_depth  # unset: the engine's default, cut at the engine's max_depth
+        if suffix_depth is None:
+            max_depth = engine.get("max_depth", next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "max_depth"))
+            suffix_depth = default_suffix_depth(max_depth)
         engine["retrieval"] = RetrievalConfig(**_set_fields(RetrievalConfig, share_in_group=self.share_in_group,
                                                              prior_path=self.prior_path, suffix_depth=suffix_depth,
                                                              recall=self.recall))
