@@ -71,8 +71,14 @@ def _oracle_counts(worker) -> dict:
     return dict(worker.model_runner.drafter.counts)
 
 
+ENGINE_METHODS = ("engine-ar", "engine-retrieval+dcut")
+"""Our own engine (HF forwards) beside vLLM's on the same prompts (`_build`): no speculative config."""
+
+
 def spec_for(method: str) -> dict | None:
-    """The `speculative_config` of a method name (None: plain)."""
+    """The `speculative_config` of a method name (None: plain, or one of `ENGINE_METHODS`)."""
+    if method in ENGINE_METHODS:
+        return None
     base, _, k = method.partition("@")
     k, _, variant = k.partition("~")
     if k and not k.isdigit():  # else int()'s ValueError, which `scripts/bench.py` reads as a missing extra
@@ -96,7 +102,7 @@ def spec_for(method: str) -> dict | None:
     if base in custom:
         return {"method": "custom_class", "model": custom[base], "num_speculative_tokens": k}
     raise SystemExit(f"unknown vLLM method {method!r}; known: plain, plain-twin, ngram@K, suffix@K, ours@K, ours+dcut@K, "
-                     "oracle@K, empty@K, empty+plain@K, engine-ar, engine-retrieval+dcut")
+                     "oracle@K, empty@K, empty+plain@K, " + ", ".join(ENGINE_METHODS))
 
 
 class VLLMBackend:

@@ -35,6 +35,8 @@ def test_a_method_whose_extra_is_missing_is_named_and_the_twin_spread_is_printed
     bench = load_script("scripts/bench.py")
     assert bench.parser().parse_args([]).warmup_rollouts == 1  # warm-up on by default
     assert bench.unavailable("plain") is None and bench.unavailable("ours+dcut@8") is None
+    # the vLLM backend's own engine arms run beside vLLM's (they were refused as unknown, their names in the message)
+    assert bench.unavailable("engine-ar") is None and bench.unavailable("engine-retrieval+dcut") is None
     if importlib.util.find_spec("arctic_inference") is None:
         assert "vllm-suffix" in bench.unavailable("suffix@8")
     results = {"configs": [{"temperature": 1.0, "batch": 8, "methods": {
