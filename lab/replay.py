@@ -12,6 +12,7 @@ on them. One tool, an adapter per backend:
     python lab/replay.py engine bound rec.safetensors        # what copying from siblings' text could give
     python lab/replay.py engine clocks --cell first:8,64 revisit:8,64 --json docs/bench/engine_dcut_clocks.json
     python lab/replay.py engine pool --cell first:8 revisit:8 --json docs/bench/engine_cut_pool.json
+    python lab/replay.py engine learn --cell first:8 revisit:8 --rollouts 12 --json docs/bench/engine_learn_value.json
     python lab/replay.py vllm record --batch 64 --rollouts 4 --out rec.json
     python lab/replay.py vllm run rec.json --json replay.json
     python lab/replay.py vllm clocks --cell rec.json:first:8,64 --json docs/bench/dcut_clocks.json
@@ -25,6 +26,8 @@ no replay of a recording: it runs the real engine (every arm seed-exact, so the 
 and prices each verify forward on modelled clocks, D-cut deciding on the clock it is judged by
 (`rollout_graft_tools.engine_clocks`). `pool` runs it with a cut of a wider proposal at a fixed
 width, ranked by raw scores or by D-cut's calibration, against the proposer's own tree of that width.
+`learn` runs fixed trees whose index learns at only each row's best nodes, not at every node the
+forward verified: what a verified node is worth to later steps.
 
 vLLM: `record` runs plain vLLM (no speculation) for `--rollouts` GRPO rollouts of `--batch` rows
 (batch/G prompts × G samples, EOS on), each on prompts no earlier rollout used. `run` replays them
@@ -149,7 +152,7 @@ def engine_bound(args) -> dict:
 
 
 def _engine_target(args):
-    """The target `engine clocks` and `engine pool` run (float32, `--threads`) and its tokenizer."""
+    """The target `engine clocks`, `pool` and `learn` run (float32, `--threads`) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
@@ -217,6 +220,29 @@ def engine_pool(args) -> dict:
         for a in cell["arms"]:
             print(f"{regime:<8} b{cell['batch']:<4} keep {a['keep']:>2} of {a['pool']:>2} by {a['ranking']:<10} "
                   f"MAT {a['mat']:.3f}  {a['tokens_per_s']:.0f} tok/s", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def engine_learn(args) -> dict:
+    """Fixed trees whose index learns at every verified node or only at each row's best few
+    (`engine_clocks.learn_cells`), per `--cell`, priced on `--clock`."""
+    from rollout_graft_tools import clocks, engine_clocks
+
+    model, tokenizer = _engine_target(args)
+    if args.clock in clocks.rooflines():
+        clock = clocks.rooflines()[args.clock]
+    else:
+        clock = engine_clocks.measured_table_clock(GPU_COST, args.clock.split("/", 1)[-1])
+    out = {"command": "python lab/replay.py " + " ".join(args.argv), "modelled": True, "cells": []}
+    for regime, sets, params in _engine_cells(args, tokenizer):
+        cell = engine_clocks.learn_cells(model, tokenizer, sets, args.group, regime, params, clock)
+        out["cells"].append(cell)
+        for a in cell["arms"]:
+            arm = "ours-dcut" if a["width"] is None else f"width {a['width']:>2} learning at {a['learns_at'] or 'every verified node'}"
+            print(f"{regime:<8} b{cell['batch']:<4} {arm}: MAT {a['mat']:.3f}, {a['verified_nodes']:.1f} nodes/row, "
+                  f"{a['tokens_per_s']:.0f} tok/s", flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out
@@ -356,7 +382,7 @@ def _dcut_option(text: str) -> tuple[str, float]:
 
 
 def _engine_rollout_args(p: argparse.ArgumentParser) -> None:
-    """The rollouts `engine clocks` and `engine pool` run: model, prompts and sampling."""
+    """The rollouts `engine clocks`, `pool` and `learn` run: model, prompts and sampling."""
     p.add_argument("--model", default=str(TINY_TARGET))
     p.add_argument("--prompts", default=str(TINY_PROMPTS))
     p.add_argument("--group", type=int, default=8)
@@ -419,6 +445,13 @@ def main(argv=None):
     _engine_rollout_args(q)
     q.add_argument("--json", type=Path)
     q.set_defaults(func=engine_pool)
+    n = engine.add_parser("learn", help="fixed trees whose index learns at only their best nodes (a study)")
+    n.add_argument("--cell", nargs="+", required=True, metavar="REGIME:BATCHES", help="as `clocks`'")
+    n.add_argument("--clock", default="H100-engine/Qwen3-8B",
+                   help=f"a roofline's name, or H100-engine/MODEL (the forwards measured on an H100: {GPU_COST})")
+    _engine_rollout_args(n)
+    n.add_argument("--json", type=Path)
+    n.set_defaults(func=engine_learn)
     chains = backends.add_parser("vllm", help="the vLLM backend's chains").add_subparsers(dest="cmd", required=True)
     r = chains.add_parser("record", help="plain vLLM rollouts, kept as token ids")
     r.add_argument("--model", default=str(TINY_TARGET))

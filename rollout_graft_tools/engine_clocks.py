@@ -14,7 +14,8 @@ engine's host time are not priced; a roofline's `spec_ms` is charged to every st
 tree). `engine-cpu/<model>` is the target's own forward-cost table profiled on this machine;
 `<GPU>-engine/<model>` the engine's forwards measured on a GPU (`measured_table_clock`).
 `pool_cells` is a study on the same runs: how well a cut of a wider proposal keeps what the target
-accepts (D-cut cuts from the proposal its last choice led to, `DCut.proposal_after`).
+accepts (D-cut cuts from the proposal its last choice led to, `DCut.proposal_after`); `learn_cells`
+another: what verifying a node is worth beyond its step, through what the index learns there.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from rollout_graft.cost import DEFAULT_TOKENS, CostModel
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.dcut.trees import DCut
 from rollout_graft.files import read_json
+from rollout_graft.sampling import top_k_probs
 from rollout_graft.selection import keep_best
 from rollout_graft.stats import StepTimer
 
@@ -266,3 +268,55 @@ def pool_cells(model, tokenizer, prompt_sets: list[list[list[int]]], group: int,
         arms.append({"pool": pool, "keep": keep, "ranking": ranking, "mat": tokens / max(steps.row_steps, 1),
                      "tokens_per_s": 1000.0 * tokens / steps.ms(clock), "forwards": len(steps.shapes)})
     return {"clock": clock.name, "regime": regime, "batch": len(prompt_sets[0]) * group, "arms": arms}
+
+
+def learn_only_best(engine: RolloutEngine, best: int) -> RolloutEngine:
+    """`engine` with its retrieval proposer learning at each row's `best` verified nodes by the
+    proposer's raw scores (and the root) only, not at every node it verified: the target's
+    distribution at the other nodes, which a verify forward computes anyway, is not put into the
+    index. The difference to the unrestricted engine is what verifying those nodes is worth to
+    later steps."""
+    proposer, last = engine.proposer, {}
+    propose = proposer.propose
+
+    def proposing(ctx, chain=None):
+        last["draft"] = draft = propose(ctx, chain)
+        return draft
+
+    def observe(ctx, tree, logits, acceptance):
+        keep, draft = tree.valid.clone(), last["draft"]
+        if draft.tokens.shape[1] + 1 == keep.shape[1]:  # the tree is the draft under its root (a fixed budget)
+            rank = draft.score.masked_fill(~draft.valid, -1.0).argsort(1, descending=True).argsort(1)
+            keep[:, 1:] &= rank < best
+        top_p, top_i = top_k_probs(logits[keep], proposer.index.k, proposer.temperature)
+        proposer.learn(tree, keep, ctx.prev_token, top_i, top_p)
+
+    proposer.propose, proposer.observe = proposing, observe
+    return engine
+
+
+LEARN_ARMS = ((30, None), (60, None), (60, 45), (60, 30))
+"""(width, learns at its best …) of `learn_cells`' arms (None: at every verified node, as shipped)."""
+
+
+def learn_cells(model, tokenizer, prompt_sets: list[list[list[int]]], group: int, regime: str, params: SamplingParams,
+                clock: StepClock, arms=LEARN_ARMS) -> dict:
+    """One cell: for each (width, learns at), fixed trees of `width` nodes per row whose index learns
+    at every verified node or only at each row's best `learns at` (`learn_only_best`), and D-cut
+    (width None: `dcut_engine`, deciding on `clock`); the timed rollouts' MAT (tokens per row-step),
+    verified nodes per row-step and modelled tokens/s on `clock`. Every arm emits the plain path's
+    tokens (seed-exact), so only the forwards differ."""
+    plan = rollouts(regime, prompt_sets, group, params)
+    out = []
+    for width, learns in [*arms, (None, None)]:
+        if width is None:
+            engine = dcut_engine(model, tokenizer, clock)
+        else:
+            engine = RolloutEngine(model, EngineConfig(method="retrieval", budget=width), tokenizer=tokenizer)
+        if learns is not None:
+            learn_only_best(engine, learns)
+        steps, tokens, _ = run(engine, plan, clock if width is None else None)
+        out.append({"width": width, "learns_at": learns, "mat": tokens / max(steps.row_steps, 1),
+                    "verified_nodes": sum(r * (q - 1) for r, q, _ in steps.shapes) / max(steps.row_steps, 1),
+                    "tokens_per_s": 1000.0 * tokens / steps.ms(clock), "forwards": len(steps.shapes)})
+    return {"clock": clock.name, "regime": regime, "batch": len(prompt_sets[0]) * group, "arms": out}

@@ -280,6 +280,22 @@ def render_engine_pool(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_engine_learn(runs: list[dict]) -> str:
+    """Every arm of `lab/replay.py engine learn`: fixed trees learning at all or only their best verified nodes."""
+    lines = []
+    for run in runs:
+        lines += ["| regime | batch | arm | index learns at | verified nodes per row | MAT | forwards | modelled tokens/s | "
+                  "× widest, learning at all |", "|---|---|---|---|---|---|---|---|---|"]
+        for c in run["cells"]:
+            widest = max((a for a in c["arms"] if a["width"] is not None and a["learns_at"] is None), key=lambda a: a["width"])
+            for a in c["arms"]:
+                arm = "ours-dcut" if a["width"] is None else f"fixed-w{a['width']}"
+                at = "every verified node" if a["learns_at"] is None else f"each row's best {a['learns_at']}"
+                lines.append(f"| {c['regime']} | {c['batch']} | {arm} | {at} | {a['verified_nodes']:.1f} | {a['mat']:.3f} | "
+                             f"{a['forwards']} | {a['tokens_per_s']:.0f} | {a['tokens_per_s'] / widest['tokens_per_s']:.3f} |")
+    return "\n".join(lines)
+
+
 def render_gpu_cost(runs: list[dict]) -> str:
     """`lab/gpu_verify_cost.py --json`: the engine's verify forward measured on a GPU, beside the
     roofline's forward (`dcut.roofline`: its max term at the default η's, no overhead) of the same step."""
@@ -629,6 +645,16 @@ SECTIONS: list[Section] = [
             "calibrated acceptance (`calibrated`, what `DCut.cut` keeps; its calibration learning as D-cut's does). "
             "MAT: tokens per row-step; × own tree's: against the proposer's own tree of the kept width.",
             ("engine_cut_pool.json",), render_engine_pool),
+    Section("Engine, tiny target: what a verified node teaches the index (real rollouts, modelled steps)",
+            "`python lab/replay.py engine learn --cell first:8 revisit:8 --rollouts 12`: the rollouts of the clocks "
+            "section above (8 rows, twelve timed rollouts on prompts of their own), priced on the H100-engine/Qwen3-8B "
+            "clock (the engine's forwards measured on an H100). `fixed-wW` verifies the default retrieval proposer's "
+            "trees of W nodes per row; its index learns the target's distribution at every node the forward verified "
+            "(as shipped), or only at each row's best 45 or 30 by the proposer's raw scores (and the root): the same "
+            "forwards, less put into the index. `ours-dcut` decides on that clock, as in the clocks section. Every arm "
+            "emits the plain path's tokens. At 8 rows a rollout takes as many forwards as its slowest row needs, so "
+            "the forwards column, more than MAT, sets the throughput.",
+            ("engine_learn_value.json",), render_engine_learn),
     Section("Engine on a GPU: the verify forward measured against the roofline (H100, random-weight Qwen3)",
             "`python lab/gpu_verify_cost.py --models Qwen3-8B Qwen3-32B --time-budget 150 110` on one H100 SXM: the "
             "engine's verify forward (`ModelRunner.verify`, what `CostModel.profile` times: one prompt prefilled for "

@@ -286,6 +286,38 @@ def test_a_pool_cut_of_the_whole_proposal_is_the_fixed_width():
         engine_clocks.PoolCut(engine_clocks.table_of(h800), 8, 4, "score")
 
 
+def test_an_index_learning_at_only_its_best_nodes_verifies_the_same_trees_and_learns_less():
+    """`engine_clocks.learn_only_best` (the study of what a verified node teaches the index): learning
+    at a tree's best W of W nodes is the shipped engine (same tokens, same forwards); learning at its
+    best 2 leaves the index with fewer known successors, its tokens still plain sampling's."""
+    from conftest import random_model
+
+    from rollout_graft import EngineConfig, RolloutEngine, SamplingParams
+    from rollout_graft_tools import engine_clocks
+
+    model = random_model(sharp=6.0)
+    gen = np.random.default_rng(0)
+    sets = [[gen.integers(3, 64, 6).tolist() for _ in range(2)]]
+    params = SamplingParams(temperature=1.0, max_new_tokens=24, seed=3)
+    plan = engine_clocks.rollouts("first", sets, 4, params)
+
+    def ran(best):
+        engine = RolloutEngine(model, EngineConfig(method="retrieval", budget=8))
+        if best is not None:
+            engine_clocks.learn_only_best(engine, best)
+        steps, tokens, completions = engine_clocks.run(engine, plan, None)
+        known = int((engine.proposer.index.ids >= 0).sum())
+        return [shape[:2] for shape in steps.shapes], completions, known
+
+    shipped, whole, two = ran(None), ran(8), ran(2)
+    assert whole == shipped
+    assert two[1] == shipped[1] and two[2] < shipped[2]
+    h800 = clocks.Roofline(clocks.ACCELERATORS["H800"], clocks.MODELS["Qwen3-8B"])
+    cell = engine_clocks.learn_cells(model, None, sets, 4, "first", params, h800, arms=((8, None), (8, 2)))
+    assert [(a["width"], a["learns_at"]) for a in cell["arms"]] == [(8, None), (8, 2), (None, None)]
+    assert all(a["mat"] >= 1.0 and a["tokens_per_s"] > 0 for a in cell["arms"])
+
+
 def test_a_gpu_measured_table_is_the_lower_envelope_of_its_cells(tmp_path):
     """`engine_clocks.measured_table_clock`: a lab/gpu_verify_cost.py grid read as the engine's
     forward-cost table. A slow outlier (a host hiccup: best-of timings err upwards only) is drawn
