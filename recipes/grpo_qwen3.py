@@ -461,8 +461,11 @@ def cli(argv: list[str] | None = None) -> None:
         parsed = make_parser().parse_args_and_config(argv)  # ScriptArguments checks its counts: ValueError
         model_path(parsed[2].model_name_or_path)
         output_dir(parsed[1].output_dir, parsed[3].backend)
+    except BAD_INPUT as exc:  # bad input: one line, not a traceback
+        sys.exit(f"recipes/grpo_qwen3.py: {exc}")
+    try:
         main(*parsed)
-    except (BadInput, *BAD_INPUT) as exc:  # bad input: one line, not a traceback
+    except BadInput as exc:  # what the trainer's build refused; an error in training keeps its traceback
         sys.exit(f"recipes/grpo_qwen3.py: {exc}")
     # tear the process group down before exit (not left to the interpreter: gloo/NCCL threads then
     # abort one rank or warn that destroy_process_group() was never called); a no-op on one process

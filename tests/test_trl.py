@@ -392,6 +392,13 @@ def test_recipe_command_line_names_bad_input_inside_main_in_one_line(tmp_path, m
     with pytest.raises(RuntimeError, match="a bug"):
         recipe.cli(argv)
 
+    def bug_in_training(*args):  # a ValueError after the trainer was built is a bug's, not bad input
+        raise ValueError("a bug in training")
+
+    monkeypatch.setattr(recipe, "main", bug_in_training)
+    with pytest.raises(ValueError, match="a bug in training"):
+        recipe.cli(argv)
+
 
 def test_eval_on_training_rows_is_not_called_held_out(capsys):
     from datasets import Dataset
