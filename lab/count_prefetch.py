@@ -23,11 +23,10 @@ import time
 
 import numpy as np
 
+from rollout_graft.vllm.config import MAX_MATCH as ORDER  # the proposer's contexts: 1…8 tokens
 from rollout_graft.vllm.ngrams import SPARE, NgramStore
 from rollout_graft_tools.benchmark import cpu_info
 from rollout_graft_tools.chain_replay import PROMPT, completions
-
-ORDER = 8  # the proposer's contexts: 1…8 tokens (`config.MAX_MATCH`)
 
 
 def build(rows: int, length: int, per: int, steps: int, seed: int):

@@ -33,7 +33,6 @@ from rollout_graft.cost import DEFAULT_TOKENS, CostModel
 from rollout_graft.dcut.core import BudgetDecision
 from rollout_graft.dcut.trees import DCut
 from rollout_graft.files import read_json
-from rollout_graft.sampling import top_k_probs
 from rollout_graft.selection import keep_best
 from rollout_graft.stats import StepTimer
 
@@ -123,6 +122,11 @@ class Steps:
     @property
     def row_steps(self) -> int:
         return sum(rows for rows, _, _ in self.shapes)
+
+    @property
+    def verified_nodes(self) -> float:
+        """Tree nodes verified per row-step (the root not counted)."""
+        return sum(rows * (n - 1) for rows, n, _ in self.shapes) / max(self.row_steps, 1)
 
     def ms(self, clock: StepClock) -> float:
         return sum(clock.step_ms(np.full(rows, n - 1), ctx) for rows, n, ctx in self.shapes)
@@ -219,8 +223,7 @@ def cells(model, tokenizer, prompt_sets: list[list[list[int]]], group: int, regi
             "clock": clock.name, "regime": regime, "batch": len(prompt_sets[0]) * group, "rollouts": len(prompt_sets),
             "arms": {n: 1000.0 * tokens / steps.ms(clock) for n, (steps, tokens, _) in runs.items()},
             "mat": {n: tokens / max(steps.row_steps, 1) for n, (steps, tokens, _) in runs.items()},
-            "mean_verified_nodes": {n: sum(r * (q - 1) for r, q, _ in s.shapes) / max(s.row_steps, 1)
-                                    for n, (s, _, _) in runs.items()},
+            "mean_verified_nodes": {n: s.verified_nodes for n, (s, _, _) in runs.items()},
             "seed_exact": all(c == reference for _, _, c in runs.values())})
     return out
 
@@ -277,19 +280,18 @@ def learn_only_best(engine: RolloutEngine, best: int) -> RolloutEngine:
     index. The difference to the unrestricted engine is what verifying those nodes is worth to
     later steps."""
     proposer, last = engine.proposer, {}
-    propose = proposer.propose
+    propose, learn = proposer.propose, proposer.observe
 
     def proposing(ctx, chain=None):
         last["draft"] = draft = propose(ctx, chain)
         return draft
 
-    def observe(ctx, tree, logits, acceptance):
+    def observe(ctx, tree, logits, acceptance):  # the proposer's own learning, on a tree whose other nodes are masked
         keep, draft = tree.valid.clone(), last["draft"]
         if draft.tokens.shape[1] + 1 == keep.shape[1]:  # the tree is the draft under its root (a fixed budget)
             rank = draft.score.masked_fill(~draft.valid, -1.0).argsort(1, descending=True).argsort(1)
             keep[:, 1:] &= rank < best
-        top_p, top_i = top_k_probs(logits[keep], proposer.index.k, proposer.temperature)
-        proposer.learn(tree, keep, ctx.prev_token, top_i, top_p)
+        learn(ctx, replace(tree, valid=keep), logits, acceptance)
 
     proposer.propose, proposer.observe = proposing, observe
     return engine
@@ -317,6 +319,6 @@ def learn_cells(model, tokenizer, prompt_sets: list[list[list[int]]], group: int
             learn_only_best(engine, learns)
         steps, tokens, _ = run(engine, plan, clock if width is None else None)
         out.append({"width": width, "learns_at": learns, "mat": tokens / max(steps.row_steps, 1),
-                    "verified_nodes": sum(r * (q - 1) for r, q, _ in steps.shapes) / max(steps.row_steps, 1),
+                    "verified_nodes": steps.verified_nodes,
                     "tokens_per_s": 1000.0 * tokens / steps.ms(clock), "forwards": len(steps.shapes)})
     return {"clock": clock.name, "regime": regime, "batch": len(prompt_sets[0]) * group, "arms": out}

@@ -252,8 +252,7 @@ class GraftConfig:
                              max_depth=self.max_depth, group_lead=self.group_lead, fold_gqa=self.fold_gqa)
         suffix_depth = self.suffix_depth  # unset: the engine's default, cut at the engine's max_depth
         if suffix_depth is None:
-            max_depth = engine.get("max_depth", next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "max_depth"))
-            suffix_depth = default_suffix_depth(max_depth)
+            suffix_depth = default_suffix_depth(engine.get("max_depth", EngineConfig.__dataclass_fields__["max_depth"].default))
         engine["retrieval"] = RetrievalConfig(**_set_fields(RetrievalConfig, share_in_group=self.share_in_group,
                                                              prior_path=self.prior_path, suffix_depth=suffix_depth,
                                                              recall=self.recall))
