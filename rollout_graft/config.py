@@ -41,6 +41,12 @@ DEFAULT_DCUT_RATIOS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 
 METHODS: tuple[str, ...] = ("ar", "retrieval", "graft")
 
+MAX_BUDGET = 1024
+"""The most candidate nodes a row may verify per step (`EngineConfig.budget`). A tree of N nodes
+costs every row an N × N ancestor mask and N query tokens in each forward, yet a step emits at most
+max_depth + 1 tokens a row; at 100,000 nodes the drafter's tree asks the allocator for tens of GB.
+The papers verify 30–120 nodes a row."""
+
 
 MIN_TEMPERATURE = 1e-5
 """The smallest positive temperature: float32 logits divided by a much smaller one overflow to inf
@@ -442,8 +448,9 @@ class EngineConfig:
             raise ValueError(f"unknown budget_policy {self.budget_policy!r}; choose 'fixed' or 'dcut'")
         if not isinstance(self.dcut, DCutConfig):
             raise TypeError(f"dcut must be a DCutConfig, e.g. DCutConfig(ratios=(0.5, 1.0)); got {type(self.dcut).__name__}")
-        if self.budget < 0:
-            raise ValueError(f"budget must be >= 0 candidate nodes per sequence, got {self.budget}")
+        if not 0 <= self.budget <= MAX_BUDGET:
+            raise ValueError(f"budget must be in [0, {MAX_BUDGET}] candidate nodes per sequence and step (a tree of N "
+                             f"nodes costs each row an N x N mask in every forward; 30-120 is usual), got {self.budget}")
         if self.max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
         if self.retrieval is not None and self.retrieval.suffix_depth > self.max_depth:

@@ -126,6 +126,9 @@ def test_invalid_engine_config():
         EngineConfig(method="medusa")
     with pytest.raises(ValueError, match="budget"):
         EngineConfig(budget=-1)
+    with pytest.raises(ValueError, match=r"budget must be in \[0, 1024\].*got 100000"):  # not the allocator's raw error
+        EngineConfig(method="graft", budget=100000)
+    assert EngineConfig(budget=1024).budget == 1024
 
 
 def test_bad_prompts_raise_and_engine_recovers(qwen3_model):
