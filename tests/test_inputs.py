@@ -287,6 +287,21 @@ def test_a_retrieval_top_k_above_the_vocabulary_is_refused_before_allocating(qwe
             RolloutEngine(qwen3_model, EngineConfig(method="retrieval", retrieval=RetrievalConfig(top_k=top_k)))
 
 
+def test_a_drafter_top_k_above_the_vocabulary_is_refused_when_the_engine_is_built(qwen3_model):
+    """It failed in the first drafting step with torch's "selected index k out of range"."""
+    from conftest import random_model
+
+    from rollout_graft import DraftConfig
+
+    vocab = qwen3_model.config.vocab_size
+    with pytest.raises(ValueError, match=f"DraftConfig.top_k={vocab + 1} exceeds the drafter's vocabulary of {vocab}"):
+        RolloutEngine(qwen3_model, EngineConfig(method="graft", draft=DraftConfig(top_k=vocab + 1)),
+                      draft_model=random_model(seed=1))
+    engine = RolloutEngine(qwen3_model, EngineConfig(method="graft", draft=DraftConfig(top_k=vocab)),
+                           draft_model=random_model(seed=1))
+    assert engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_new_tokens=4)).completion_ids[0]
+
+
 def test_numpy_arrays_and_tokenizer_outputs_are_prompts(qwen3_model):
     import numpy as np
     from transformers import BatchEncoding

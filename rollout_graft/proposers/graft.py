@@ -82,6 +82,10 @@ class GraftProposer(Proposer):
         model, draft_tokenizer = load_draft_model(source, target.device, target.dtype)
         runner = ModelRunner(model, compact_slack=config.compact_slack)
         check_same_vocabulary(target.vocab_size, runner.vocab_size, tokenizer, draft_tokenizer)
+        if cfg.top_k > runner.vocab_size:
+            raise ValueError(f"DraftConfig.top_k={cfg.top_k} exceeds the drafter's vocabulary of {runner.vocab_size} tokens "
+                             f"(each expanded node takes its top_k children): use a top_k <= {runner.vocab_size}, "
+                             f"e.g. the default 8")
         retrieval = RetrievalProposer(config.retrieval, target.vocab_size, target.device) if cfg.graft else None
         return GraftProposer(cfg, DrafterProposer(cfg, runner, config.max_depth), retrieval)
 
