@@ -45,7 +45,7 @@ MAX_BUDGET = 1024
 """The most candidate nodes a row may verify per step (`EngineConfig.budget`). A tree of N nodes
 costs every row an N × N ancestor mask and N query tokens in each forward, yet a step emits at most
 max_depth + 1 tokens a row; at 100,000 nodes the drafter's tree asks the allocator for tens of GB.
-The papers verify 30–120 nodes a row."""
+The default, 60, is the Graft paper's budget."""
 
 
 MIN_TEMPERATURE = 1e-5
@@ -450,7 +450,7 @@ class EngineConfig:
             raise TypeError(f"dcut must be a DCutConfig, e.g. DCutConfig(ratios=(0.5, 1.0)); got {type(self.dcut).__name__}")
         if not 0 <= self.budget <= MAX_BUDGET:
             raise ValueError(f"budget must be in [0, {MAX_BUDGET}] candidate nodes per sequence and step (a tree of N "
-                             f"nodes costs each row an N x N mask in every forward; 30-120 is usual), got {self.budget}")
+                             f"nodes costs each row an N x N mask in every forward; the default is 60), got {self.budget}")
         if self.max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
         if self.retrieval is not None and self.retrieval.suffix_depth > self.max_depth:
