@@ -288,9 +288,10 @@ def learn_only_best(engine: RolloutEngine, best: int) -> RolloutEngine:
 
     def observe(ctx, tree, logits, acceptance):  # the proposer's own learning, on a tree whose other nodes are masked
         keep, draft = tree.valid.clone(), last["draft"]
-        if draft.tokens.shape[1] + 1 == keep.shape[1]:  # the tree is the draft under its root (a fixed budget)
-            rank = draft.score.masked_fill(~draft.valid, -1.0).argsort(1, descending=True).argsort(1)
-            keep[:, 1:] &= rank < best
+        if draft.tokens.shape[1] + 1 != keep.shape[1]:  # a policy cut the draft: its ranks no longer index the tree
+            raise ValueError("learn_only_best needs the whole draft verified under its root: a fixed budget")
+        rank = draft.score.masked_fill(~draft.valid, -1.0).argsort(1, descending=True).argsort(1)
+        keep[:, 1:] &= rank < best
         learn(ctx, replace(tree, valid=keep), logits, acceptance)
 
     proposer.propose, proposer.observe = proposing, observe
