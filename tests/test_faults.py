@@ -591,11 +591,12 @@ def test_warm_prior_names_bad_arguments_and_warms_a_prior(tmp_path, capsys):
 
 def test_a_vllm_prior_given_as_a_path_object_and_a_zero_depth(tmp_path):
     """`prior_path` takes a pathlib.Path on the vLLM backend as on the engine; num_speculative_tokens=0
-    is refused, not read as the default 8."""
+    (or a million) is refused, not read as the default 8."""
     path = tmp_path / "prior.safetensors"
     _vllm_prior(path)
     spec = speculative_config(prior_path=path)
     assert ChainConfig.from_class_name(spec["model"].rsplit(".", 1)[-1]).prior_path == str(path)
     assert GraftConfig(backend="vllm", prior_path=path).speculative_config()["method"] == "custom_class"
-    with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1, got 0"):
-        GraftConfig(backend="vllm", num_speculative_tokens=0).speculative_config()
+    for bad in (0, 10**6):  # a GRPO config is refused when it is made, before any model loads
+        with pytest.raises(ValueError, match=rf"num_speculative_tokens must be an int in \[1, 1024\].*got {bad}"):
+            GraftConfig(backend="vllm", num_speculative_tokens=bad)

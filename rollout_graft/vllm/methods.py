@@ -18,6 +18,8 @@ import importlib.util
 import numbers
 from typing import Literal
 
+from ..config import MAX_BUDGET
+
 VLLMOwnMethod = Literal["ngram", "suffix"]
 VLLM_OWN_METHODS: tuple[str, ...] = ("ngram", "suffix")
 
@@ -37,12 +39,15 @@ def check_vllm_method(method: str) -> None:
 
 def check_num_speculative_tokens(num_speculative_tokens) -> int:
     """`num_speculative_tokens` (the deepest draft per request and step) as a Python int (a numpy one
-    too: the config travels as JSON); TypeError for a non-integer, ValueError below 1."""
+    too: the config travels as JSON); TypeError for a non-integer, ValueError outside 1…`MAX_BUDGET`
+    (the engine's bound on the draft tokens a row verifies per step: vLLM sets none, and the drafts'
+    arrays hold num_speculative_tokens columns for every row)."""
     if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, numbers.Integral):
         raise TypeError(f"num_speculative_tokens must be an int >= 1 (e.g. 8), got {type(num_speculative_tokens).__name__} "
                         f"{num_speculative_tokens!r}")
-    if num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an int >= 1, got {num_speculative_tokens!r}")
+    if not 1 <= num_speculative_tokens <= MAX_BUDGET:
+        raise ValueError(f"num_speculative_tokens must be an int in [1, {MAX_BUDGET}] draft tokens per request and "
+                         f"step (the default is 8), got {num_speculative_tokens!r}")
     return int(num_speculative_tokens)
 
 
