@@ -44,12 +44,13 @@ class OracleProposer:
     def load_model(self, *args, **kwargs) -> None:
         pass
 
-    def set_requests(self, ids, prompt_lengths) -> None:  # each step, from our plugin
-        self.requests = (ids, prompt_lengths)
+    def set_requests(self, ids, prompt_lengths, finished=()) -> None:  # each step, from our plugin
+        self.requests, self.finished = (ids, prompt_lengths), finished
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         out, pending = [], {}
         self.tracker.rows(*self.requests, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        self.tracker.finish(self.finished)
         rows = self.tracker.requests()
         for req, new in zip(rows, sampled_token_ids):
             if req is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
 
@@ -23,6 +24,7 @@ PROMPT = 64
 VOCAB = 32000
 SPARE_ROWS = 8  # vLLM's max_num_reqs exceeds the running batch
 _RUNS = itertools.count()
+_UNREPORTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # proposer → ids finished, reported at its next call
 
 
 def vllm_config(k: int, max_model_len: int, vocab: int = VOCAB):
@@ -134,8 +136,10 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
     `scripts/bench.py --backend vllm` counts). step_ms: (a, b_rows, b_draft) ms, or a `StepClock`
     (`rollout_graft_tools.clocks`), told each step's drafts and contexts per row; each call's drafts
     are costed in the step before the next call (the first step, drafting nothing, stands for the
-    prefill's; the last step's drafts are not costed). A proposer with `set_requests(ids, prompt_lengths)` is told each call's
-    request id and prompt length per row, as vLLM's input batch holds them (our plugin hands them to ours)."""
+    prefill's; the last step's drafts are not costed). A proposer with `set_requests(ids, prompt_lengths, finished)` is told each call's
+    request id and prompt length per row, as vLLM's input batch holds them, and the requests that finished since its
+    last call (the last rollout's last ones at its next rollout's first call), as vLLM's scheduler reports them
+    (our plugin hands them to ours)."""
     batch = len(prompts)
     run = next(_RUNS)  # request ids are unique across replays, as vLLM's
     plen = [len(p) for p in prompts]
@@ -171,7 +175,8 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             else:
                 clock.now += (step_ms[0] + step_ms[1] * len(slots) + step_ms[2] * int(step_drafts.sum())) / 1000.0
         if hasattr(proposer, "set_requests"):
-            proposer.set_requests([request_id(run, r) for r in slots], [plen[r] for r in slots])
+            proposer.set_requests([request_id(run, r) for r in slots], [plen[r] for r in slots],
+                                  finished=_UNREPORTED.pop(proposer, []))
         t = time.perf_counter()
         rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
         got = (clock.call(proposer.propose, rows_in, num, token_ids) if clock is not None
@@ -202,6 +207,7 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             tally["accepted"] += len(new) - 1
             if done[r] >= len(truth):
                 finished.append(i)
+                _UNREPORTED.setdefault(proposer, []).append(request_id(run, r))
         if parked is not None:  # the preempted request comes back, recomputed, at the end
             r, row = parked
             slots.append(r)
@@ -213,6 +219,7 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             sampled.append([int(outs[r][done[r] - 1])])
             if done[r] >= len(outs[r]):
                 finished.append(len(slots) - 1)
+                _UNREPORTED.setdefault(proposer, []).append(request_id(run, r))
             parked = None
         if preempt_every and step % preempt_every == 0 and len(slots) > 1 and 0 not in finished:
             parked = (slots[0], token_ids[0].copy())
@@ -310,7 +317,7 @@ class SuffixReplay:
         self.ids: list[str] = []
         self.prompt_lens: list[int] = []
 
-    def set_requests(self, requests: list[str], prompt_lengths: list[int]) -> None:
+    def set_requests(self, requests: list[str], prompt_lengths: list[int], finished=()) -> None:
         self.ids, self.prompt_lens = list(requests), list(prompt_lengths)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):

@@ -186,7 +186,7 @@ class LogitChainProposer:
             self._learn(groups, toks, prev, rec.prompt_top_ids[:, : self.top_k].long(),
                         rec.prompt_top_probs[:, : self.top_k].float())
 
-    def set_requests(self, requests: list, prompt_lengths: list[int]) -> None:
+    def set_requests(self, requests: list, prompt_lengths: list[int], finished=()) -> None:
         self.requests = [row_of(r) for r in requests]  # rows of the recording
 
     def _learn(self, groups, toks, prev, top_i, top_p) -> None:
@@ -351,9 +351,9 @@ class BestOfChains:
     def start(self, rec: Recording) -> None:
         self.logits.start(rec)
 
-    def set_requests(self, requests: list, prompt_lengths: list[int]) -> None:
-        self.text.set_requests(requests, prompt_lengths)
-        self.logits.set_requests(requests, prompt_lengths)
+    def set_requests(self, requests: list, prompt_lengths: list[int], finished=()) -> None:
+        self.text.set_requests(requests, prompt_lengths, finished)
+        self.logits.set_requests(requests, prompt_lengths, finished)
 
     def _text_chains(self, rows: int) -> Chains:
         """(a)'s uncut chains in row order (its policy kept them in `tracker.active` order)."""

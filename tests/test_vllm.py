@@ -90,6 +90,15 @@ def test_counters_agree_with_vllm(runs):
     assert runs["dcut_greedy"]["summary"]["shadow_tokens"] > 0  # chains D-cut cut away were matched
 
 
+def test_requests_vllm_reports_finished_leave_the_proposer(runs):
+    """vLLM's scheduler reports the requests that finished (`finished_req_ids`), which our plugin
+    hands the proposer: each is dropped at once (its group's table cleared once the group is idle);
+    the proposer holds only the last ones, whose report would come with a next step."""
+    for name, rows in (("fixed_t1", 4 * 48), ("dcut_greedy", 8 * 2)):
+        summary = runs[name]["summary"]
+        assert summary["finished"] > 0 and summary["finished"] + summary["requests_held"] == rows, name
+
+
 def test_dcut_learns_the_step_time_online_on_a_cpu(runs):
     """vLLM handed the proposer its target (`load_model`) and its config says CPU: no roofline, the
     step time is learned online, and the summary says so (on a GPU with a preset: tests/test_roofline.py)."""

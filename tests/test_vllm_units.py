@@ -249,6 +249,26 @@ def test_a_pass_that_fills_the_tables_grows_them_as_it_goes():
             assert len(sh.ctx) <= 4 * SPARE * sh.used[0] and len(sh.pairs) <= 4 * SPARE * sh.used[1]
 
 
+def test_tables_that_fill_with_dead_generations_keep_their_size():
+    """Groups come and go (a finished rollout's tables are cleared: new generations, their rows dead
+    until a rebuild): a table rebuilt because dead rows filled it is sized by the keys it holds live,
+    so its size follows what it holds; sized by the rows it had taken, it doubled at every rebuild."""
+    rng = np.random.default_rng(4)
+    store = NgramStore(8, 1)
+    sizes = []
+    for rollout in range(12):
+        slots = [store.slot() for _ in range(4)]
+        store.teach([(s, -1, rng.integers(0, 50, 300).tolist(), 0, 300) for s in slots])
+        for s in slots:
+            store.release(s)
+        sizes.append(len(store.shards[0].ctx))
+    live = PyNgramCounts(8, 1)
+    for t in [rng.integers(0, 50, 300).tolist() for _ in range(4)]:
+        live.teach(t, 0)
+    assert max(sizes) <= 2 * sizes[1] and max(sizes) <= 16 * SPARE * len(live.table())
+    assert sum(store.sizes) == 0 and store.table(store.slot()) == {}
+
+
 def test_the_prior_counted_and_walked_in_a_helper_thread_changes_nothing(monkeypatch):
     """The prior's hash tables apart (`slot(apart=True)`, the proposer's) are counted and walked in
     a helper thread beside the groups' once a call is big enough (`ngrams.PARALLEL_ROWS`): the
@@ -798,6 +818,82 @@ def test_a_group_without_requests_clears_its_table_and_keeps_its_texts():
     assert store.chain(again.group.slot, P1 + [10], 2)[0] == [12, 13]
 
 
+def test_requests_vllm_reports_finished_are_dropped_and_their_idle_group_cleared_at_once():
+    """vLLM reports the requests that finished (`finished_req_ids`, through our plugin): each is
+    dropped at once, not after `forget_after` steps away, so a group whose requests have all
+    finished is cleared once no request of the coming step can join it. A finished request of a
+    group still running, or one that left unreported (preempted), keeps the group's table."""
+    store = NgramStore(2)
+    prior = store.slot()
+    tracker = RequestTracker(store, prior, recall=2)  # forget_after: the default, 4,096 steps
+    first = Batch([P1, P1, P1])
+    first.step(tracker, [[10], [11], [12]])
+    first.step(tracker, [[13], [14], [15]])
+    a, b, c = tracker.requests()
+    group = a.group
+    first.texts = first.texts[1:]  # a finishes
+    first.step(tracker, [[16], [17]])
+    tracker.finish([a.rid])
+    first.texts = first.texts[1:]  # b finishes too; c leaves unreported (preempted)
+    other = Batch([P2])
+    other.step(tracker, [[20]])
+    tracker.finish([b.rid])
+    for i in range(3):
+        other.step(tracker, [[21 + i]])
+    tracker.count()
+    assert not group.idle and group.held == 1 and store.sizes[group.slot] > 0  # c may return
+    assert tracker._returning(c.rid, c.length) is c  # (as it would, recomputed)
+    tracker.away[c.rid] = c
+    tracker.finish([c.rid])  # c is reported finished after all: freed by the next step's call
+    assert not group.idle and group.held == 1
+    other.step(tracker, [[30]])
+    tracker.count()
+    assert group.idle and not group.held and store.sizes[group.slot] == 0
+    assert sorted(group.completions()) == [[10, 13], [11, 14, 16], [12, 15, 17]]
+    assert store.chain(prior, [14], 1)[0] == [16]  # the prior keeps what the group taught it
+    tracker.finish(["never-seen", a.rid])  # ids the tracker does not hold: nothing to do
+
+
+def test_a_group_that_finishes_can_be_joined_by_the_next_step_only():
+    """A group whose requests all finished is cleared only once the coming step's requests cannot join
+    it: a request of its prompt in the very next step still joins it (`_start`), its table whole."""
+    store = NgramStore(2)
+    tracker = RequestTracker(store, store.slot())
+    first = Batch([P1])
+    first.step(tracker, [[10]])
+    first.step(tracker, [[11]])
+    (old,) = tracker.requests()
+    tracker.finish([old.rid])  # reported before the step it leaves in: it is still in the batch, kept
+    first.texts = [list(P1)]  # the same prompt in the next step, a new request
+    (new,) = first.step(tracker, [[12]])
+    tracker.finish([old.rid])
+    first.step(tracker, [[13]])
+    first.step(tracker, [[14]])
+    tracker.count()
+    assert new.group is old.group and not old.group.idle and store.sizes[old.group.slot] > 0
+    assert store.chain(old.group.slot, P1 + [10], 1)[0] == [11]
+
+
+def test_finished_groups_tables_do_not_pile_up_over_rollouts():
+    """Replayed rollouts, whose requests vLLM reports finished: the groups' tables of earlier rollouts
+    are cleared, so the groups' contexts stay those of about one rollout; they grew with every
+    rollout for 4,096 steps when finished requests waited `forget_after` steps away."""
+    from rollout_graft_tools.chain_replay import completions, ours_proposer, replay_rows
+
+    prop = ours_proposer(4, 0.0, 32000, 200)
+    rollouts, seen = [], set()
+    for seed in range(4):
+        prompts, outs = completions(np.random.default_rng(seed), 16, 8, 60)
+        replay_rows(prop, prompts, outs, record=False)
+        rollouts.append([g for g in prop.tracker.groups.values() if id(g) not in seen])
+        seen.update(map(id, rollouts[-1]))
+    assert [len(r) for r in rollouts] == [2] * 4 and not prop.tracker.away and len(prop.tracker.by_slot) <= 16
+    for made in rollouts[:-1]:  # cleared by the next rollout's first steps (the last one's: by the one after)
+        assert all(g.idle and prop.store.sizes[g.slot] == 0 and len(g.completions()) == 8 for g in made)
+    store = prop.store  # what the groups' tables hold: the last rollout's groups' (one finished before the end)
+    assert 0 < sum(store.sizes[g.slot] for g in rollouts[-1]) == store.sizes[store.shard_of == 0].sum()
+
+
 def test_a_quiet_step_widens_the_texts_a_request_outgrows():
     """The quiet path (`RequestTracker.defer`, one compiled pass) takes a request past the width of
     the tracker's text rows: the rows are widened and the step goes on quiet, its text whole."""
@@ -1255,7 +1351,7 @@ class Reference:
         self.group_of: dict[tuple, dict] = {}
         self.call, self.rollout, self.ids = 0, 0, []
 
-    def set_requests(self, ids, prompt_lengths):
+    def set_requests(self, ids, prompt_lengths, finished=()):
         self.ids, self.plens = [(self.rollout, r) for r in ids], prompt_lengths
 
     def drafts(self, num, token_ids) -> list[list[int]]:
@@ -1317,9 +1413,9 @@ def test_proposer_drafts_what_a_proposer_told_the_requests_drafts(monkeypatch, o
     class Checked(proposer.RLDraftProposer):
         calls = 0
 
-        def set_requests(self, ids, prompt_lengths):
-            super().set_requests(ids, prompt_lengths)
-            reference.set_requests(ids, prompt_lengths)
+        def set_requests(self, ids, prompt_lengths, finished=()):
+            super().set_requests(ids, prompt_lengths, finished)
+            reference.set_requests(ids, prompt_lengths, finished)
 
         def propose(self, sampled, num, token_ids, slot_mappings=None):
             out = super().propose(sampled, num, token_ids)

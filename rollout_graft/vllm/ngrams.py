@@ -200,7 +200,9 @@ class NgramStore:
         """Room for this many new rows in each hash table of `shard` (rebuilt without dead generations)."""
         self._reserve(contexts, pairs, shard)
 
-    def _reserve(self, contexts: int, pairs: int, shard: int) -> None:
+    def _reserve(self, contexts: int, pairs: int, shard: int, doubling: bool = False) -> None:
+        """`reserve`; `doubling`: a table rebuilt takes room for at least as many new keys as it
+        holds live (`_grow`)."""
         sh = self.shards[shard]
         for i, (name, extra) in enumerate((("ctx", contexts), ("pairs", pairs))):
             rows = getattr(sh, name)
@@ -208,7 +210,8 @@ class NgramStore:
                 continue
             live = self.kern._live(rows, self.gens)
             n = int(live.sum())
-            setattr(sh, name, self.kern._rehash(rows, live, _rows(_capacity(n + extra)), i == 1))
+            room = max(extra, n) if doubling else extra
+            setattr(sh, name, self.kern._rehash(rows, live, _rows(_capacity(n + room)), i == 1))
             sh.used[i] = n
 
     @_settled
@@ -312,11 +315,10 @@ class NgramStore:
 
     def _grow(self, shard: int, contexts: int, pairs: int) -> None:
         """Each hash table of `shard` that `contexts` / `pairs` more keys would fill past 1 /
-        `SPARE`, rebuilt without dead generations for twice the keys it holds (at least)."""
-        sh = self.shards[shard]
-        full = [SPARE * (int(sh.used[i]) + extra) > len(rows)
-                for i, (rows, extra) in enumerate(((sh.ctx, contexts), (sh.pairs, pairs)))]
-        self._reserve(max(int(sh.used[0]), contexts) if full[0] else 0, max(int(sh.used[1]), pairs) if full[1] else 0, shard)
+        `SPARE`, rebuilt without dead generations for twice the live keys it holds (at least): a
+        table that filled with dead ones (the groups' of finished rollouts) keeps its size or
+        shrinks; sized by the rows it had taken, dead ones included, it doubled at every rebuild."""
+        self._reserve(contexts, pairs, shard, doubling=True)
 
     def chains(self, slots: list[int], prior: int, contexts: list[list[int]], room: np.ndarray,
                k: int) -> tuple[list[list[int]], np.ndarray]:

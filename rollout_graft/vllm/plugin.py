@@ -34,8 +34,9 @@ def _plain_when_undrafted(prepare_inputs):
     """Wraps `GPUModelRunner._prepare_inputs` (the CPU runner inherits it): a step whose speculative
     metadata holds no draft token gets none, so `_sample` takes vLLM's plain sampler. It also tells a
     drafter with a `set_requests` method (ours) the request id and prompt length of every row of the
-    batch this step proposes for, and one with a `scheduled_drafts` attribute how many draft tokens
-    vLLM verifies this step per row: vLLM drops the draft of a request it preempts and cuts one its
+    batch this step proposes for and the requests that finished since the last step (the scheduler's
+    `finished_req_ids`), and one with a `scheduled_drafts` attribute how many draft tokens vLLM
+    verifies this step per row: vLLM drops the draft of a request it preempts and cuts one its
     token budget cannot hold."""
 
     def wrapped(self, *args, **kwargs):
@@ -44,7 +45,9 @@ def _plain_when_undrafted(prepare_inputs):
         drafter = getattr(self, "drafter", None)
         if hasattr(drafter, "set_requests"):
             batch = self.input_batch
-            drafter.set_requests(list(batch.req_ids), batch.num_prompt_tokens[: batch.num_reqs])
+            scheduled = args[0] if args else kwargs.get("scheduler_output")
+            drafter.set_requests(list(batch.req_ids), batch.num_prompt_tokens[: batch.num_reqs],
+                                 finished=list(getattr(scheduled, "finished_req_ids", None) or ()))
         if isinstance(out, tuple) and len(out) == 3 and hasattr(drafter, "scheduled_drafts"):
             # draft tokens vLLM verifies this step, per row of the batch (none: no metadata); a
             # preempted request's draft was dropped, a budget-limited one cut (`RLDraftProposer._learn`)

@@ -51,6 +51,7 @@ class ProposerStats:
     shadows: int = 0  # chains (sent or cut away) matched against the text emitted since (resolved)
     shadow_tokens: int = 0  # their tokens compared (as vLLM counts a draft's: all of it once one was rejected)
     shadow_accepted: int = 0  # their tokens matched (what vLLM would have accepted, in distribution)
+    finished: int = 0  # requests dropped as vLLM reported them finished (their groups' tables cleared once idle)
     propose_s: float = 0.0  # time spent in propose
     step_s: float = 0.0  # time between propose calls (vLLM's steps, idle gaps excluded)
 
@@ -97,11 +98,15 @@ class RLDraftProposer:
         self.inflight = InFlight(self.k)  # each request's draft sent and shadow chain, by slot
         self.scheduled_drafts: list[int] | None = None  # draft tokens vLLM verifies this step per row (`plugin`; None: unknown)
         self._requests: tuple[list, object] | None = None  # this step's request ids and prompt lengths per row
+        self._finished: list = []  # ids of requests vLLM reported finished, for the coming call
 
-    def set_requests(self, ids: list, prompt_lengths) -> None:
-        """The request id and prompt length of each row of the coming `propose` call (our plugin calls
-        it from vLLM's model runner each step; a replay calls it itself)."""
+    def set_requests(self, ids: list, prompt_lengths, finished=()) -> None:
+        """The request id and prompt length of each row of the coming `propose` call, and the ids of
+        requests that finished since the last step (vLLM's `finished_req_ids`: they will not return;
+        `groups.RequestTracker.finish`). Our plugin calls it from vLLM's model runner each step; a
+        replay calls it itself."""
         self._requests = (ids, prompt_lengths)
+        self._finished.extend(finished)
 
     def load_model(self, model=None, *args, **kwargs) -> None:
         """vLLM hands every drafter the target it loaded: D-cut starts from the roofline of that
@@ -138,6 +143,9 @@ class RLDraftProposer:
             self.inflight.start(self.tracker.slot_capacity, self.tracker.started)
             verified, accepted = self._learn()
             shadowed = self._resolve_shadows()
+        if self._finished:
+            self.stats.finished += self.tracker.finish(self._finished)
+            self._finished = []
         rows = len(self.tracker.num)
         self.stats.rows += rows
         self._observe(start, rows, verified, accepted, shadowed)
@@ -250,6 +258,8 @@ class RLDraftProposer:
         """Counters, plus why the budget policy verifies what it verifies."""
         return {**asdict(self.stats), "mean_accepted_tokens": self.stats.mean_accepted_tokens,
                 "uncounted_tokens": self.tracker.dropped_tokens,  # text past `groups.MAX_BACKLOG` deferred
+                "requests_held": len(self.tracker.by_slot),  # in the batch, or left it unreported (preempted: may return)
+                "tables_mb": self.store.nbytes() / 1e6,  # host memory of the count tables (the prior's included)
                 "policy": self.policy.explain(), "start_profile": self.profile_note}
 
     def save_state(self, directory: str | Path) -> None:
