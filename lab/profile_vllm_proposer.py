@@ -31,7 +31,9 @@ microseconds per `propose` call over the steps with a full batch, and microsecon
 request-step (all steps), split into tracker (`RequestTracker.rows`), learn (what the last drafts
 and the shadows earned, policy calls excluded), drafting — count (`NgramStore.teach`: the new text
 counted) and walk (`NgramStore.chain_arrays`: the chains) —, policy (`self.policy.*` calls) and the
-rest of `propose`.
+rest of `propose`; and, part of the counting, the hash tables' rebuilds (a long run pays them as
+tables grow, the prior's above all; `--compare`'s windows, each a fresh proposer, leave them out)
+with the tables' MB at the end.
 This measures the proposer's own time only, not end-to-end speed.
 
 The persistent-batch replay itself is `rollout_graft_tools.chain_replay` (shared with `lab/replay.py vllm`
@@ -116,9 +118,20 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
     prop = cls(vllm_config(k, PROMPT + length + 2 * k + 8))
     if policy == "plain":
         prop.policy = NeverDraft(k)
+    rebuilds = [0.0]  # seconds in the hash tables' rebuilds (inside the counting, in either thread)
+    reserve = prop.store._reserve
+
+    def timed_reserve(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return reserve(*args, **kwargs)
+        finally:
+            rebuilds[0] += time.perf_counter() - t
+    prop.store._reserve = timed_reserve
     with fake_clock() as clock:  # the step time the policy sees
         replay(prop, batch, length=length, seed=10_000 + batch, clock=clock, step_ms=step_ms, record=False)  # warm-up
         parts = Parts(prop)
+        rebuilds[0] = 0.0
         full, rows_total, total = [], 0, 0.0
 
         def on_call(rows, s):
@@ -149,6 +162,9 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
             "us_per_call_median": 1e6 * statistics.median(full) if full else float("nan"),
             "us_per_request_step": 1e6 * total / rows_total,
             "parts_us_per_request_step": per_req,
+            # the tables' rebuilds (part of `count`): growing ones rehash every live key; a long run
+            # pays them, the --compare windows (a fresh proposer each) do not
+            "rebuild_us_per_request_step": 1e6 * rebuilds[0] / rows_total, "tables_mb": prop.store.nbytes() / 1e6,
             "drafted_per_row": d["draft_tokens"] / max(d["rows"], 1),
             "mat": 1 + d["accepted_tokens"] / max(d["rows"], 1)}
 
@@ -422,7 +438,7 @@ def main() -> None:
         return
     results = []
     print(f"{'policy':>6} {'batch':>5} {'us/call':>9} {'us/req':>7} | "
-          + " ".join(f"{n:>7}" for n in (*Parts.NAMES, "other")) + " | drafted/row   MAT")
+          + " ".join(f"{n:>7}" for n in (*Parts.NAMES, "other")) + " | rebuild tables_MB | drafted/row   MAT")
     for policy in args.policies:
         for batch in args.batches:
             r = run(batch, policy, args.k, args.length, args.repeats, tuple(args.step_ms), batch in args.cprofile)
@@ -430,10 +446,16 @@ def main() -> None:
             p = r["parts_us_per_request_step"]
             print(f"{policy:>6} {batch:>5} {r['us_per_call_median']:>9.0f} {r['us_per_request_step']:>7.1f} | "
                   + " ".join(f"{p[n]:>7.1f}" for n in (*Parts.NAMES, "other"))
+                  + f" | {r['rebuild_us_per_request_step']:>7.1f} {r['tables_mb']:>9.0f}"
                   + f" | {r['drafted_per_row']:>11.2f} {r['mat']:>5.2f}", flush=True)
     if args.json:
+        import os
+        import sys
+
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+            json.dump({"command": "python " + " ".join(sys.argv), "args": vars(args), "cpu": cpu_info(),
+                       "numpy_madvise_hugepage": os.environ.get("NUMPY_MADVISE_HUGEPAGE", "numpy's default (on)"),
+                       "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
