@@ -52,8 +52,9 @@ def logged_steps(report: dict, extra: tuple[str, ...] = ()) -> list[dict]:
 
 def test_rollout_metrics_and_importance_sampling_are_logged(run):
     _, report = run
-    steps = logged_steps(report, ("rollout/budget_ratio",))
+    steps = logged_steps(report, ("rollout/budget_ratio", "rollout/proposer_tables_mb"))
     for h in steps:
+        assert h["rollout/proposer_tables_mb"] > 0  # our proposer's count tables in host memory
         assert 0.8 < h["sampling/importance_sampling_ratio/mean"] < 1.2
         assert h["rollout/sync_seconds"] > 0 and h["rollout/seconds"] > 0  # TRL syncs the weights every step: timed apart
     assert report["summary"]["draft_tokens"] > 0 and max(h["rollout/mean_accepted_tokens"] for h in steps) > 1.0
@@ -104,7 +105,7 @@ def test_vllms_own_draft_methods_train_through_the_same_path(tmp_path, method):
     report = json.loads((tmp_path / "first.json").read_text())
     steps = logged_steps(report)
     for h in steps:
-        assert "rollout/budget_ratio" not in h  # our proposer's budget: not there
+        assert "rollout/budget_ratio" not in h and "rollout/proposer_tables_mb" not in h  # our proposer's: not there
     for h in steps:  # vLLM's sampling logprobs are the trainer's, before and after an update
         assert 0.8 < h["sampling/importance_sampling_ratio/mean"] < 1.2
     assert report["speculative_config"] == (method != "ar")

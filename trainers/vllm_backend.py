@@ -125,6 +125,7 @@ class VLLMRolloutMetrics:
         }
         if self.ours:  # the share of found draft tokens that D-cut kept (1.0 for a fixed budget)
             metrics["rollout/budget_ratio"] = d["kept_tokens"] / d["proposed_tokens"] if d.get("proposed_tokens") else 0.0
+            metrics["rollout/proposer_tables_mb"] = now.get("tables_mb", 0.0)  # its host memory now (the prior's included)
         return metrics
 
     def policy(self) -> str:
