@@ -162,6 +162,11 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
     tally["steps"] += len(slots)
     tally["emitted"] += len(slots)
     history, parked, step = [], None, 0
+    told = hasattr(proposer, "set_requests")
+
+    def report(rid: str) -> None:  # a request that finished, told with the proposer's next call
+        if told:
+            _UNREPORTED.setdefault(proposer, []).append(rid)
     finished = [i for i, r in enumerate(slots) if done[r] >= len(outs[r])]
     while True:
         if finished:
@@ -207,7 +212,7 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             tally["accepted"] += len(new) - 1
             if done[r] >= len(truth):
                 finished.append(i)
-                _UNREPORTED.setdefault(proposer, []).append(request_id(run, r))
+                report(request_id(run, r))
         if parked is not None:  # the preempted request comes back, recomputed, at the end
             r, row = parked
             slots.append(r)
@@ -219,7 +224,7 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             sampled.append([int(outs[r][done[r] - 1])])
             if done[r] >= len(outs[r]):
                 finished.append(len(slots) - 1)
-                _UNREPORTED.setdefault(proposer, []).append(request_id(run, r))
+                report(request_id(run, r))
             parked = None
         if preempt_every and step % preempt_every == 0 and len(slots) > 1 and 0 not in finished:
             parked = (slots[0], token_ids[0].copy())

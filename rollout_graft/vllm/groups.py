@@ -386,7 +386,7 @@ class RequestTracker:
         self._free_slots += self._dropped
         self._dropped = []
         joinable = []
-        for group in self._emptied:
+        for group in dict.fromkeys(self._emptied):  # each once (a group's requests often go together)
             if group.held or group.idle:
                 continue
             if self.group_seen[group.slot] >= self.step:  # seen in the last step: the coming one may join it
