@@ -71,6 +71,20 @@ def render_proposer_profile(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_proposer_rollouts(runs: list[dict]) -> str:
+    """`lab/profile_vllm_proposer.py --json` without --compare: whole rollouts through one proposer."""
+    lines = ["| pages | batch | timed rollouts | µs per call (median) | µs per request-step (mean) | of which rebuilds | "
+             "the rest | tables MB | MAT |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        pages = "4 KB" if run.get("numpy_madvise_hugepage") == "0" else "huge (numpy's default)"
+        for r in run["results"]:
+            rebuild = r["rebuild_us_per_request_step"]
+            lines.append(f"| {pages} | {r['batch']} | {run['args']['repeats']} | {r['us_per_call_median']:.0f} | "
+                         f"{r['us_per_request_step']:.1f} | {rebuild:.1f} | {r['us_per_request_step'] - rebuild:.1f} | "
+                         f"{r['tables_mb']:.0f} | {r['mat']:.2f} |")
+    return "\n".join(lines)
+
+
 def render_step_cost(runs: list[dict]) -> str:
     """`lab/vllm_step_cost.py --json`: cross-validated error of each step-cost model."""
     lines = ["| batch | steps | plain step ms | model | MAE ms | bias on small drafts ms | coefficients |",
@@ -555,6 +569,17 @@ SECTIONS: list[Section] = [
             "call holds 128 rows or more (`ngrams.PARALLEL_ROWS`), its second core's work on the step's critical path; "
             "vLLM's proposers run on one. Measured on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_vs_ngram.json",), render_proposer_profile),
+    Section("vLLM proposer's own time over whole rollouts: the tables' rebuilds (micro-benchmark)",
+            "The windows above each build a fresh proposer, its tables sized when its rows arrive: their figures are "
+            "the cost between rebuilds. Here one proposer (fixed depth) takes whole rollouts in turn, as in training "
+            "(64-token prompts, 256-token completions, GRPO groups of 8, a warm-up rollout then 12 timed; "
+            "`lab/profile_vllm_proposer.py` without `--compare`): its tables grow, the prior's above all, and each "
+            "growth rehashes every live key. Rebuilds: their time per request-step, inside the counting; the rest: "
+            "everything else. Pages: numpy asks for huge pages for large arrays; the 4 KB run sets "
+            "`NUMPY_MADVISE_HUGEPAGE=0`. On this VM a huge page first touched costs 10–45 ms (the VM backs its "
+            "memory on first use); a GPU VM, which pins its memory for the device, pays far less. Measured on a "
+            "shared 2-core machine, one run each.",
+            ("vllm_proposer_rollouts.json", "vllm_proposer_rollouts_4k_pages.json"), render_proposer_rollouts),
     Section("vLLM proposer's own time: the prior in a helper thread or not (micro-benchmark)",
             "The same persistent batches as above, ours with a fixed depth only: `fixed-1thread` counts and walks the "
             "prior in the calling thread at every size, `fixed-2threads` in a helper thread beside the groups' at every "
