@@ -254,8 +254,9 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
     """`steps` timed calls of one persistent batch: `batch` rows in GRPO groups of 8 (prompts of 64
     tokens, siblings reading their group's template: `chain_replay.completions`), each arriving with
     `context` tokens (prompt + completion so far; the arrival call is not timed) and emitting a
-    completion of its own remaining length (steps…4·steps tokens): rows leave as they finish and
-    vLLM's condense moves the last rows into their slots. A draft is accepted up to its first token
+    completion of its own remaining length (steps…4·steps tokens): rows leave as they finish (reported
+    finished with the next call, as vLLM's scheduler does) and vLLM's condense moves the last rows
+    into their slots. A draft is accepted up to its first token
     that differs from the row's completion, plus the step's own token. `gap_ms`: real time between
     calls, spent waiting in a loop that releases the GIL, as a host thread waits for a GPU's forward
     (ours counts the text a spell of plain decisions defers in its helper thread then; a plain spin
@@ -276,6 +277,7 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
     rid = [f"{next(ids)}" for _ in range(batch)]
     calls, per_call, rows, emitted, drafted, finished, drafts = [], [], 0, 0, 0, [], {}
     for step in range(steps + 1):
+        gone = [rid[slots[i]] for i in finished]  # vLLM reports them finished with the next step
         if finished:
             slots, sampled = _condense(slots, sampled, finished, token_ids, num)
         if not slots:
@@ -283,7 +285,7 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
         if clock is not None:
             clock.now += (step_ms[0] + step_ms[1] * len(slots) + step_ms[2] * sum(len(drafts.get(r, ())) for r in slots)) / 1000.0
         if hasattr(prop, "set_requests"):
-            prop.set_requests([rid[r] for r in slots], [PROMPT] * len(slots))
+            prop.set_requests([rid[r] for r in slots], [PROMPT] * len(slots), finished=gone)
         rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
         until = time.perf_counter() + gap_ms / 1000.0
         while time.perf_counter() < until:  # waiting without the GIL, as a host thread waits on a GPU
