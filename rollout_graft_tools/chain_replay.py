@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import weakref
 from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
 
@@ -24,7 +23,6 @@ PROMPT = 64
 VOCAB = 32000
 SPARE_ROWS = 8  # vLLM's max_num_reqs exceeds the running batch
 _RUNS = itertools.count()
-_UNREPORTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # proposer → ids finished, reported at its next call
 
 
 def vllm_config(k: int, max_model_len: int, vocab: int = VOCAB):
@@ -138,8 +136,8 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
     are costed in the step before the next call (the first step, drafting nothing, stands for the
     prefill's; the last step's drafts are not costed). A proposer with `set_requests(ids, prompt_lengths, finished)` is told each call's
     request id and prompt length per row, as vLLM's input batch holds them, and the requests that finished since its
-    last call (the last rollout's last ones at its next rollout's first call), as vLLM's scheduler reports them
-    (our plugin hands them to ours)."""
+    last call, as vLLM's scheduler reports them (our plugin hands them to ours); the last ones by a call with no
+    rows after the rollout, which the proposer's next call takes, as vLLM reports them with its next step."""
     batch = len(prompts)
     run = next(_RUNS)  # request ids are unique across replays, as vLLM's
     plen = [len(p) for p in prompts]
@@ -163,10 +161,7 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
     tally["emitted"] += len(slots)
     history, parked, step = [], None, 0
     told = hasattr(proposer, "set_requests")
-
-    def report(rid: str) -> None:  # a request that finished, told with the proposer's next call
-        if told:
-            _UNREPORTED.setdefault(proposer, []).append(rid)
+    ended: list[str] = []  # requests that finished since the last call, told with the next
     finished = [i for i, r in enumerate(slots) if done[r] >= len(outs[r])]
     while True:
         if finished:
@@ -179,9 +174,9 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
                 clock.now += step_ms.step_ms(step_drafts, num[: len(slots)].copy()) / 1000.0
             else:
                 clock.now += (step_ms[0] + step_ms[1] * len(slots) + step_ms[2] * int(step_drafts.sum())) / 1000.0
-        if hasattr(proposer, "set_requests"):
-            proposer.set_requests([request_id(run, r) for r in slots], [plen[r] for r in slots],
-                                  finished=_UNREPORTED.pop(proposer, []))
+        if told:
+            proposer.set_requests([request_id(run, r) for r in slots], [plen[r] for r in slots], finished=ended)
+            ended = []
         t = time.perf_counter()
         rows_in = sampled + [[] for _ in range(len(sampled), batch + SPARE_ROWS)]
         got = (clock.call(proposer.propose, rows_in, num, token_ids) if clock is not None
@@ -212,7 +207,7 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             tally["accepted"] += len(new) - 1
             if done[r] >= len(truth):
                 finished.append(i)
-                report(request_id(run, r))
+                ended.append(request_id(run, r))
         if parked is not None:  # the preempted request comes back, recomputed, at the end
             r, row = parked
             slots.append(r)
@@ -224,12 +219,14 @@ def replay_rows(proposer, prompts: list, outs: list, clock: FakeClock | None = N
             sampled.append([int(outs[r][done[r] - 1])])
             if done[r] >= len(outs[r]):
                 finished.append(len(slots) - 1)
-                report(request_id(run, r))
+                ended.append(request_id(run, r))
             parked = None
         if preempt_every and step % preempt_every == 0 and len(slots) > 1 and 0 not in finished:
             parked = (slots[0], token_ids[0].copy())
             done[slots[0]] -= len(sampled[0])  # its last step's tokens are recomputed on return
             finished.append(0)
+    if told and ended:  # the last ones: vLLM reports them with its next step (the next rollout's first)
+        proposer.set_requests([], [], finished=ended)
     return history
 
 

@@ -576,8 +576,8 @@ SECTIONS: list[Section] = [
             "`lab/profile_vllm_proposer.py` without `--compare`): its tables grow, the prior's above all, and each "
             "growth rehashes every live key. Rebuilds: their time per request-step, inside the counting; the rest: "
             "everything else. Pages: numpy asks for huge pages for large arrays; the 4 KB run sets "
-            "`NUMPY_MADVISE_HUGEPAGE=0`. On this VM a huge page first touched costs 10–45 ms (the VM backs its "
-            "memory on first use); a GPU VM, which pins its memory for the device, pays far less. Measured on a "
+            "`NUMPY_MADVISE_HUGEPAGE=0`. This VM backs its memory on first use, dearly for huge pages; a GPU VM, "
+            "which pins its memory for the device, pays far less (docs/DESIGN.md, the vLLM backend). Measured on a "
             "shared 2-core machine, one run each.",
             ("vllm_proposer_rollouts.json", "vllm_proposer_rollouts_4k_pages.json"), render_proposer_rollouts),
     Section("vLLM proposer's own time: the prior in a helper thread or not (micro-benchmark)",

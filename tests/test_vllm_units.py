@@ -854,9 +854,10 @@ def test_requests_vllm_reports_finished_are_dropped_and_their_idle_group_cleared
     tracker.finish(["never-seen", a.rid])  # ids the tracker does not hold: nothing to do
 
 
-def test_a_group_that_finishes_can_be_joined_by_the_next_step_only():
-    """A group whose requests all finished is cleared only once the coming step's requests cannot join
-    it: a request of its prompt in the very next step still joins it (`_start`), its table whole."""
+def test_a_request_of_the_prompt_in_the_next_step_joins_the_group_its_finished_sibling_leaves():
+    """A request of a group's prompt arriving the step after the group's last request finished joins
+    the group (`_start`: it ran in the last step), which then keeps its table whole; a report that
+    comes while the request is still in the batch changes nothing."""
     store = NgramStore(2)
     tracker = RequestTracker(store, store.slot())
     first = Batch([P1])

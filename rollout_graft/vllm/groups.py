@@ -126,8 +126,9 @@ def _grown(a: np.ndarray, n: int, fill: int = 0) -> np.ndarray:
 class RequestTracker:
     """Maps the rows of each `propose` call to `Request`s (by request id) and their `Group`s.
 
-    A request of a prompt none of whose requests ran at the previous step starts a new rollout
-    of that prompt (a later GRPO epoch): its group is rebuilt with the last `recall` completions
+    A request of a prompt none of whose requests ran at the previous step, or whose group the
+    tracker holds no request of any more, starts a new rollout of that prompt (a later GRPO
+    epoch): its group is rebuilt with the last `recall` completions
     of the previous rollout as read-only texts.
 
     State is arrays by request slot (a request keeps its slot while the tracker holds it): its
@@ -189,7 +190,6 @@ class RequestTracker:
         self.slot_capacity = 0  # slots handed out so far
         self._free_slots: list[int] = []  # slots of requests dropped before the last `rows` call: reused
         self._dropped: list[int] = []  # slots of requests dropped since (their state is read this step still)
-        self._emptied: list[Group] = []  # groups whose last request was dropped, not idle yet (`_release_dropped`)
         none = np.zeros(0, dtype=np.int64)
         self.store.kern._append_rows(self.texts, none, none, none, none)  # compiled now, not in a timed step
         for num_tokens in (none, none.astype(np.int32)):  # vLLM's num_tokens_no_spec: int32
@@ -372,29 +372,20 @@ class RequestTracker:
             self.away = {rid: r for rid, r in self.away.items() if self.step - r.seen <= self.forget_after}
 
     def _release_dropped(self) -> None:
-        """Free the slots of the requests dropped last step. A group left without requests that the
-        coming step's requests cannot join (`_start`: not seen in the last step) is idle: a later
-        request of its prompt starts a new group, so its table is cleared (its texts stay, for
-        recall); what it still had to count teaches the prior only (`_take_work`). One left without
-        requests that can still be joined is looked at again by the next call. Else every prompt
-        remembered kept a table (up to `max_groups`)."""
+        """Free the slots of the requests dropped last step. A group left without requests is idle:
+        no request joins it again (a later request of its prompt starts a new group: `_start`), so
+        its table is cleared (its texts stay, for recall); what it still had to count teaches the
+        prior only (`_take_work`). Else every prompt remembered kept a table (up to `max_groups`)."""
         for slot in self._dropped:
             req = self.by_slot.pop(slot)
             self._to_list(req)  # its text stays its group's
-            req.group.held -= 1
-            self._emptied.append(req.group)
+            group = req.group
+            group.held -= 1
+            if not group.held and not group.idle:
+                group.idle = True
+                self.store.clear(group.slot)
         self._free_slots += self._dropped
         self._dropped = []
-        joinable = []
-        for group in dict.fromkeys(self._emptied):  # each once (a group's requests often go together)
-            if group.held or group.idle:
-                continue
-            if self.group_seen[group.slot] >= self.step:  # seen in the last step: the coming one may join it
-                joinable.append(group)
-                continue
-            group.idle = True
-            self.store.clear(group.slot)
-        self._emptied = joinable
 
     def _start(self, rid, prompt: list[int], completion: list[int]) -> Request:
         """A new request: its group (this rollout's of its prompt) and its text, prompt + the
@@ -404,7 +395,7 @@ class RequestTracker:
         else:
             key = _key(prompt)
             group = self.groups.get(key)
-            if group is None or group.prompt != prompt or self.group_seen[group.slot] < self.step - 1:
+            if group is None or group.prompt != prompt or group.idle or self.group_seen[group.slot] < self.step - 1:
                 recalled = group.completions()[-self.recall :] if group is not None and self.recall else []
                 group = self.groups[key] = self._new_group(prompt, recalled)
                 while len(self.groups) > self.max_groups:
