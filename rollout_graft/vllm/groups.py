@@ -44,7 +44,7 @@ class Group:
     prompt: list[int]
     store: NgramStore
     pending: dict[int, "Group"] | None = None  # groups with texts not counted yet (`take`)
-    texts: list[list[int]] = field(default_factory=list)  # every text of the group
+    texts: list[list[int] | np.ndarray | None] = field(default_factory=list)  # every text of the group (`text` reads one)
     fresh: list[tuple[int, int]] = field(default_factory=list)  # texts added, not counted yet: (text, from)
     recalled: list[int] = field(default_factory=list)  # text ids of completions from earlier rollouts
     members: list[int] = field(default_factory=list)  # text ids of this rollout's requests
@@ -78,8 +78,12 @@ class Group:
         return work
 
     def text(self, tid: int) -> list[int]:
-        """Text `tid` as it stands (a request's in the batch is its tracker's: `Request.text`)."""
-        return self.in_rows[tid].text if tid in self.in_rows else self.texts[tid]
+        """Text `tid` as it stands (a request's in the batch is its tracker's: `Request.text`; one
+        that left its row is an array, `RequestTracker._to_list`)."""
+        if tid in self.in_rows:
+            return self.in_rows[tid].text
+        text = self.texts[tid]
+        return text.tolist() if isinstance(text, np.ndarray) else text
 
     def completions(self) -> list[list[int]]:
         """Completions known for this prompt, oldest first (recalled ones, then this rollout's)."""
@@ -92,7 +96,7 @@ class Request:
     text array, or group.texts[text_id] once it moved there (`RequestTracker._to_list`)."""
 
     group: Group
-    text_id: int  # its text in group.texts (the text it started with, while its text is a row)
+    text_id: int  # its text in group.texts (None there while its text is a row)
     rid: str  # its vLLM request id
     tracker: "RequestTracker"
     slot: int  # its row in the arrays of per-request state (`RequestTracker.slots`; the proposer's `InFlight`)
@@ -106,7 +110,7 @@ class Request:
     @property
     def text(self) -> list[int]:
         row = int(self.tracker.row_of[self.slot])
-        return self.tracker.texts[row, : self.length].tolist() if row >= 0 else self.group.texts[self.text_id]
+        return self.tracker.texts[row, : self.length].tolist() if row >= 0 else self.group.text(self.text_id)
 
 
 def _key(prompt) -> tuple[int, int]:
@@ -315,19 +319,24 @@ class RequestTracker:
         self._departed.append(req.slot)
 
     def _to_list(self, req: Request) -> None:
-        """`req`'s text from its row to its group's list (what is not counted yet is counted from
-        there: `_settle`); the row is free."""
+        """`req`'s text from its row to its group's list, as a copy of the row (what is not counted
+        yet is counted from there: `_settle`); the row is free. A copy, not a list of Python ints: a
+        request leaves its row as soon as vLLM reports it finished, and a list of a 1,000-token
+        text took most of the tracker's time in the proposer's micro-benchmark, whose rows all
+        finish within a few steps (`lab/profile_vllm_proposer.py --compare`)."""
         row = int(self.row_of[req.slot])
         if row >= 0:
             self._settle(req)
-            req.group.texts[req.text_id] = self.texts[row, : req.length].tolist()
+            req.group.texts[req.text_id] = self.texts[row, : req.length].copy()
             req.group.in_rows.pop(req.text_id, None)
             self.row_of[req.slot] = -1
             self._free_rows.append(row)
 
     def _to_row(self, req: Request) -> None:
         """A row of `texts` for `req`'s text: a free one, else the rows of the requests away move to
-        their lists (each request's once), else more rows."""
+        their lists (each request's once), else more rows. The group's list lets its copy go (None
+        while the row holds the text): a list of Python ints freed when the request finishes cost
+        that step ~10 µs per 1,000 tokens."""
         if not self._free_rows:
             for other in self.away.values():
                 self._to_list(other)
@@ -342,6 +351,7 @@ class RequestTracker:
         self.texts[row, : len(text)] = text
         self.row_of[req.slot] = row
         req.group.in_rows[req.text_id] = req
+        req.group.texts[req.text_id] = None
 
     def _returning(self, rid, before: int) -> Request | None:
         """The request `rid` returning to the batch (preempted, recomputed; or of the last step, in a
@@ -359,9 +369,9 @@ class RequestTracker:
         """Requests vLLM reports finished (its `finished_req_ids`): they will not return, so each
         that left the batch is dropped now, not after `forget_after` steps away, and a group whose
         requests have all gone is idle, its table cleared (`_release_dropped`). Without the report
-        (a vLLM step that runs no model skips our plugin) a finished request waits `forget_after`
-        steps away: every table of 4,096 steps of groups stayed in memory, and the store grew with
-        them (1.3 GB after 20 rollouts of 64 rows × 320 tokens). Returns the requests dropped."""
+        (no vLLM runner with our plugin) a finished request waits `forget_after` steps away: every
+        table of 4,096 steps of groups stayed in memory, and the store grew with them (1.3 GB after
+        20 rollouts of 64 rows × 320 tokens). Returns the requests dropped."""
         dropped = [req.slot for req in map(self.away.pop, ids, repeat(None)) if req is not None]
         self._dropped += dropped
         return len(dropped)

