@@ -32,8 +32,9 @@ request-step (all steps), split into tracker (`RequestTracker.rows`), learn (wha
 and the shadows earned, policy calls excluded), drafting — count (`NgramStore.teach`: the new text
 counted) and walk (`NgramStore.chain_arrays`: the chains) —, policy (`self.policy.*` calls) and the
 rest of `propose`; and, part of the counting, the hash tables' rebuilds (a long run pays them as
-tables grow, the prior's above all; `--compare`'s windows, each a fresh proposer, leave them out)
-with the tables' MB at the end.
+tables grow, the prior's above all; `--compare`'s windows, each a fresh proposer, leave them out),
+the prior's starts over past its bound (emptied in place) counted with them, and the tables' MB at
+the end.
 This measures the proposer's own time only, not end-to-end speed.
 
 The persistent-batch replay itself is `rollout_graft_tools.chain_replay` (shared with `lab/replay.py vllm`
@@ -118,16 +119,17 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
     prop = cls(vllm_config(k, PROMPT + length + 2 * k + 8))
     if policy == "plain":
         prop.policy = NeverDraft(k)
-    rebuilds = [0.0]  # seconds in the hash tables' rebuilds (inside the counting, in either thread)
-    reserve = prop.store._reserve
+    rebuilds = [0.0]  # seconds in the hash tables' rebuilds and the prior's starts over (in the counting, either thread)
 
-    def timed_reserve(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return reserve(*args, **kwargs)
-        finally:
-            rebuilds[0] += time.perf_counter() - t
-    prop.store._reserve = timed_reserve
+    def timed(method):
+        def wrapped(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                rebuilds[0] += time.perf_counter() - t
+        return wrapped
+    prop.store._reserve, prop.store._start_over = timed(prop.store._reserve), timed(prop.store._start_over)
     with fake_clock() as clock:  # the step time the policy sees
         replay(prop, batch, length=length, seed=10_000 + batch, clock=clock, step_ms=step_ms, record=False)  # warm-up
         parts = Parts(prop)
@@ -162,9 +164,10 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
             "us_per_call_median": 1e6 * statistics.median(full) if full else float("nan"),
             "us_per_request_step": 1e6 * total / rows_total,
             "parts_us_per_request_step": per_req,
-            # the tables' rebuilds (part of `count`): growing ones rehash every live key; a long run
-            # pays them, the --compare windows (a fresh proposer each) do not
+            # the tables' rebuilds and the prior's starts over (part of `count`): growing tables rehash
+            # every live key; a long run pays them, the --compare windows (a fresh proposer each) do not
             "rebuild_us_per_request_step": 1e6 * rebuilds[0] / rows_total, "tables_mb": prop.store.nbytes() / 1e6,
+            "prior_starts_over": prop.store.resets.get(prop.prior, 0),  # past its bound, warm-up included
             "drafted_per_row": d["draft_tokens"] / max(d["rows"], 1),
             "mat": 1 + d["accepted_tokens"] / max(d["rows"], 1)}
 

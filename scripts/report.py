@@ -73,14 +73,17 @@ def render_proposer_profile(runs: list[dict]) -> str:
 
 def render_proposer_rollouts(runs: list[dict]) -> str:
     """`lab/profile_vllm_proposer.py --json` without --compare: whole rollouts through one proposer."""
-    lines = ["| pages | batch | timed rollouts | µs per call (median) | µs per request-step (mean) | of which rebuilds | "
-             "the rest | tables MB | MAT |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| pages | batch | tokens a row | timed rollouts | µs per call (median) | µs per request-step (mean) | "
+             "of which rebuilds | the rest | prior's starts over | tables MB | MAT |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         pages = "4 KB" if run.get("numpy_madvise_hugepage") == "0" else "huge (numpy's default)"
         for r in run["results"]:
             rebuild = r["rebuild_us_per_request_step"]
-            lines.append(f"| {pages} | {r['batch']} | {run['args']['repeats']} | {r['us_per_call_median']:.0f} | "
+            lines.append(f"| {pages} | {r['batch']} | {run['args']['length']} | {run['args']['repeats']} | "
+                         f"{r['us_per_call_median']:.0f} | "
                          f"{r['us_per_request_step']:.1f} | {rebuild:.1f} | {r['us_per_request_step'] - rebuild:.1f} | "
+                         f"{_num(r.get('prior_starts_over'), 0)} | "
                          f"{r['tables_mb']:.0f} | {r['mat']:.2f} |")
     return "\n".join(lines)
 
@@ -572,14 +575,17 @@ SECTIONS: list[Section] = [
     Section("vLLM proposer's own time over whole rollouts: the tables' rebuilds (micro-benchmark)",
             "The windows above each build a fresh proposer, its tables sized when its rows arrive: their figures are "
             "the cost between rebuilds. Here one proposer (fixed depth) takes whole rollouts in turn, as in training "
-            "(64-token prompts, 256-token completions, GRPO groups of 8, a warm-up rollout then 12 timed; "
-            "`lab/profile_vllm_proposer.py` without `--compare`): its tables grow, the prior's above all, and each "
-            "growth rehashes every live key. Rebuilds: their time per request-step, inside the counting; the rest: "
-            "everything else. Pages: numpy asks for huge pages for large arrays; the 4 KB run sets "
+            "(64-token prompts, completions of the tokens a row given, GRPO groups of 8, a warm-up rollout then the "
+            "timed ones; `lab/profile_vllm_proposer.py` without `--compare`): its tables grow, the prior's above all, "
+            "and each growth rehashes every live key; the longest run also sees the prior start over past its bound "
+            "(4M contexts), its tables emptied in place. Rebuilds: their time per request-step with the starts over, "
+            "inside the counting; the rest: everything else. Pages: numpy asks for huge pages for large arrays; the "
+            "4 KB run sets "
             "`NUMPY_MADVISE_HUGEPAGE=0`. This VM backs its memory on first use, dearly for huge pages; a GPU VM, "
             "which pins its memory for the device, pays far less (docs/DESIGN.md, the vLLM backend). Measured on a "
             "shared 2-core machine, one run each.",
-            ("vllm_proposer_rollouts.json", "vllm_proposer_rollouts_4k_pages.json"), render_proposer_rollouts),
+            ("vllm_proposer_rollouts.json", "vllm_proposer_rollouts_4k_pages.json", "vllm_proposer_long_run.json"),
+            render_proposer_rollouts),
     Section("vLLM proposer's own time: the prior in a helper thread or not (micro-benchmark)",
             "The same persistent batches as above, ours with a fixed depth only: `fixed-1thread` counts and walks the "
             "prior in the calling thread at every size, `fixed-2threads` in a helper thread beside the groups' at every "

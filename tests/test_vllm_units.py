@@ -577,6 +577,28 @@ def test_prior_saves_loads_and_starts_over_past_its_bound(tmp_path):
     assert store.resets[counts] == 1 and store.sizes[counts] == 0
 
 
+def test_the_prior_starts_over_in_place_keeping_its_hash_tables():
+    """A bounded table alone in its shard (the prior) starts over by emptying its hash tables in
+    place: they keep their size (cleared by a new generation, the next rebuild shrank them and they
+    regrew through every size, touching fresh memory each time), the groups' tables are untouched,
+    and it then counts and drafts as a fresh table does."""
+    rng = np.random.default_rng(0)
+    store = NgramStore(4)
+    prior, group = store.slot(max_contexts=1500, apart=True), store.slot()
+    store.teach([(group, prior, rng.integers(0, 50, 1000).tolist(), 0, 1000)])  # past the bound
+    sh = store.shards[1]
+    assert store.resets[prior] == 1 and store.sizes[prior] == 0 and store.sizes[group] > 0
+    assert len(sh.ctx) > 1024 and not sh.ctx.any() and not sh.pairs.any() and not sh.used.any()
+    ctx, group_table = sh.ctx, store.table(group)
+    text = [1, 2, 3, 1, 2, 4, 1, 2, 3]
+    store.teach([(prior, -1, text, 0, len(text))])
+    fresh = NgramStore(4)
+    again = fresh.slot(apart=True)
+    fresh.teach([(again, -1, text, 0, len(text))])
+    assert sh.ctx is ctx and store.table(prior) == fresh.table(again) and store.table(group) == group_table
+    assert store.chain(prior, [1, 2], 4) == fresh.chain(again, [1, 2], 4)
+
+
 def observe_step(cost, rows: int, draft: int, ms: float) -> None:
     """The step-cost fit observes a step of `rows` requests and `draft` draft tokens that took `ms`."""
     cost.observe((1.0, rows, draft, float(draft > 0)), ms)
