@@ -264,10 +264,9 @@ class NgramStore:
     def _start_over(self, slot: int) -> None:
         """Empty the table of `slot`; one alone in its shard (the prior) is emptied in place: its hash
         tables keep their size and their memory. Cleared by a new generation, its dead rows would
-        shrink the tables at their next rebuild, and regrowing them would touch fresh memory again:
-        over 12 rollouts of 256 rows × 512 tokens through one proposer, the prior's regrowth after its
-        first start-over took 1.8 s of its 4M → 8M-row step and the next would take ~3 s, where
-        zeroing its 24M rows in place takes a fraction of that (docs/DESIGN.md, the vLLM backend)."""
+        shrink the tables at their next rebuild, and regrowing them touched fresh memory again: on
+        this VM 1.1–3.4 s a doubling from 4M rows up, where zeroing its 24M rows in place takes ~60
+        ms (docs/DESIGN.md, the vLLM backend)."""
         shard = int(self.shard_of[slot])
         alone = all(s == slot or s in self.free or self.shard_of[s] != shard for s in range(len(self.gens)))
         self._clear(slot)
