@@ -269,6 +269,34 @@ def test_tables_that_fill_with_dead_generations_keep_their_size():
     assert sum(store.sizes) == 0 and store.table(store.slot()) == {}
 
 
+def test_a_table_whose_dead_rows_make_room_is_emptied_of_them_in_place():
+    """A rebuild that needs no more rows than the table has (its dead generations make the room) empties
+    the dead rows in place, keeping the arrays (their memory stays touched): every live table and
+    chain is what it was, and counting goes on as in a fresh store."""
+    rng = np.random.default_rng(5)
+    texts = [rng.integers(0, 30, 400).tolist() for _ in range(12)]
+    store, fresh = NgramStore(4), NgramStore(4)
+    gone = [store.slot() for _ in range(8)]
+    store.teach([(s, -1, t, 0, len(t)) for s, t in zip(gone, texts)])
+    kept, again = store.slot(), fresh.slot()
+    for table, st in ((kept, store), (again, fresh)):
+        st.teach([(table, -1, texts[8], 0, 400)])
+    for s in gone:
+        store.release(s)
+    sh = store.shards[0]
+    ctx, pairs, before = sh.ctx, sh.pairs, store.table(kept)
+    live = [int(store.kern._live(rows, store.gens).sum()) for rows in (ctx, pairs)]
+    room = [len(rows) // SPARE - int(used) + 1 for rows, used in zip((ctx, pairs), sh.used)]  # past a quarter full
+    assert all(SPARE * (n + r) <= len(rows) for n, r, rows in zip(live, room, (ctx, pairs)))  # what the dead rows free fits
+    store.reserve(*room)
+    assert sh.ctx is ctx and sh.pairs is pairs and list(sh.used) == live
+    assert store.table(kept) == before
+    for table, st in ((kept, store), (again, fresh)):
+        st.teach([(table, -1, t, 0, len(t)) for t in texts[9:]])
+    assert store.table(kept) == fresh.table(again)
+    assert store.chain(kept, texts[9][:50], 8) == fresh.chain(again, texts[9][:50], 8)
+
+
 def test_the_prior_counted_and_walked_in_a_helper_thread_changes_nothing(monkeypatch):
     """The prior's hash tables apart (`slot(apart=True)`, the proposer's) are counted and walked in
     a helper thread beside the groups' once a call is big enough (`ngrams.PARALLEL_ROWS`): the

@@ -419,6 +419,32 @@ def _rehash(rows, live, out, wide: bool):
 
 
 @njit(cache=True)
+def _compact(rows, live, wide: bool) -> None:
+    """`_rehash` in place, into the same rows: the dead rows emptied, then each key taken out and put
+    back from its home, in probe order from an empty row once around (linear probing: a key put back
+    lands at or before where it was, and no later move opens a gap on a path already placed)."""
+    n = len(rows)
+    for i in range(n):
+        if not live[i]:
+            rows[i, :] = 0
+    start = 0
+    while start < n and rows[start, OWNER] != 0:
+        start += 1
+    if start == n:  # no empty row: nothing was dead, and a table is never full
+        return
+    for step in range(1, n):
+        i = (start + step) & (n - 1)
+        if rows[i, OWNER] == 0:
+            continue
+        o, w0, w1, w2, w3, a, b, c = rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3], rows[i, 4], rows[i, 5], rows[i, 6], rows[i, 7]
+        rows[i, OWNER] = 0
+        j = -1 - _find(rows, o, w0, w1, w2, w3, a if wide else 0, wide)
+        if j != i:
+            rows[i, :] = 0
+        rows[j, 0], rows[j, 1], rows[j, 2], rows[j, 3], rows[j, 4], rows[j, 5], rows[j, 6], rows[j, 7] = o, w0, w1, w2, w3, a, b, c
+
+
+@njit(cache=True)
 def _import(ctx, pairs, used, sizes, slot, owner, keys, succ, cnt) -> None:
     for i in range(len(succ)):
         _add(ctx, pairs, used, sizes, slot, owner, keys[i, 0], keys[i, 1], keys[i, 2], keys[i, 3], succ[i], cnt[i])
