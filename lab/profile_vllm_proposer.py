@@ -129,7 +129,7 @@ def run(batch: int, policy: str, k: int, length: int, repeats: int, step_ms, pro
             finally:
                 rebuilds[0] += time.perf_counter() - t
         return wrapped
-    prop.store._reserve, prop.store._start_over = timed(prop.store._reserve), timed(prop.store._start_over)
+    prop.store._reserve, prop.store._bound = timed(prop.store._reserve), timed(prop.store._bound)  # _bound: starts over
     with fake_clock() as clock:  # the step time the policy sees
         replay(prop, batch, length=length, seed=10_000 + batch, clock=clock, step_ms=step_ms, record=False)  # warm-up
         parts = Parts(prop)

@@ -83,7 +83,7 @@ MAX_PRIOR_CONTEXTS = 4_000_000
 host memory a context, the hash tables being a quarter to half full — 0.24 KB over a 400k-token
 text: `lab/profile_vllm_proposer.py --prior-memory 400000` — so ≈ 0.5–2 GB; a rollout of R new
 tokens adds up to ~`MAX_MATCH`·R contexts, fewer where text repeats). Its hash tables keep their
-size when it starts over (`ngrams.NgramStore._start_over`): the memory it reached stays held."""
+size when it starts over (`ngrams.NgramStore._compact`): the memory it reached stays held."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,10 +204,7 @@ class NgramStore:
     def _reserve(self, contexts: int, pairs: int, shard: int, doubling: bool = False) -> None:
         """`reserve`; `doubling`: a table rebuilt takes room for at least as many new keys as it
         holds live (`_grow`). A table never shrinks: where its dead generations make the room, they
-        are emptied in place (`_kernels._compact`), its memory kept; else it is rebuilt larger. Rebuilt
-        to its live keys, the groups' tables shrank at each rollout's start and regrew through three
-        doublings within it, into untouched memory (over 30 rollouts of 256 rows × 512 tokens,
-        6.2–6.8 s of rebuilds against 1.8–2.1 in place: docs/DESIGN.md, the vLLM backend)."""
+        are emptied in place (`_compact`), its memory kept; else it is rebuilt larger."""
         sh = self.shards[shard]
         for i, (name, extra) in enumerate((("ctx", contexts), ("pairs", pairs))):
             rows = getattr(sh, name)
@@ -216,11 +213,23 @@ class NgramStore:
             live = self.kern._live(rows, self.gens)
             n = int(live.sum())
             room = max(extra, n) if doubling else extra
-            if _capacity(n + room) <= len(rows):  # the dead rows make the room: emptied in place
-                self.kern._compact(rows, live, i == 1)
+            if _capacity(n + room) <= len(rows):
+                self._compact(shard, i, live)
             else:
                 setattr(sh, name, self.kern._rehash(rows, live, _rows(_capacity(n + room)), i == 1))
-            sh.used[i] = n
+                sh.used[i] = n
+
+    def _compact(self, shard: int, table: int, live: np.ndarray | None = None) -> None:
+        """The dead generations of hash table `table` (0: contexts, 1: pairs) of `shard` emptied in
+        place (`_kernels._compact`), its live keys kept: its size and its memory stay. Rebuilt to its
+        live keys instead, a table shrank and regrew through every size into memory never touched:
+        the groups' tables at each rollout's start, the prior after each start over (scratch timings
+        on this VM: 1.1–3.4 s a doubling of the prior from 4M rows up; docs/DESIGN.md, the vLLM backend)."""
+        sh = self.shards[shard]
+        rows = (sh.ctx, sh.pairs)[table]
+        live = self.kern._live(rows, self.gens) if live is None else live
+        self.kern._compact(rows, live, table == 1)
+        sh.used[table] = int(live.sum())
 
     @_settled
     def nbytes(self) -> int:
@@ -266,23 +275,10 @@ class NgramStore:
         slots = meta[:, :2]
         for slot in [s for s, bound in self.bounds.items() if self.sizes[s] > bound]:
             if (slots == slot).any():  # taught by these segments
-                self._start_over(slot)
+                self._clear(slot)  # and its dead rows emptied now, in place: its memory stays (`_compact`)
+                for table in range(2):
+                    self._compact(int(self.shard_of[slot]), table)
                 self.resets[slot] += 1
-
-    def _start_over(self, slot: int) -> None:
-        """Empty the table of `slot`; one alone in its shard (the prior) is emptied in place: its hash
-        tables keep their size and their memory. Cleared by a new generation, its dead rows would
-        shrink the tables at their next rebuild, and regrowing them touched fresh memory again: on
-        this VM 1.1–3.4 s a doubling from 4M rows up, where zeroing its 24M rows in place takes ~60
-        ms (docs/DESIGN.md, the vLLM backend)."""
-        shard = int(self.shard_of[slot])
-        alone = all(s == slot or s in self.free or self.shard_of[s] != shard for s in range(len(self.gens)))
-        self._clear(slot)
-        if alone:
-            sh = self.shards[shard]
-            sh.ctx.fill(0)
-            sh.pairs.fill(0)
-            sh.used[:] = 0
 
     def settle(self) -> None:
         """Wait for the counting a `teach(beside=True)` runs in the helper thread (its error raised
