@@ -385,15 +385,17 @@ def test_counting_beside_the_forward_leaves_every_call_the_same_tables():
 
 
 def test_a_proposer_counting_plain_spells_beside_the_forward_drafts_the_same(monkeypatch):
-    """Calls that do not draft hand the text they defer to the store's helper thread (once
-    `proposer.BESIDE_TOKENS` tokens wait), counted beside vLLM's next forward rather than by the next draft:
-    every draft of a rollout with spells of plain decisions is the one a proposer counting in its
-    drafting calls makes."""
+    """Calls that do not draft hand the text they defer to the store's helper thread, counted beside
+    vLLM's next forward rather than by the next draft: every draft of a rollout with spells of plain
+    decisions is the one a proposer counting in its drafting calls makes. Within a spell the text is
+    handed over in batches (`proposer.BESIDE_BATCH` tokens), and whatever waits before a call that
+    may draft (`ChainPolicy.drafts_next`), so that call counts one step's text at most."""
     from conftest import load_script
 
     from rollout_graft.vllm import proposer
 
     monkeypatch.setattr(proposer, "BESIDE_TOKENS", 16)
+    monkeypatch.setattr(proposer, "BESIDE_BATCH", 96)
     bench = load_script("lab/profile_vllm_proposer.py")
 
     class Spells(FixedDepth):  # drafts 2 steps in 7
@@ -405,17 +407,30 @@ def test_a_proposer_counting_plain_spells_beside_the_forward_drafts_the_same(mon
             self.n += 1
             return self.depth if self.n % 7 < 2 else 0
 
+        def drafts_next(self, rows):
+            return (self.n + 1) % 7 < 2
+
     drafts, beside = [], []
     for count_beside in (False, True):
         prop = type("P", (proposer.RLDraftProposer,), {"count_beside": count_beside})(bench.vllm_config(6, 64 + 48 + 10))
         prop.policy = Spells()
         teach = prop.store.teach
-        prop.store.teach = lambda *a, beside=False, **k: (beside_calls.append(beside), teach(*a, beside=beside, **k))[1]
-        beside_calls = []
+
+        def counted(work, rows=None, beside=False):  # (beside, the rows' tokens, the call drafts); not the prompts
+            n = 0 if rows is None else int((rows.ends - rows.starts).sum())
+            calls.append((beside, n, prop.policy.n % 7 < 2))
+            return teach(work, rows, beside=beside)
+        prop.store.teach, calls = counted, []
         drafts.append([bench.replay(prop, 16, length=48, seed=seed) for seed in (0, 1)])
-        beside.append(sum(beside_calls))
+        beside.append(calls)
     assert drafts[0] == drafts[1] and any(d for run in drafts[0] for call in run for d in call)
-    assert beside[0] == 0 and beside[1] > 5
+    assert not any(b for b, _, _ in beside[0])
+    handed = [n for b, n, _ in beside[1] if b]
+    assert len(handed) > 5 and any(n >= proposer.BESIDE_BATCH for n in handed)
+    before_draft = [n for (b, n, _), (_, _, then) in zip(beside[1], beside[1][1:] + [(0, 0, 0)]) if b and then]
+    assert before_draft and min(before_draft) < proposer.BESIDE_BATCH  # handed over early: a draft comes
+    in_draft = [n for b, n, drafts_now in beside[1] if not b and drafts_now]
+    assert in_draft and max(in_draft) <= 16 * 7  # a drafting call counts one step's text at most (16 rows, k = 6)
 
 
 def test_a_store_call_in_the_helper_thread_does_not_wait_for_itself():
@@ -813,7 +828,7 @@ def test_the_tracker_counts_each_text_once_where_vllm_holds_it():
         sampled = [rng.integers(0, 6, int(rng.integers(1, 3))).tolist() for _ in batch.texts]
         num, ids = batch.extend(sampled)
         rids, plens = batch.requests()
-        if not tracker.defer(rids, sampled, num):
+        if not tracker.defer(rids, sampled, num, ids):
             tracker.rows(rids, plens, sampled, num, ids)
         if count:
             tracker.count()
@@ -955,7 +970,7 @@ def test_a_quiet_step_widens_the_texts_a_request_outgrows():
         sampled = [[i % 7], [i % 5, 9] if i % 3 else [i % 5]]
         num, ids = batch.extend(sampled)
         rids, plens = batch.requests()
-        quiet.append(tracker.defer(rids, sampled, num))
+        quiet.append(tracker.defer(rids, sampled, num, ids))
         if not quiet[-1]:
             tracker.rows(rids, plens, sampled, num, ids)
     assert quiet[0] is False and all(quiet[1:]) and tracker.texts.shape[1] > width
@@ -1068,6 +1083,29 @@ def test_a_probe_cut_to_nothing_costs_its_drafting_not_the_steps_noise():
     probe = BudgetDecision(0.0, 0, 32, 8.0, probe=True)
     policy.observe(ChainStep(8, 4, 0, 0.5, probe, None, 30.0, 8))
     assert policy.credit.ms == pytest.approx(before - 0.5 + 0.01 * 30.0)
+
+
+def test_dcut_says_a_draft_may_come_before_each_probe_of_a_plain_spell():
+    """After a plain decision D-cut probes once its credit affords one; the call before each probe
+    says a draft may come (`drafts_next`: the proposer then hands the waiting text to its helper
+    thread, so the probe's walk does not count it), and the calls between probes do not."""
+    policy = ChainDCut(4)
+    scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
+    rejected = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.zeros(8, dtype=np.int64))
+    for i in range(200):  # drafts rejected: D-cut decodes plainly
+        drafted = 32 * (i % 2)
+        timed(policy, 8, drafted, 18.0 + 0.2 * drafted, 8, verified=rejected if drafted else None)
+    assert policy.cut(*chains(scores))[1].kept == 0 and policy.plain
+    said, probed = [], []
+    for _ in range(400):
+        planned = policy.plan(8)
+        decision = policy.cut(*chains(scores))[1] if planned else None
+        probed.append(bool(planned))
+        policy.observe(ChainStep(8, planned, 0, 0.5 if planned else 0.0, decision, None, 18.0, 8))
+        said.append(policy.drafts_next(8))
+    probes = [i for i, p in enumerate(probed) if p]
+    assert len(probes) >= 3 and all(said[i - 1] for i in probes if i)
+    assert sum(said) <= 2 * len(probes)  # quiet between them
 
 
 @pytest.mark.parametrize("forget", [0.98, 1.0])

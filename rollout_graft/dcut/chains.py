@@ -83,6 +83,11 @@ class ChainPolicy(Protocol):
     def observe(self, step: ChainStep) -> None:
         """Learn from the step vLLM just made (by default: nothing)."""
 
+    def drafts_next(self, rows: int) -> bool:
+        """Whether the next step's `plan` may draft, asked after a step that does not (by default:
+        yes). A proposer counts the text its plain steps defer beside the forward before such a step."""
+        return True
+
     def explain(self) -> str:
         """Why the policy verifies what it verifies (by default: its docstring's first paragraph)."""
         return " ".join((type(self).__doc__ or type(self).__name__).split("\n\n")[0].split())
@@ -210,6 +215,7 @@ class ChainDCut(ChainPolicy):
         self.draft_cost = RowCost(draft_forget)  # the proposer's drafting time per step (what a probe costs)
         self.credit = ProbeCredit(probe_share)
         self.plain = False  # the last decision was K = 0: the next draft is a probe
+        self.last_ms = 0.0  # the last step timed (`drafts_next`)
         self.rows = 0  # rows of the last decision (for `explain`)
         from . import _kernels  # numba: imported when a ChainDCut is built, not with this module (see there)
 
@@ -225,6 +231,11 @@ class ChainDCut(ChainPolicy):
     def plan(self, rows: int) -> int:
         """The whole depth, or — after a plain decision — 0 until a probe is affordable."""
         return 0 if self.plain and not self.credit.affords(self.draft_cost.predict(rows)) else self.depth
+
+    def drafts_next(self, rows: int) -> bool:
+        """Unless a plain spell's probe credit, with one more step's earning (the last step timed
+        stands for it), still affords no probe."""
+        return not self.plain or self.credit.affords(self.draft_cost.predict(rows) - self.credit.share * self.last_ms)
 
     def cut(self, tokens: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, BudgetDecision]:
         rows = self.rows = scores.shape[0]
@@ -282,6 +293,7 @@ class ChainDCut(ChainPolicy):
         else:  # the probe's cost is our drafting, not the step's noise beside plain steps
             plain_ms = float(self.predict_ms(step.rows, 0))
             self.credit.settle(step.ms, plain_ms, step.rows, step.emitted, probe, cost=step.draft_ms)
+            self.last_ms = step.ms
             beyond = float(self.profile(step.rows, np.asarray(step.drafted))) if self.profile is not None else 0.0
             self.cost.observe((1.0, step.rows, step.drafted, float(step.drafted > 0)), step.ms - beyond)
         self.credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))

@@ -27,9 +27,17 @@ from .profile import start_profile
 
 BESIDE_TOKENS = 128
 """A call that does not draft hands the text waiting to be counted to the store's helper thread,
-counted beside vLLM's next forward (`NgramStore.teach(beside=True)`), once this many tokens wait:
-fewer cost less to count in the next draft than the hand-over (tens of µs on this machine, as for
+counted beside vLLM's next forward (`NgramStore.teach(beside=True)`), once this many tokens wait
+and the next call may draft (`ChainPolicy.drafts_next`) or `BESIDE_BATCH` wait: fewer cost less to
+count in the next draft than the hand-over (tens of µs on this machine, as for
 `ngrams.PARALLEL_ROWS`, the same figure)."""
+
+BESIDE_BATCH = 2048
+"""Tokens a plain spell hands to the helper thread at once while no draft comes (`_hands_over`): a
+hand-over costs a call ~100 µs whatever it carries (a scratch timing at 256 rows), and handed over
+at every call it was a third of a quiet call's time. 2,048 tokens take the helper 2.3–2.7 ms at this
+machine's 1.1–1.3 µs a token, under half the shortest forward the rooflines model for an 8B target
+(~5.5 ms: `rollout_graft_tools.clocks`)."""
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +142,7 @@ class RLDraftProposer:
         # nothing to learn from the last step (it drafted nothing, no shadow waits) and the same requests in
         # the same rows: the tracker appends the step (array work) and nothing is learned
         quiet = (not self.inflight.shadows and (self._pending is None or not self._pending.drafted)
-                 and self.tracker.defer(ids, sampled_token_ids, num_tokens_no_spec))
+                 and self.tracker.defer(ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu))
         if quiet:
             verified, accepted, shadowed = None, 0, None
             self.scheduled_drafts = None
@@ -169,7 +177,7 @@ class RLDraftProposer:
             self.stats.proposed_tokens += proposed
             self.stats.kept_tokens += drafted
             self.stats.plain_steps += int(proposed > 0 and drafted == 0)
-        elif self.count_beside and self.tracker.waiting() >= BESIDE_TOKENS:
+        elif self.count_beside and self._hands_over(rows):
             # the text a spell of plain decisions defers, counted in the helper thread beside vLLM's next
             # forward rather than all at once by the next draft: the same tables when it walks
             self.tracker.count(beside=True)
@@ -181,6 +189,13 @@ class RLDraftProposer:
         self.stats.steps += 1
         self.stats.propose_s += time.perf_counter() - start
         return out
+
+    def _hands_over(self, rows: int) -> bool:
+        """Whether a call that does not draft hands the text waiting to the helper thread: once
+        `BESIDE_TOKENS` wait, where the next call may draft (its walk then finds them counted) or
+        `BESIDE_BATCH` wait."""
+        waiting = self.tracker.waiting()
+        return waiting >= BESIDE_TOKENS and (waiting >= BESIDE_BATCH or self.policy.drafts_next(rows))
 
     def _observe(self, now: float, rows: int, verified: tuple | None, accepted: int, shadowed: tuple | None) -> None:
         """The budget policy learns from the step since the last call, which verified the drafts
