@@ -50,6 +50,7 @@ def runs(tmp_path_factory):
         {"name": "empty_shipped_t1", "spec": "empty-shipped", **SAMPLED},
         {"name": "ngram_t1", "spec": "ngram", **SAMPLED},
         {"name": "shadow_t1", "spec": "shadow-check", **SAMPLED, "n": 16},
+        {"name": "quiet_t1", "spec": "quiet-check", **SAMPLED, "n": 16},
     ]
     return _run(jobs, tmp_path_factory.mktemp("vllm"))
 
@@ -128,6 +129,15 @@ def test_shadows_count_what_vllm_accepts(runs):
     assert ours["shadow_accepted"] == theirs["vllm:spec_decode_num_accepted_tokens"]
     assert ours["shadow_tokens"] == theirs["vllm:spec_decode_num_draft_tokens"]
     assert ours["shadows"] == theirs["vllm:spec_decode_num_drafts"]
+
+
+def test_quiet_steps_read_what_vllm_sampled_from_its_token_array(runs):
+    """A quiet step (the same requests in the same rows, nothing to learn) reads each row's new
+    tokens from vLLM's `token_ids_cpu`, where vLLM wrote them before calling `propose`, not from its
+    lists of sampled tokens: in vLLM, with spells of plain steps (tests/shadow_check.py), every
+    quiet step's tokens are the ones vLLM handed over in its lists."""
+    ours = runs["quiet_t1"]["summary"]
+    assert ours["quiet_steps"] > 10 and ours["quiet_mismatches"] == 0
 
 
 def test_sampling_with_our_drafts_follows_the_target(runs):
