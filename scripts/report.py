@@ -566,7 +566,7 @@ SECTIONS: list[Section] = [
             "request-step: medians (a call's time over its rows); the split of ours (count: the new text counted; "
             "walk: the chains), means per request-step; the mean with the counting the timed calls left undone (a "
             "D-cut that does not draft defers it, counted in its helper thread beside a later forward: 2,048 tokens "
-            "at a time, or what waits before a call that may draft), for what a spell of plain decisions costs; "
+            "at a time, or what waits when the next call may draft), for what a spell of plain decisions costs; "
             "tables MB: our hash tables' size after the window. "
             "MAT: tokens per request-step on this batch, drafts accepted up to their first token off the row's "
             "completion. Wall-clock time: ours counts and walks the prior in a helper thread beside the groups once a "
