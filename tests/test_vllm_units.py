@@ -396,24 +396,13 @@ def test_a_proposer_counting_plain_spells_beside_the_forward_drafts_the_same(mon
 
     monkeypatch.setattr(proposer, "BESIDE_TOKENS", 16)
     monkeypatch.setattr(proposer, "BESIDE_BATCH", 96)
+    from shadow_check import Spells  # drafts 2 steps in 7
+
     bench = load_script("lab/profile_vllm_proposer.py")
-
-    class Spells(FixedDepth):  # drafts 2 steps in 7
-        def __init__(self):
-            super().__init__(6)
-            self.n = 0
-
-        def plan(self, rows):
-            self.n += 1
-            return self.depth if self.n % 7 < 2 else 0
-
-        def drafts_next(self, rows):
-            return (self.n + 1) % 7 < 2
-
     drafts, beside = [], []
     for count_beside in (False, True):
         prop = type("P", (proposer.RLDraftProposer,), {"count_beside": count_beside})(bench.vllm_config(6, 64 + 48 + 10))
-        prop.policy = Spells()
+        prop.policy = Spells(6)
         teach = prop.store.teach
 
         def counted(work, rows=None, beside=False):  # (beside, the rows' tokens, the call drafts); not the prompts
