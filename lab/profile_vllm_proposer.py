@@ -224,7 +224,10 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
     """A fresh proposer of `arm`: fixed / fixed-twin / fixed-1thread and fixed-2threads (not in
     `ARMS`: the prior counted and walked in the calling thread / in the helper thread at every size,
     the A/B that sets `ngrams.PARALLEL_ROWS`) / fixed-noprior (not in `ARMS`: no prior, the groups'
-    part alone) / dcut-plain-incall (not in `ARMS`: dcut-plain counting the text its plain spells
+    part alone) / dcut-plain-twin and dcut-plain-every (not in `ARMS`: dcut-plain's A/A twin, and
+    dcut-plain handing the text waiting to the helper thread at every call once `BESIDE_TOKENS` wait,
+    not in batches of `beside_batch`: the A/B that sets `proposer.BESIDE_BATCH`) / dcut-plain-incall
+    (not in `ARMS`: dcut-plain counting the text its plain spells
     defer by its next draft, not beside the forward) / dcut / dcut-roofline (D-cut started from a
     roofline, as the proposer starts on a GPU with a preset: its profile's evaluations and the
     drained-batch rate each step; the roofline's peak so high that every step is memory-bound, flat
@@ -241,7 +244,11 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
 
     policy = "dcut" if arm.startswith("dcut") else "fixed"
     config = ChainConfig(budget_policy=policy, use_prior=arm != "fixed-noprior")
-    prop = type("Bench", (RLDraftProposer,), {"config": config, "count_beside": arm != "dcut-plain-incall"})(
+    from rollout_graft.vllm.proposer import BESIDE_BATCH, BESIDE_TOKENS
+
+    batch = BESIDE_TOKENS if arm == "dcut-plain-every" else BESIDE_BATCH
+    prop = type("Bench", (RLDraftProposer,), {"config": config, "count_beside": arm != "dcut-plain-incall",
+                                              "beside_batch": batch})(
         vllm_config(k, max_len))
     if arm in ("fixed-1thread", "fixed-2threads"):  # the prior's part in the calling thread / the helper at every size
         prop.store.parallel_rows = 1 << 62 if arm == "fixed-1thread" else 0  # (the product: `ngrams.PARALLEL_ROWS`)
@@ -409,7 +416,8 @@ def main() -> None:
                     "fixed-1thread / fixed-2threads (the prior's part in the calling thread / the helper thread at every "
                     "size: the A/B that sets ngrams.PARALLEL_ROWS), "
                     "fixed-noprior (no prior: the groups' part alone), dcut-plain-incall (dcut-plain counting what it defers "
-                    "by its next draft, not beside the forward)")
+                    "by its next draft, not beside the forward), dcut-plain-twin / dcut-plain-every (its A/A twin / "
+                    "handing what waits to the helper thread at every call: the A/B that sets proposer.BESIDE_BATCH)")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--policies", nargs="+", default=["fixed", "dcut"], choices=["fixed", "dcut", "plain"])
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")

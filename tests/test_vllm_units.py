@@ -388,20 +388,20 @@ def test_a_proposer_counting_plain_spells_beside_the_forward_drafts_the_same(mon
     """Calls that do not draft hand the text they defer to the store's helper thread, counted beside
     vLLM's next forward rather than by the next draft: every draft of a rollout with spells of plain
     decisions is the one a proposer counting in its drafting calls makes. Within a spell the text is
-    handed over in batches (`proposer.BESIDE_BATCH` tokens), and whatever waits before a call that
+    handed over in batches (`RLDraftProposer.beside_batch` tokens), and whatever waits before a call that
     may draft (`ChainPolicy.drafts_next`), so that call counts one step's text at most."""
     from conftest import load_script
 
     from rollout_graft.vllm import proposer
 
     monkeypatch.setattr(proposer, "BESIDE_TOKENS", 16)
-    monkeypatch.setattr(proposer, "BESIDE_BATCH", 96)
     from shadow_check import Spells  # drafts 2 steps in 7
 
     bench = load_script("lab/profile_vllm_proposer.py")
     drafts, beside = [], []
     for count_beside in (False, True):
-        prop = type("P", (proposer.RLDraftProposer,), {"count_beside": count_beside})(bench.vllm_config(6, 64 + 48 + 10))
+        prop = type("P", (proposer.RLDraftProposer,), {"count_beside": count_beside, "beside_batch": 96})(
+            bench.vllm_config(6, 64 + 48 + 10))
         prop.policy = Spells(6)
         teach = prop.store.teach
 
@@ -415,9 +415,9 @@ def test_a_proposer_counting_plain_spells_beside_the_forward_drafts_the_same(mon
     assert drafts[0] == drafts[1] and any(d for run in drafts[0] for call in run for d in call)
     assert not any(b for b, _, _ in beside[0])
     handed = [n for b, n, _ in beside[1] if b]
-    assert len(handed) > 5 and any(n >= proposer.BESIDE_BATCH for n in handed)
+    assert len(handed) > 5 and any(n >= 96 for n in handed)
     before_draft = [n for (b, n, _), (_, _, then) in zip(beside[1], beside[1][1:] + [(0, 0, 0)]) if b and then]
-    assert before_draft and min(before_draft) < proposer.BESIDE_BATCH  # handed over early: a draft comes
+    assert before_draft and min(before_draft) < 96  # handed over early: a draft comes
     in_draft = [n for b, n, drafts_now in beside[1] if not b and drafts_now]
     assert in_draft and max(in_draft) <= 16 * 7  # a drafting call counts one step's text at most (16 rows, k = 6)
 

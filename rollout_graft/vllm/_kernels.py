@@ -266,20 +266,19 @@ def _append_rows(texts, rows, num, lens, tokens) -> None:
 
 
 @njit(cache=True)
-def _step_rows(texts, token_ids, row_of, length, counted, slots, prev, num_tokens, num, group_seen, tables, step: int):
+def _step_rows(texts, token_ids, row_of, length, slots, prev, num_tokens, num, group_seen, tables, step: int) -> int:
     """`groups.RequestTracker.defer`'s step in one pass, for rows that hold the last step's requests
-    (row j: slots[j], prev[j] tokens then): (1, 0), changing nothing, unless every row grew
-    (num_tokens[j] > prev[j]: what it sampled, which vLLM wrote into token_ids[j] before the call);
-    (2, 0), changing nothing, where a text would outgrow `texts`; else (0, waiting): each row's new
-    tokens copied from token_ids[j] into its row of `texts`, length[slots] and num set to
-    num_tokens, group_seen[tables] to `step`, and `waiting` the tokens of these texts not counted yet."""
+    (row j: slots[j], prev[j] tokens then): 1, changing nothing, unless every row grew (num_tokens[j]
+    > prev[j]: what it sampled, which vLLM wrote into token_ids[j] before the call); 2, changing
+    nothing, where a text would outgrow `texts`; else 0: each row's new tokens copied from
+    token_ids[j] into its row of `texts`, length[slots] and num set to num_tokens, group_seen[tables]
+    to `step`."""
     n = len(slots)
     for j in range(n):
         if num_tokens[j] <= prev[j]:
-            return 1, 0
+            return 1
         if num_tokens[j] > texts.shape[1]:
-            return 2, 0
-    waiting = 0
+            return 2
     for j in range(n):
         s = slots[j]
         num[j] = num_tokens[j]
@@ -288,8 +287,7 @@ def _step_rows(texts, token_ids, row_of, length, counted, slots, prev, num_token
             texts[r, q] = token_ids[j, q]
         length[s] = num[j]
         group_seen[tables[j]] = step
-        waiting += num[j] - counted[s]
-    return 0, waiting
+    return 0
 
 
 @njit(cache=True, inline="always")

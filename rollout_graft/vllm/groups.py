@@ -190,7 +190,6 @@ class RequestTracker:
         self.started: list[int] = []  # slots of the requests the last `rows` call started (their state starts empty)
         self.token_ids: np.ndarray | None = None  # the last `rows` call's token ids (vLLM's token_ids_cpu)
         self._ids: list | None = None  # the last step's ids, where every row sampled (`defer`)
-        self._waiting: int | None = 0  # tokens of the rows' texts not counted yet (None: not known; `waiting`)
         self._n_rows = 0  # the last step's rows (`requests`)
         self.slot_capacity = 0  # slots handed out so far
         self._free_slots: list[int] = []  # slots of requests dropped before the last `rows` call: reused
@@ -198,8 +197,8 @@ class RequestTracker:
         none = np.zeros(0, dtype=np.int64)
         self.store.kern._append_rows(self.texts, none, none, none, none)  # compiled now, not in a timed step
         for num_tokens in (none, none.astype(np.int32)):  # vLLM's num_tokens_no_spec: int32
-            self.store.kern._step_rows(self.texts, np.zeros((0, 1), np.int32), none, none, none, none, none, num_tokens,
-                                       none, none, none, 0)
+            self.store.kern._step_rows(self.texts, np.zeros((0, 1), np.int32), none, none, none, none, num_tokens, none,
+                                       none, none, 0)
 
     @property
     def live(self) -> dict[str, Request]:
@@ -218,7 +217,6 @@ class RequestTracker:
         if self.defer(ids, sampled, num_tokens, token_ids):
             return
         self.step += 1
-        self._waiting = None
         n = min(len(sampled), len(ids))
         lens = np.fromiter(map(len, sampled[:n]), dtype=np.int64, count=n)
         active = np.flatnonzero(lens)
@@ -263,17 +261,17 @@ class RequestTracker:
             return False
         num_tokens = num_tokens[:n] if isinstance(num_tokens, np.ndarray) else np.asarray(num_tokens[:n], dtype=np.int64)
         num = np.empty(n, dtype=np.int64)
-        args = (token_ids, self.row_of, self.length, self.counted, self.slots, self.num, num_tokens, num,
-                self.group_seen, self.tables, self.step + 1)
-        done, waiting = self.store.kern._step_rows(self.texts, *args)
+        args = (token_ids, self.row_of, self.length, self.slots, self.num, num_tokens, num, self.group_seen,
+                self.tables, self.step + 1)
+        done = self.store.kern._step_rows(self.texts, *args)
         if done == 2:  # a text outgrows the rows
             self._widen(int(num_tokens.max()))
-            done, waiting = self.store.kern._step_rows(self.texts, *args)
+            done = self.store.kern._step_rows(self.texts, *args)
         if done:
             return False
         self.step += 1
         self.num, self.lens, self.created, self.started = num, num - self.num, False, []
-        self.token_ids, self._waiting = token_ids, waiting
+        self.token_ids = token_ids
         self._prune()
         return True
 
@@ -446,9 +444,7 @@ class RequestTracker:
     # ------------------------------------------------------------------ counting
     def waiting(self) -> int:
         """Tokens of the requests' texts not counted yet (those of the batch's rows and of requests that left)."""
-        if self._waiting is None:  # (`defer` counts those of the rows as it appends)
-            self._waiting = int((self.length[self.slots] - self.counted[self.slots]).sum())
-        return self._waiting + self._left_tokens
+        return int((self.length[self.slots] - self.counted[self.slots]).sum()) + self._left_tokens
 
     def count(self, beside: bool = False) -> None:
         """Count every text not counted yet, in one `NgramStore.teach`: the texts of the requests in
@@ -469,7 +465,6 @@ class RequestTracker:
                         self.prior)
         self.store.teach(self._take_work(), rows, beside=beside)
         self.counted[slots] = self.length[slots]
-        self._waiting = 0
 
     def _settle(self, req: Request) -> None:
         """The request's text not counted yet is counted by the next `count` from its group's list

@@ -33,11 +33,13 @@ count in the next draft than the hand-over (tens of µs on this machine, as for
 `ngrams.PARALLEL_ROWS`, the same figure)."""
 
 BESIDE_BATCH = 2048
-"""Tokens a plain spell hands to the helper thread at once while no draft comes (`_hands_over`): a
-hand-over costs a call ~100 µs whatever it carries (a scratch timing at 256 rows), and handed over
-at every call it was a third of a quiet call's time. 2,048 tokens take the helper 2.3–2.7 ms at this
-machine's 1.1–1.3 µs a token, under half the shortest forward the rooflines model for an 8B target
-(~5.5 ms: `rollout_graft_tools.clocks`)."""
+"""Tokens a plain spell hands to the helper thread at once while no draft comes (`_hands_over`;
+`RLDraftProposer.beside_batch`). A hand-over costs a call about the same whatever it carries: with
+batches a quiet call takes 0.60–0.75× the time of one handing over at every call once
+`BESIDE_TOKENS` wait, at 256–1,024 rows (its A/A twin 0.87–1.13× apart; at 64 rows not resolved:
+`docs/bench/vllm_beside_batch.json`, docs/DESIGN.md, "Modelled clocks"). 2,048 tokens take the
+helper 2.3–2.7 ms at this machine's 1.1–1.3 µs a token, under half the shortest forward the
+rooflines model for an 8B target (~5.5 ms: `rollout_graft_tools.clocks`)."""
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class RLDraftProposer:
     config = ChainConfig()
     plain_when_undrafted = True  # a step where no request drafted takes vLLM's plain sampler (`plugin`)
     count_beside = True  # a call that does not draft counts the deferred text beside the next forward (the lab's A/B)
+    beside_batch = BESIDE_BATCH  # tokens a plain spell hands to the helper thread at once (the lab's A/B)
 
     def __init__(self, vllm_config):
         from . import plugin
@@ -193,9 +196,9 @@ class RLDraftProposer:
     def _hands_over(self, rows: int) -> bool:
         """Whether a call that does not draft hands the text waiting to the helper thread: once
         `BESIDE_TOKENS` wait, where the next call may draft (its walk then finds them counted) or
-        `BESIDE_BATCH` wait."""
+        `beside_batch` wait."""
         waiting = self.tracker.waiting()
-        return waiting >= BESIDE_TOKENS and (waiting >= BESIDE_BATCH or self.policy.drafts_next(rows))
+        return waiting >= BESIDE_TOKENS and (waiting >= self.beside_batch or self.policy.drafts_next(rows))
 
     def _observe(self, now: float, rows: int, verified: tuple | None, accepted: int, shadowed: tuple | None) -> None:
         """The budget policy learns from the step since the last call, which verified the drafts
