@@ -61,12 +61,12 @@ def render_proposer_profile(runs: list[dict]) -> str:
         cells = {(r["batch"], r["context"], r["arm"]): r for r in run["results"]}
         for r in run["results"]:
             ngram = cells.get((r["batch"], r["context"], "ngram"))
-            ratio = r["us_per_request_step_median"] / ngram["us_per_request_step_median"] if ngram else float("nan")
+            ratio = f"{r['us_per_request_step_median'] / ngram['us_per_request_step_median']:.1f}" if ngram else "–"
             p = r.get("parts_us_per_request_step")
             split = " | ".join(f"{p[k]:.1f}" for k in parts) if p else " | ".join("–" for _ in parts)
             settled = f"{r['us_per_request_step_settled']:.1f}" if "us_per_request_step_settled" in r else "–"
             lines.append(f"| {r['batch']} | {r['context']} | {r['arm']} | {r['rows_per_call']:.0f} | {r['us_per_call_median']:.0f} | "
-                         f"{r['us_per_request_step_median']:.1f} | {ratio:.1f} | {settled} | {r['mat']:.2f} | "
+                         f"{r['us_per_request_step_median']:.1f} | {ratio} | {settled} | {r['mat']:.2f} | "
                          f"{r['drafted_per_row']:.2f} | {split} | {_num(r.get('tables_mb'), 0)} |")
     return "\n".join(lines)
 
@@ -596,6 +596,14 @@ SECTIONS: list[Section] = [
             "interleaved, 7 repeats, wall clock, "
             "on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_threads.json",), render_proposer_profile),
+    Section("vLLM proposer's own time while D-cut decides not to draft: the hand-over's batch (micro-benchmark)",
+            "The same persistent batches as above, D-cut deciding not to draft (`dcut-plain`, a draft token costing 5 ms "
+            "on its clock): as shipped, handing the text waiting to be counted to its helper thread 2,048 tokens at a "
+            "time or when the next call may draft (`RLDraftProposer.beside_batch`); `dcut-plain-twin` the same, its A/A "
+            "twin; `dcut-plain-every` handing it over at every call once 128 tokens wait. No n-gram arm in this run "
+            "(× ngram's: –). Calls 4 ms apart as above; interleaved, 7 repeats, wall clock, on a shared 2-core machine: "
+            "the twin's spread is the run's noise.",
+            ("vllm_beside_batch.json",), render_proposer_profile),
     Section("vLLM proposer's counting kernel: rows asked for ahead of time (prefetch distance)",
             "`python lab/count_prefetch.py`: one proposer's tables (GRPO groups of 8 and the prior, 64-token prompts and "
             "256-token completions counted), then one step's new text, 3 tokens a row, counted into a fresh (cold) "
