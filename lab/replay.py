@@ -162,16 +162,17 @@ def _engine_target(args):
 
 def _engine_cells(args, tokenizer):
     """(regime, prompt sets, sampling) of each `--cell` REGIME:BATCH,BATCH…: `--rollouts` sets of
-    batch / `--group` prompts each, prompts no other set of the cell uses."""
+    batch / `--group` prompts each (more where `--rows-per-cell` asks for more rows timed), prompts no
+    other set of the cell uses."""
     params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     for spec in args.cell:
         regime, sizes = spec.split(":")
         for batch in map(int, sizes.split(",")):
             if batch % args.group:
                 raise SystemExit(f"batch {batch} is not a multiple of the group size {args.group}")
-            n = batch // args.group
-            prompts = load_prompts(args.prompts, tokenizer, "test", n * args.rollouts)
-            yield regime, [prompts[i * n : (i + 1) * n] for i in range(args.rollouts)], params
+            n, rollouts = batch // args.group, max(args.rollouts, -(-args.rows_per_cell // batch))
+            prompts = load_prompts(args.prompts, tokenizer, "test", n * rollouts)
+            yield regime, [prompts[i * n : (i + 1) * n] for i in range(rollouts)], params
 
 
 def engine_clocks(args) -> dict:
@@ -387,6 +388,9 @@ def _engine_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default=str(TINY_PROMPTS))
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--rollouts", type=int, default=4, help="timed rollouts per cell, each on prompts of its own")
+    p.add_argument("--rows-per-cell", type=int, default=0,
+                   help="at least this many rows timed per cell: more rollouts for small batches (an 8-row cell's "
+                        "verdict moves with the prompts drawn: docs/DESIGN.md, \"The engine's trees on clocks\")")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)

@@ -660,9 +660,10 @@ SECTIONS: list[Section] = [
             inputs=("vllm_proposer_vs_ngram.json", "replay/rec_tiny_t1.json", "replay/rec_smollm2_t1_r4.json",
                     "replay/rec_tiny_grpo_t1.json", "replay/rec_smollm2_t0_b8.json")),
     Section("Engine, tiny target: D-cut's trees on modelled clocks (real rollouts, modelled steps)",
-            "`python lab/replay.py engine clocks --cell first:8,64 revisit:8,64`: the real engine on the tiny target "
-            "(T = 1, 128 new tokens, groups of 8, four timed rollouts per cell on prompts of their own, one engine "
-            "through them as through GRPO steps). Every arm emits the tokens plain sampling emits (seed-exact, checked "
+            "`python lab/replay.py engine clocks --cell first:8,64 revisit:8,64 --rows-per-cell 256`: the real engine "
+            "on the tiny target (T = 1, 128 new tokens, groups of 8, timed rollouts on prompts of their own until a "
+            "cell has timed 256 rows: 4 at 64 rows, 32 at 8, where four rollouts left a cell's verdict to the prompts "
+            "drawn; one engine through them as through GRPO steps). Every arm emits the tokens plain sampling emits (seed-exact, checked "
             "per cell), so only the forwards differ; each verify forward is priced by a clock and the modelled "
             "throughput is tokens / Σ forward ms — the forward alone (prefill and the engine's host time unpriced; a "
             "roofline's `spec_ms` charged to every step that verifies a tree). Clocks: `engine-cpu/target`, the "
@@ -678,16 +679,16 @@ SECTIONS: list[Section] = [
             "timed the second time. Meets: as above.",
             ("engine_dcut_clocks.json",), render_engine_clocks),
     Section("Engine, tiny target: which nodes a cut keeps (real rollouts, modelled steps)",
-            "`python lab/replay.py engine pool --cell first:8 revisit:8`: the rollouts of the section above (8 rows, "
-            "four timed rollouts, H200 / Qwen3-32B's roofline pricing the steps), every step verifying a fixed number "
+            "`python lab/replay.py engine pool --cell first:8 revisit:8`: the first four rollouts of the section "
+            "above's 8-row cells (H200 / Qwen3-32B's roofline pricing the steps), every step verifying a fixed number "
             "of nodes per row: the proposer's own tree of that many (`raw`, proposed = kept), or cut from a proposal "
             "two or four times as wide, keeping each row's best by the proposer's raw scores (`raw`) or by D-cut's "
             "calibrated acceptance (`calibrated`, what `DCut.cut` keeps; its calibration learning as D-cut's does). "
             "MAT: tokens per row-step; × own tree's: against the proposer's own tree of the kept width.",
             ("engine_cut_pool.json",), render_engine_pool),
     Section("Engine, tiny target: what a verified node teaches the index (real rollouts, modelled steps)",
-            "`python lab/replay.py engine learn --cell first:8 revisit:8 --rollouts 12`: the rollouts of the clocks "
-            "section above (8 rows, twelve timed rollouts on prompts of their own), priced on the H100-engine/Qwen3-8B "
+            "`python lab/replay.py engine learn --cell first:8 revisit:8 --rollouts 12`: the first twelve rollouts of "
+            "the clocks section's 8-row cells above, priced on the H100-engine/Qwen3-8B "
             "clock (the engine's forwards measured on an H100). `fixed-wW` verifies the default retrieval proposer's "
             "trees of W nodes per row; its index learns the target's distribution at every node the forward verified "
             "(as shipped), or only at each row's best 45 or 30 by the proposer's raw scores (and the root): the same "
