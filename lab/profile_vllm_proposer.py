@@ -240,16 +240,14 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
 
         return SuffixReplay(k, 0.1, max_len)
     from rollout_graft.vllm.config import ChainConfig
-    from rollout_graft.vllm.proposer import RLDraftProposer
+    from rollout_graft.vllm.proposer import BESIDE_TOKENS, RLDraftProposer
 
     policy = "dcut" if arm.startswith("dcut") else "fixed"
-    config = ChainConfig(budget_policy=policy, use_prior=arm != "fixed-noprior")
-    from rollout_graft.vllm.proposer import BESIDE_BATCH, BESIDE_TOKENS
-
-    batch = BESIDE_TOKENS if arm == "dcut-plain-every" else BESIDE_BATCH
-    prop = type("Bench", (RLDraftProposer,), {"config": config, "count_beside": arm != "dcut-plain-incall",
-                                              "beside_batch": batch})(
-        vllm_config(k, max_len))
+    attrs = {"config": ChainConfig(budget_policy=policy, use_prior=arm != "fixed-noprior"),
+             "count_beside": arm != "dcut-plain-incall"}
+    if arm == "dcut-plain-every":  # handing over at every call once BESIDE_TOKENS wait
+        attrs["beside_batch"] = BESIDE_TOKENS
+    prop = type("Bench", (RLDraftProposer,), attrs)(vllm_config(k, max_len))
     if arm in ("fixed-1thread", "fixed-2threads"):  # the prior's part in the calling thread / the helper at every size
         prop.store.parallel_rows = 1 << 62 if arm == "fixed-1thread" else 0  # (the product: `ngrams.PARALLEL_ROWS`)
     if arm == "dcut-roofline":  # as on a GPU with a preset: D-cut started from a roofline (`load_model`)
