@@ -12,6 +12,9 @@ off; `0-twin` is the A/A twin of 0), the arms interleaved in a new order each re
 new slice of text. Reports ns per context-length update (an "add"): the median over repeats, and each
 arm's per-repeat ratio to 0's. The copies start cold, as the tables of a step whose rows the last step
 did not touch; the tables after every arm are checked equal (the prefetch only asks for rows early).
+Two arms count elsewhere, at the product's distance: `4-own` into the store's own tables (after the
+copies, each repeat: the proposer's tables, not a fresh copy of them) and `4-fresh` into empty tables
+sized for the step alone (zeroed first: what a small per-step table beside the big one would cost).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 import numpy as np
 
 from rollout_graft.vllm.config import MAX_MATCH as ORDER  # the proposer's contexts: 1…8 tokens
-from rollout_graft.vllm.ngrams import SPARE, NgramStore
+from rollout_graft.vllm.ngrams import SPARE, NgramStore, _capacity, _rows
 from rollout_graft_tools.benchmark import cpu_info
 from rollout_graft_tools.chain_replay import PROMPT, completions
 
@@ -56,7 +59,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--length", type=int, default=256, help="completion tokens counted before the timed steps")
     ap.add_argument("--per", type=int, default=3, help="new tokens a row each step")
-    ap.add_argument("--ahead", nargs="+", default=["0", "0-twin", "1", "2", "4", "8"])
+    ap.add_argument("--ahead", nargs="+", default=["0", "0-twin", "1", "2", "4", "8", "4-own", "4-fresh"])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -72,15 +75,25 @@ def main() -> None:
             meta, tokens = step(texts, slots, PROMPT + args.length + args.per * (rep + 1), args.per)
             adds = len(meta) * args.per * ORDER
             tables = None
-            for arm in rng.permutation(args.ahead):
-                ctx, pairs, used, sizes = sh.ctx.copy(), sh.pairs.copy(), sh.used.copy(), store.sizes.copy()
+            copies = [a for a in args.ahead if a != "4-own"]
+            for arm in [*rng.permutation(copies), *(["4-own"] if "4-own" in args.ahead else [])]:
+                if arm == "4-own":  # last: it changes the store's tables
+                    ctx, pairs, used, sizes = sh.ctx, sh.pairs, sh.used, store.sizes
+                elif arm == "4-fresh":
+                    ctx, pairs = _rows(_capacity(adds)), _rows(_capacity(2 * adds))
+                    ctx[:], pairs[:] = 0, 0
+                    used, sizes = np.zeros(2, np.int64), np.zeros_like(store.sizes)
+                else:
+                    ctx, pairs, used, sizes = sh.ctx.copy(), sh.pairs.copy(), sh.used.copy(), store.sizes.copy()
                 at = np.zeros(3, np.int64)
                 t = time.perf_counter()
                 kern._teach(ctx, pairs, used, sizes, store.gens, meta, tokens, 1, ORDER, at, SPARE, int(arm.split("-")[0]))
                 dt = time.perf_counter() - t
                 if at[0] != len(meta):
                     raise SystemExit("a table filled up: reserve more rows")
-                if tables is None:
+                if arm in ("4-own", "4-fresh"):  # other tables than the copies'
+                    pass
+                elif tables is None:
                     tables = (ctx, pairs)
                 elif not (np.array_equal(tables[0], ctx) and np.array_equal(tables[1], pairs)):
                     raise SystemExit(f"ahead={arm}: the tables differ")

@@ -610,7 +610,10 @@ SECTIONS: list[Section] = [
             "copy of the group and prior hash tables by `_kernels._teach` at each distance `ahead` (positions whose "
             "context and pair rows it asks the CPU for ahead of their lookup; 0: none; `0-twin`: the A/A twin of "
             "0), arms interleaved in a new order each repeat, 15 repeats, wall clock on a shared 2-core machine. An "
-            "add is one context length's update of one table; the tables after every arm are equal.",
+            "add is one context length's update of one table; the tables after every copy's arm are equal. Two arms "
+            "count elsewhere at the product's distance (4): `4-own` into the store's own tables (after the copies, "
+            "each repeat), `4-fresh` into empty tables sized for the step alone (zeroed first), what a small "
+            "per-step table beside the big one would cost.",
             ("vllm_count_prefetch.json",), render_count_prefetch),
     Section("vLLM step cost against draft tokens (tiny target)",
             "Steps with randomly cut chains, timed as D-cut times them, and the step-cost models fitted to them "
