@@ -126,3 +126,14 @@ def test_the_proposer_starts_dcut_from_the_roofline_at_the_running_contexts(monk
     cpu.vllm_config = _vllm_config(config, device="cpu")
     cpu.load_model(model)
     assert cpu.policy.profile is None and cpu.summary()["start_profile"].startswith("device 'cpu'")
+
+
+def test_the_running_mean_context_is_numpys_mean_bit_for_bit():
+    """`ContextProfile` reads the running rows' mean context each step without `np.mean`'s per-call
+    Python: the same float, so D-cut's decisions do not move (int contexts, as vLLM's, and floats)."""
+    roofline = Roofline(ACCELERATORS["H200"], clocks.MODELS["Qwen3-8B"])
+    rng = np.random.default_rng(0)
+    for contexts in (np.array([], np.int64), rng.integers(1, 40000, 257), rng.uniform(0, 9000.5, 1024), np.array([7])):
+        profile = ContextProfile(roofline, lambda c=contexts: c)
+        want = roofline.profile_ms(64, np.arange(9), float(np.mean(contexts)) if len(contexts) else 0.0)
+        assert profile(64, np.arange(9)).tobytes() == want.tobytes()

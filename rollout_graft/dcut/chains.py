@@ -291,10 +291,12 @@ class ChainDCut(ChainPolicy):
         if step.ms is None:  # not timed
             self.credit.spend(step.draft_ms if probe else 0.0)
         else:  # the probe's cost is our drafting, not the step's noise beside plain steps
-            plain_ms = float(self.predict_ms(step.rows, 0))
+            plain_ms, beyond = float(step_ms(self.cost.coef, step.rows, 0)), 0.0
+            if self.profile is not None:  # the profile at a plain step and at the step's drafts: one pass
+                at = self.profile(step.rows, np.array((0, step.drafted)))
+                plain_ms, beyond = plain_ms + float(at[0]), float(at[1])
             self.credit.settle(step.ms, plain_ms, step.rows, step.emitted, probe, cost=step.draft_ms)
             self.last_ms = step.ms
-            beyond = float(self.profile(step.rows, np.asarray(step.drafted))) if self.profile is not None else 0.0
             self.cost.observe((1.0, step.rows, step.drafted, float(step.drafted > 0)), step.ms - beyond)
         self.credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 
