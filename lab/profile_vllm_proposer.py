@@ -214,7 +214,7 @@ class NgramArm:
         return self.inner.propose(self.k, sampled, num, token_ids)
 
 
-ARMS = ["fixed", "fixed-twin", "dcut", "dcut-roofline", "dcut-plain", "ngram"] + (
+ARMS = ["fixed", "fixed-twin", "dcut", "dcut-roofline", "dcut-plain", "dcut-plain-roofline", "ngram"] + (
     ["suffix"] if importlib.util.find_spec("arctic_inference") is not None else [])
 PLAIN_PAYS = (5.0, 0.01, 5.0)  # `dcut-plain`'s modelled step: a draft token costs 5 ms, so D-cut decides to decode plainly
 FLAT = (5.0, 0.01, 0.0)  # `dcut-roofline`'s: flat in draft tokens, as its memory-bound roofline is, so it drafts
@@ -231,7 +231,10 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
     defer by its next draft, not beside the forward) / dcut / dcut-roofline (D-cut started from a
     roofline, as the proposer starts on a GPU with a preset: its profile's evaluations and the
     drained-batch rate each step; the roofline's peak so high that every step is memory-bound, flat
-    in draft tokens as `FLAT`, so it drafts at every batch size) / dcut-plain (ours), ngram or
+    in draft tokens as `FLAT`, so it drafts at every batch size) / dcut-plain-roofline (D-cut
+    started from the H20's roofline for Qwen3-8B, compute-bound at these batches: it decides not to
+    draft from its profile, as on a GPU where drafting cannot pay, each quiet call reading the
+    profile) / dcut-plain (ours), ngram or
     suffix (vLLM's; suffix decoding as `lab/replay.py vllm clocks` runs it: arctic-inference)."""
     if arm == "ngram":
         return NgramArm(k, max_len, max_rows)
@@ -254,6 +257,10 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
         from rollout_graft_tools.clocks import MODELS, Accelerator, Roofline
 
         prop.use_profile(Roofline(Accelerator("memory-bound", 1e6, 4.8), MODELS["Qwen3-8B"]))
+    if arm == "dcut-plain-roofline":  # as on an H20 with Qwen3-8B: its roofline, compute-bound, prices drafting out
+        from rollout_graft_tools.clocks import ACCELERATORS, MODELS, Roofline
+
+        prop.use_profile(Roofline(ACCELERATORS["H20"], MODELS["Qwen3-8B"]))
     return prop
 
 
@@ -410,7 +417,9 @@ def main() -> None:
                     "as a host thread waits for a GPU's forward (0: calls back to back)")
     ap.add_argument("--arms", nargs="+", default=ARMS, help="dcut-plain: D-cut where a draft token costs 5 ms, so it "
                     "decides to decode plainly (after three untimed windows to learn that): what its plain decisions "
-                    "cost; suffix: vLLM's suffix decoding (the default where arctic-inference is installed); not by default: "
+                    "cost; dcut-plain-roofline: the same started from a GPU's roofline (the H20's for Qwen3-8B), as "
+                    "on a GPU where drafting cannot pay; suffix: vLLM's suffix decoding (the default where "
+                    "arctic-inference is installed); not by default: "
                     "fixed-1thread / fixed-2threads (the prior's part in the calling thread / the helper thread at every "
                     "size: the A/B that sets ngrams.PARALLEL_ROWS), "
                     "fixed-noprior (no prior: the groups' part alone), dcut-plain-incall (dcut-plain counting what it defers "

@@ -117,8 +117,9 @@ class ProposerCost:
     `batches` (linear between them, flat outside) — `drafting[policy]` for a call that drafted, per
     policy kind ("fixed": a budget that does not learn; "dcut": learning the step time online;
     "dcut-roofline": started from a roofline, as on a GPU with a preset; "suffix": vLLM's suffix
-    decoding — the last two where the micro-benchmark ran them), and `plain` for one where D-cut
-    decided not to draft (the micro-benchmark's `dcut-plain` arm: a quiet call) — plus `count` µs
+    decoding — the last two where the micro-benchmark ran them), and `plain[policy]` for one where
+    D-cut decided not to draft (a quiet call: the micro-benchmark's `dcut-plain` arm for "dcut", its
+    `dcut-plain-roofline` arm, started from a roofline as on a GPU, for "dcut-roofline") — plus `count` µs
     per token our tables count (`ms(counted=)`: the replay counts what each call taught), which the
     per-request-step figures of ours leave out. So counting is paid where it is done: in the call
     that counts, or — the text a spell of plain decisions hands to the helper thread — beside the
@@ -130,11 +131,11 @@ class ProposerCost:
 
     batches: tuple[float, ...]
     drafting: dict[str, tuple[float, ...]]
-    plain: tuple[float, ...]
+    plain: dict[str, tuple[float, ...]]  # by D-cut's kind: "dcut", and "dcut-roofline" where measured
     count: tuple[float, ...] | None = None  # µs per token counted (None: counting is in the other figures)
 
     def ms(self, policy: str, rows: int, drafted: bool = True, counted: int = 0) -> float:
-        us = self.drafting[policy] if drafted else self.plain
+        us = self.drafting[policy] if drafted else self.plain.get(policy, self.plain["dcut"])
         return rows * float(np.interp(rows, self.batches, us)) / 1000.0 + self.count_ms(rows, counted)
 
     def count_ms(self, rows: int, counted: int) -> float:
@@ -146,8 +147,9 @@ class ProposerCost:
         """Ours: each drafting arm's median µs per request-step less its mean counting (`parts`'
         count), and the fixed arm's counting per token it counted (its count / its MAT: every token
         emitted is counted once); D-cut not drafting (`quiet_arm`: `dcut-plain`, or
-        `dcut-plain-incall` for a proposer counting its plain spells' text in its next draft): its
-        median whole, a quiet call's; suffix decoding: its median."""
+        `dcut-plain-incall` for a proposer counting its plain spells' text in its next draft; and
+        for D-cut started from a roofline its `-roofline` arm where the run has it): its median
+        whole, a quiet call's; suffix decoding: its median."""
         results = json.loads(Path(path).read_text())["results"]
         context = min(r["context"] for r in results)
         cell = {(r["arm"], r["batch"]): r for r in results if r["context"] == context}
@@ -161,7 +163,9 @@ class ProposerCost:
         count = tuple(cell[("fixed", b)]["parts_us_per_request_step"]["count"] / cell[("fixed", b)]["mat"] for b in batches)
         # a quiet call whole, its hand-over of the text waiting to be counted (to the helper thread) included:
         # its median is a quiet call's (the probes that count in the call are rare)
-        plain = tuple(cell[(quiet_arm, b)]["us_per_request_step_median"] for b in batches)
+        plain = {kind: tuple(cell[(arm, b)]["us_per_request_step_median"] for b in batches)
+                 for kind, arm in (("dcut", quiet_arm), ("dcut-roofline", f"{quiet_arm}-roofline"))
+                 if all((arm, b) in cell for b in batches)}
         return cls(batches, drafting, plain, count)
 
 

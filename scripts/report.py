@@ -261,7 +261,8 @@ def render_dcut_clocks(runs: list[dict]) -> str:
             lines.append(f"Our proposer's own time added to each roofline step, µs per request-step at {at} rows "
                          f"({cost['source']}): a call that drafted "
                          + ", ".join(f"{p} {per_batch(us)}" for p, us in cost["drafting"].items())
-                         + f"; D-cut deciding not to draft {per_batch(cost['plain'])}.")
+                         + "; D-cut deciding not to draft "
+                         + ", ".join(f"{p} {per_batch(us)}" for p, us in cost["plain"].items()) + ".")
     return "\n".join(lines)
 
 
@@ -556,7 +557,9 @@ SECTIONS: list[Section] = [
             "its A/A twin `fixed-twin`, `dcut` on a modelled step clock, `dcut-roofline` the same started from a "
             "roofline as on a GPU with a preset (a Qwen3-8B one, memory-bound at every batch: it drafts), "
             "`dcut-plain` on a clock where a draft token costs "
-            "5 ms, so that D-cut decides not to draft after three untimed windows to learn it; `dcut-plain-incall` "
+            "5 ms, so that D-cut decides not to draft after three untimed windows to learn it; `dcut-plain-roofline` "
+            "the same started from a roofline where drafting cannot pay (the H20's for Qwen3-8B, compute-bound at these "
+            "batches), as D-cut decides on such a GPU, each quiet call reading its profile; `dcut-plain-incall` "
             "the same counting the text its plain spells defer by its next draft, not in its helper thread beside "
             "the forward), vLLM's "
             "`NgramProposer` (numba, one thread, contexts of 1-4 tokens) and vLLM's `SuffixDecodingProposer` "
@@ -651,8 +654,9 @@ SECTIONS: list[Section] = [
             "vLLM runs a `custom_class` drafter between steps with its async scheduling off, so every step waits for "
             "`propose`. Modelled per request-step from the micro-benchmark above (this machine's CPU, not a GPU host's): "
             "a call that drafted at `fixed`'s, `dcut-roofline`'s (`ours-dcut`, started from the clock's profile) or "
-            "`dcut`'s (`ours-dcut-online`) median by batch size, one where D-cut decided not to draft at "
-            "the `dcut-plain` arm's (a quiet call), each less its counting; and the counting apart, per token our "
+            "`dcut`'s (`ours-dcut-online`) median by batch size, one where D-cut decided not to draft (a quiet call) "
+            "at the `dcut-plain-roofline` arm's (`ours-dcut`) or the `dcut-plain` arm's (`ours-dcut-online`), each "
+            "less its counting; and the counting apart, per token our "
             "tables counted (`fixed`'s count over its MAT), charged to the call that counted it — or, the text a spell "
             "of D-cut's plain decisions hands to the helper thread, counted beside the next forward, charged only where "
             "it outlasts that forward. "

@@ -179,10 +179,10 @@ def test_proposer_own_time_is_added_where_the_clock_lacks_it():
     time — a drafting call at the drafting rate, a call where D-cut decided not to draft at the plain
     rate — while plain vLLM (no proposer) pays none, nor does a clock timed between `propose` calls;
     suffix decoding pays what the micro-benchmark measured of it."""
-    cost = clocks.ProposerCost((8.0, 64.0), {"fixed": (10.0, 20.0), "dcut": (30.0, 40.0)}, (2.0, 4.0))
+    cost = clocks.ProposerCost((8.0, 64.0), {"fixed": (10.0, 20.0), "dcut": (30.0, 40.0)}, {"dcut": (2.0, 4.0)})
     assert cost.ms("fixed", 8) == pytest.approx(0.08) and cost.ms("dcut", 36, drafted=False) == pytest.approx(0.108)
     assert cost.ms("fixed", 128) == pytest.approx(128 * 20.0 / 1000)  # flat past the last batch measured
-    flat = clocks.ProposerCost((1.0, 1000.0), {"fixed": (10.0, 10.0), "dcut": (10.0, 10.0)}, (1.0, 1.0))
+    flat = clocks.ProposerCost((1.0, 1000.0), {"fixed": (10.0, 10.0), "dcut": (10.0, 10.0)}, {"dcut": (1.0, 1.0)})
     roof = clocks.rooflines()["H200/Qwen3-8B"]
     cpu = clocks.LinearClock(3.0, 0.06, 0.02, 1.0, name="cpu")
     rollouts, timed = clock_replay.schedule(_recording(), "first", 16)
@@ -203,6 +203,23 @@ def test_proposer_own_time_is_added_where_the_clock_lacks_it():
     assert clock_replay.own_cost("ours-dcut", profiled) == (profiled, "dcut-roofline")
     assert clock_replay.own_cost("ours-dcut-online", profiled) == (profiled, "dcut")
     assert measured.ms("suffix", 100) == pytest.approx(0.3)
+    # a quiet call of D-cut started from a roofline: its own arm's figure where measured, else the online one's
+    assert profiled.ms("dcut-roofline", 100, drafted=False) == pytest.approx(0.1)
+    quiet = clocks.ProposerCost(flat.batches, profiled.drafting, {"dcut": (1.0, 1.0), "dcut-roofline": (1.5, 1.5)})
+    assert quiet.ms("dcut-roofline", 100, drafted=False) == pytest.approx(0.15)
+    assert quiet.ms("dcut", 100, drafted=False) == pytest.approx(0.1)
+
+
+def test_the_kept_micro_benchmark_prices_each_dcuts_quiet_calls_by_its_own_arm():
+    """`ours-dcut` starts from a roofline, as on a GPU, and reads its profile in every quiet call: its
+    quiet calls are priced by the micro-benchmark's arm started so (`dcut-plain-roofline`), the
+    online D-cut's by `dcut-plain`; the counting-in-call study's, which has no such arm, by its own."""
+    kept = "docs/bench/vllm_proposer_vs_ngram.json"
+    cost = clocks.ProposerCost.from_json(kept)
+    assert set(cost.plain) == {"dcut", "dcut-roofline"} and cost.plain["dcut"] != cost.plain["dcut-roofline"]
+    assert cost.ms("dcut-roofline", 256, drafted=False) == pytest.approx(
+        256 * float(np.interp(256, cost.batches, cost.plain["dcut-roofline"])) / 1000)
+    assert set(clocks.ProposerCost.from_json(kept, "dcut-plain-incall").plain) == {"dcut"}
 
 
 def test_proposer_counting_is_paid_where_it_is_done():
@@ -210,7 +227,7 @@ def test_proposer_counting_is_paid_where_it_is_done():
     a call pays it for the tokens its `teach` counted: a fixed depth counts every step's text as it
     comes, a D-cut that decides not to draft defers it to its next draft (a probe), so its quiet
     calls pay the plain rate alone and the probes pay the deferred counting."""
-    base = clocks.ProposerCost((1.0, 1000.0), {"fixed": (10.0, 10.0), "dcut": (10.0, 10.0)}, (1.0, 1.0))
+    base = clocks.ProposerCost((1.0, 1000.0), {"fixed": (10.0, 10.0), "dcut": (10.0, 10.0)}, {"dcut": (1.0, 1.0)})
     counting = clocks.ProposerCost(base.batches, base.drafting, base.plain, (2.0, 2.0))
     assert counting.ms("fixed", 10, counted=5) == pytest.approx((10 * 10.0 + 5 * 2.0) / 1000)
     assert counting.ms("dcut", 10, drafted=False) == base.ms("dcut", 10, drafted=False)
