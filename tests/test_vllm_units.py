@@ -1608,7 +1608,8 @@ print("untouched")
 def test_proposer_reproduces_its_golden_drafts():
     """The proposer's drafts (every row, every step) and D-cut's decisions on two kept recordings
     (`docs/bench/replay/rec_tiny_t1.json`, `rec_smollm2_t0_b8.json` revisited: groups, recall, the
-    prior, preemption), replayed on a clock that ignores real time, are exactly those recorded in
+    prior, preemption, D-cut online and started from a roofline), replayed on a clock that ignores
+    real time, are exactly those recorded in
     `tests/data/vllm_golden.json` (`tests/vllm_golden.py`): a faster proposer drafts and decides as
     the one recorded. A deliberate change of the drafts or of D-cut's decision math regenerates it
     with one command: `PYTHONPATH=. python tests/vllm_golden.py --write`."""

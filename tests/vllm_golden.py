@@ -6,7 +6,8 @@ compares with. Regenerate it (after a deliberate change of the drafts or of D-cu
     PYTHONPATH=. python tests/vllm_golden.py --write
 
 Each variant replays its recording's rollouts in order through one proposer (groups, recall and
-the prior at work; one variant preempts a request every 7 steps) and keeps, per step, a digest of
+the prior at work; one variant preempts a request every 7 steps, one starts D-cut from a
+roofline) and keeps, per step, a digest of
 every row's draft, and per D-cut decision (k, proposed, probe) and the plan's depth.
 """
 
@@ -25,6 +26,8 @@ VARIANTS = {  # name: (recording, policy, revisit: each rollout twice in a row, 
     "tiny_t1/dcut": ("rec_tiny_t1.json", "dcut", False, 7),
     "smollm2_t0_b8/fixed": ("rec_smollm2_t0_b8.json", "fixed", True, 7),
     "smollm2_t0_b8/dcut": ("rec_smollm2_t0_b8.json", "dcut", True, 0),
+    # D-cut started from a roofline, as on a GPU with a preset (`load_model`): the profile read every step
+    "tiny_t1/dcut-roofline": ("rec_tiny_t1.json", "dcut-roofline", False, 0),
 }
 
 
@@ -56,6 +59,10 @@ def run_variant(name: str) -> dict:
         from rollout_graft.dcut.chains import FixedDepth
 
         prop.policy = FixedDepth(k)
+    if policy == "dcut-roofline":  # the H200's for Qwen3-8B: memory-bound here, so it drafts
+        from rollout_graft_tools.clocks import ACCELERATORS, MODELS, Roofline
+
+        prop.use_profile(Roofline(ACCELERATORS["H200"], MODELS["Qwen3-8B"]))
     decisions: list = []
     plan, cut = prop.policy.plan, prop.policy.cut
 
