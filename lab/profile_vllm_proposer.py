@@ -216,6 +216,14 @@ class NgramArm:
 
 ARMS = ["fixed", "fixed-twin", "dcut", "dcut-roofline", "dcut-plain", "dcut-plain-roofline", "ngram"] + (
     ["suffix"] if importlib.util.find_spec("arctic_inference") is not None else [])
+REMAINING = 512
+"""`--compare`'s windows: each row's completion ends uniformly within this many tokens of its arrival,
+so at MAT m about m / 512 of the batch leaves a call (0.6 % at MAT 3), as in a GRPO rollout whose
+completions run that long and whose batch drains over the rollout. Rows ending within 32 tokens
+(`--remaining 32`) left ten times as often: our proposer does per-request work when a row leaves (its
+text handed to the tables' backlog, its shadow resolved from the texts kept), vLLM's n-gram
+proposer none, and that work weighed on every figure of ours (at 256 rows a fixed depth's
+tracker 3.2 against 1.0 µs a request-step, in one scratch run)."""
 PLAIN_PAYS = (5.0, 0.01, 5.0)  # `dcut-plain`'s modelled step: a draft token costs 5 ms, so D-cut decides to decode plainly
 FLAT = (5.0, 0.01, 0.0)  # `dcut-roofline`'s: flat in draft tokens, as its memory-bound roofline is, so it drafts
 
@@ -265,13 +273,13 @@ def make_arm(arm: str, k: int, max_len: int, max_rows: int):
 
 
 def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_ms, clock, ids, parts=None,
-           gap_ms: float = 0.0) -> dict:
+           gap_ms: float = 0.0, remaining: int = REMAINING) -> dict:
     """`steps` timed calls of one persistent batch: `batch` rows in GRPO groups of 8 (prompts of 64
     tokens, siblings reading their group's template: `chain_replay.completions`), each arriving with
     `context` tokens (prompt + completion so far; the arrival call is not timed) and emitting a
-    completion of its own remaining length (steps…4·steps tokens): rows leave as they finish (reported
-    finished with the next call, as vLLM's scheduler does) and vLLM's condense moves the last rows
-    into their slots. A draft is accepted up to its first token
+    completion of its own remaining length (uniform over steps…`remaining` tokens): rows leave as they
+    finish (reported finished with the next call, as vLLM's scheduler does) and vLLM's condense moves
+    the last rows into their slots (`REMAINING`: at what rate). A draft is accepted up to its first token
     that differs from the row's completion, plus the step's own token. `gap_ms`: real time between
     calls, spent waiting in a loop that releases the GIL, as a host thread waits for a GPU's forward
     (ours counts the text a spell of plain decisions defers in its helper thread then; a plain spin
@@ -280,8 +288,10 @@ def window(prop, batch: int, context: int, steps: int, k: int, seed: int, step_m
 
     rng = np.random.default_rng(seed)
     start = context - PROMPT
-    prompts, outs = completions(rng, batch, 8, start + 4 * steps)
-    ends = start + rng.integers(steps, 4 * steps, batch)
+    if remaining <= steps:
+        raise ValueError(f"remaining ({remaining}) must exceed steps ({steps}): rows end after the window's calls")
+    prompts, outs = completions(rng, batch, 8, start + remaining)
+    ends = start + rng.integers(steps, remaining, batch)
     token_ids = np.zeros((batch + SPARE_ROWS, prop.max_model_len), dtype=np.int32)
     num = np.zeros(batch + SPARE_ROWS, dtype=np.int32)
     for r in range(batch):
@@ -346,7 +356,8 @@ def settle(prop) -> None:
         prop.tracker.count()
 
 
-def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None, gap_ms: float = 0.0) -> list[dict]:
+def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None, gap_ms: float = 0.0,
+            remaining: int = REMAINING) -> list[dict]:
     """Every arm on the same batches (the same seed per repeat), interleaved repeat by repeat; per
     arm the median over repeats of each window's median µs per call and per request-step (a call's
     time over its rows: the median resists the stalls of a shared machine), MAT over all, and our
@@ -357,7 +368,7 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
 
     ids, out = itertools.count(), []
     for batch, context in cells:
-        max_len = context + 4 * steps + 2 * k + 8
+        max_len = context + remaining + 2 * k + 8
         got = {arm: [] for arm in arms}
         mb: dict[str, list[float]] = {}  # ours: MB of its hash tables after the window
         parts = {arm: None for arm in arms}
@@ -369,9 +380,10 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
                     plain = arm.startswith("dcut-plain")
                     clock_ms = PLAIN_PAYS if plain else FLAT if arm == "dcut-roofline" else step_ms
                     for learn in range(3 if plain else 0):  # it learns that drafting does not pay
-                        window(prop, batch, context, steps, k, 1000 * rep + batch + 100 * learn + 1, clock_ms, clock, ids)
+                        window(prop, batch, context, steps, k, 1000 * rep + batch + 100 * learn + 1, clock_ms, clock, ids,
+                               remaining=remaining)
                     w = window(prop, batch, context, steps, k, 1000 * rep + batch, clock_ms,
-                               clock if arm.startswith("dcut") else None, ids, p, gap_ms)
+                               clock if arm.startswith("dcut") else None, ids, p, gap_ms, remaining)
                 sec = p.seconds() if p is not None else None
                 if p is not None and rep:
                     mb.setdefault(arm, []).append(prop.store.nbytes() / 1e6)
@@ -385,6 +397,7 @@ def compare(cells, arms, k: int, steps: int, repeats: int, step_ms, on_cell=None
             ws = got[arm]
             per_req = [1e6 * statistics.median(c / n for c, n in zip(w["calls"], w["rows_per_call"])) for w in ws]
             r = {"batch": batch, "context": context, "arm": arm, "k": k, "steps": steps, "repeats": repeats, "gap_ms": gap_ms,
+                 "remaining": remaining,
                  "us_per_call_median": statistics.median(1e6 * statistics.median(w["calls"]) for w in ws),
                  "us_per_request_step_median": statistics.median(per_req), "us_per_request_step": per_req,
                  "us_per_request_step_mean": 1e6 * sum(sum(w["calls"]) for w in ws) / sum(w["rows"] for w in ws),
@@ -413,6 +426,8 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024], help="--compare: tokens per row on arrival")
     ap.add_argument("--cells", nargs="+", metavar="BATCH:CONTEXT", help="--compare: these pairs (else --batches × --contexts)")
     ap.add_argument("--steps", type=int, default=8, help="--compare: timed calls per window")
+    ap.add_argument("--remaining", type=int, default=REMAINING, help="--compare: a row's completion beyond its "
+                    f"arrival is uniform over steps…this many tokens, so rows leave at a GRPO rollout's rate (default {REMAINING})")
     ap.add_argument("--gap-ms", type=float, default=0.0, help="--compare: real time between calls, waited in a loop "
                     "as a host thread waits for a GPU's forward (0: calls back to back)")
     ap.add_argument("--arms", nargs="+", default=ARMS, help="dcut-plain: D-cut where a draft token costs 5 ms, so it "
@@ -454,7 +469,7 @@ def main() -> None:
                     json.dump({"command": "python " + " ".join(sys.argv), "args": vars(args), "cpu": cpu_info(),
                                "results": results}, f, indent=1)
 
-        compare(cells, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms), write, args.gap_ms)
+        compare(cells, args.arms, args.k, args.steps, args.repeats, tuple(args.step_ms), write, args.gap_ms, args.remaining)
         return
     results = []
     print(f"{'policy':>6} {'batch':>5} {'us/call':>9} {'us/req':>7} | "
