@@ -553,7 +553,9 @@ SECTIONS: list[Section] = [
              "vllm_dcut_untimed_first_counts_smollm2.json"), render_ablation),
     Section("vLLM proposer's own time against vLLM's n-gram and suffix proposers (micro-benchmark)",
             "No vLLM engine, no model: one persistent batch in vLLM's array layout (GRPO groups of 8, rows arriving "
-            "with `context` tokens, then 8 timed calls as rows emit, leave and condense; k = 8) through ours (`fixed`, "
+            "with `context` tokens, then 8 timed calls as rows emit, leave and condense, each row's completion ending "
+            "uniformly within 512 tokens of its arrival (`--remaining`), so rows leave at about a GRPO rollout's rate; "
+            "k = 8) through ours (`fixed`, "
             "its A/A twin `fixed-twin`, `dcut` on a modelled step clock, `dcut-roofline` the same started from a "
             "roofline as on a GPU with a preset (a Qwen3-8B one, memory-bound at every batch: it drafts), "
             "`dcut-plain` on a clock where a draft token costs "
@@ -591,7 +593,8 @@ SECTIONS: list[Section] = [
             ("vllm_proposer_rollouts.json", "vllm_proposer_rollouts_4k_pages.json", "vllm_proposer_long_run.json"),
             render_proposer_rollouts),
     Section("vLLM proposer's own time: the prior in a helper thread or not (micro-benchmark)",
-            "The same persistent batches as above, ours with a fixed depth only: `fixed-1thread` counts and walks the "
+            "The same persistent batches as above (but rows ending within 32 tokens of their arrival, `--remaining 32`: "
+            "leaving ten times as often), ours with a fixed depth only: `fixed-1thread` counts and walks the "
             "prior in the calling thread at every size, `fixed-2threads` in a helper thread beside the groups' at every "
             "size, `fixed` (and its twin) as the product does (the helper from `ngrams.PARALLEL_ROWS` rows a call on), "
             "`fixed-noprior` without a prior (the groups' part alone); vLLM's `NgramProposer` for scale. Rows leave "
@@ -600,7 +603,8 @@ SECTIONS: list[Section] = [
             "on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_threads.json",), render_proposer_profile),
     Section("vLLM proposer's own time while D-cut decides not to draft: the hand-over's batch (micro-benchmark)",
-            "The same persistent batches as above, D-cut deciding not to draft (`dcut-plain`, a draft token costing 5 ms "
+            "The same persistent batches as above (but rows ending within 32 tokens of their arrival, `--remaining 32`), "
+            "D-cut deciding not to draft (`dcut-plain`, a draft token costing 5 ms "
             "on its clock): as shipped, handing the text waiting to be counted to its helper thread 2,048 tokens at a "
             "time or when the next call may draft (`RLDraftProposer.beside_batch`); `dcut-plain-twin` the same, its A/A "
             "twin; `dcut-plain-every` handing it over at every call once 128 tokens wait. No n-gram arm in this run "

@@ -38,7 +38,7 @@ BESIDE_BATCH = 2048
 batches a quiet call takes 0.60–0.75× the time of one handing over at every call once
 `BESIDE_TOKENS` wait, at 256–1,024 rows (its A/A twin 0.87–1.13× apart; at 64 rows not resolved:
 `docs/bench/vllm_beside_batch.json`, docs/DESIGN.md, "Modelled clocks"). 2,048 tokens take the
-helper 2.1–3.2 ms at this machine's 1.0–1.55 µs a token counted at 256–1,024 rows (the fixed arm's
+helper 1.8–2.2 ms at this machine's 0.87–1.06 µs a token counted at 256–1,024 rows (the fixed arm's
 counting over its MAT: `docs/bench/vllm_proposer_vs_ngram.json`), under the shortest forward the
 rooflines model for an 8B target (~5.5 ms: `rollout_graft_tools.clocks`)."""
 
