@@ -51,7 +51,7 @@ def test_the_compiled_profile_is_the_numpy_definition_bit_for_bit():
     """D-cut reads a roofline's profile at every draft-token count each step: the compiled pass
     (`dcut._kernels.roofline_profile`) gives the numpy definition's floats exactly — the replays'
     and the golden record's decisions do not move — on every preset, memory- and compute-bound,
-    at contexts given as ints and floats."""
+    at contexts given as ints and floats; and so does one count in Python floats (a plain step's)."""
     rng = np.random.default_rng(0)
     poor = clocks.Roofline(clocks.Accelerator("compute-poor", 10.0, 4.0), clocks.MODELS["Qwen3-32B"], spec_ms=0.0)
     for clock in [*clocks.rooflines().values(), poor]:
@@ -61,6 +61,8 @@ def test_the_compiled_profile_is_the_numpy_definition_bit_for_bit():
                 got = clock.profile_ms(rows, k, context)
                 assert got.dtype == np.float64 and got.tobytes() == clock._profile(rows, k, context).tobytes()
                 assert clock.profile_ms(rows, k.astype(np.int64)[:5], context).tolist() == got[:5].tolist()
+                for i in (0, 1, rows * 8, len(k) - 1):  # one count (a plain step's, D-cut's quiet call): Python floats
+                    assert clock.profile_ms(rows, k[i], context) == got[i] == clock.profile_ms(rows, np.asarray(k[i]), context)
 
 
 def test_measured_clock_fits_the_kept_steps():

@@ -28,6 +28,8 @@ import numpy as np
 
 from .core import RIDGE, BudgetDecision, CostFit, ProbeCredit, RowCost, ScoreCalibration
 
+ZERO = np.zeros(())  # no draft tokens, as a profile is asked for one count (a 0-d array)
+
 
 def cut(tokens: np.ndarray | list[list[int]], depths: np.ndarray) -> list[list[int]]:
     """Each chain's first `depths[i]` tokens (chains as rows of an array or as lists)."""
@@ -292,7 +294,10 @@ class ChainDCut(ChainPolicy):
             self.credit.spend(step.draft_ms if probe else 0.0)
         else:  # the probe's cost is our drafting, not the step's noise beside plain steps
             plain_ms, beyond = float(step_ms(self.cost.coef, step.rows, 0)), 0.0
-            if self.profile is not None:  # the profile at a plain step and at the step's drafts: one pass
+            if self.profile is not None and not step.drafted:  # a plain step: the profile at one count
+                beyond = float(self.profile(step.rows, ZERO))
+                plain_ms += beyond
+            elif self.profile is not None:  # the profile at a plain step and at the step's drafts: one pass
                 at = self.profile(step.rows, np.array((0, step.drafted)))
                 plain_ms, beyond = plain_ms + float(at[0]), float(at[1])
             self.credit.settle(step.ms, plain_ms, step.rows, step.emitted, probe, cost=step.draft_ms)

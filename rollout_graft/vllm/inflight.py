@@ -115,7 +115,9 @@ class InFlight:
                     array[i, : len(t)] = t
                 pieces.append(self._k._resolve(self.shadow_len, self.shadow_tokens, self.shadow_scores, self.shadow_at,
                                                listed, np.arange(len(listed)), lengths, array, True)[1:])
-        scores, depth, accepted = (np.concatenate(x) for x in zip(*pieces))
+        scores, depth, accepted = pieces[0] if len(pieces) == 1 else (np.concatenate(x) for x in zip(*pieces))
         self.shadows -= len(depth)
         keep = depth > 0
+        if keep.all():  # (the kernel's own arrays: nothing else holds them)
+            return (scores, depth, accepted) if len(depth) else None
         return (scores[keep], depth[keep], accepted[keep]) if keep.any() else None
