@@ -28,8 +28,6 @@ import numpy as np
 
 from .core import RIDGE, BudgetDecision, CostFit, ProbeCredit, RowCost, ScoreCalibration
 
-ZERO = np.zeros(())  # no draft tokens, as a profile is asked for one count (a 0-d array)
-
 
 def cut(tokens: np.ndarray | list[list[int]], depths: np.ndarray) -> list[list[int]]:
     """Each chain's first `depths[i]` tokens (chains as rows of an array or as lists)."""
@@ -293,15 +291,10 @@ class ChainDCut(ChainPolicy):
         if step.ms is None:  # not timed
             self.credit.spend(step.draft_ms if probe else 0.0)
         else:  # the probe's cost is our drafting, not the step's noise beside plain steps
-            plain_ms, beyond = float(step_ms(self.cost.coef, step.rows, 0)), 0.0
-            if self.profile is not None and not step.drafted:  # a plain step: the profile at one count
-                beyond = float(self.profile(step.rows, ZERO))
-                plain_ms += beyond
-            elif self.profile is not None:  # the profile at a plain step and at the step's drafts: one pass
-                at = self.profile(step.rows, np.array((0, step.drafted)))
-                plain_ms, beyond = plain_ms + float(at[0]), float(at[1])
+            plain_ms = float(self.predict_ms(step.rows, 0))
             self.credit.settle(step.ms, plain_ms, step.rows, step.emitted, probe, cost=step.draft_ms)
             self.last_ms = step.ms
+            beyond = float(self.profile(step.rows, np.asarray(step.drafted))) if self.profile is not None else 0.0
             self.cost.observe((1.0, step.rows, step.drafted, float(step.drafted > 0)), step.ms - beyond)
         self.credit.bank_at_most(2.0 * self.draft_cost.predict(step.rows))
 

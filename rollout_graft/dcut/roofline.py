@@ -97,11 +97,11 @@ class Roofline:
     def profile_ms(self, rows, draft_tokens, context) -> np.ndarray:
         """ms of a step of `rows` rows at context `context`, for each total of draft tokens (spread
         evenly over the rows): what a profile at server start would measure. D-cut asks it each step
-        for one count (Python floats, `_one`: a plain step) and for every count of the step's draft
-        tokens (an array: one compiled pass where numba is installed, `_kernels.roofline_profile`);
-        both the numpy definition's operations in its order (`_profile`), so its floats exactly."""
+        for one count (Python floats: a plain step's, the step's drafts') and for every count of the
+        step's draft tokens (an array: one compiled pass where numba is installed,
+        `_kernels.roofline_profile`, the numpy definition's operations in its order: its floats exactly)."""
         if np.ndim(draft_tokens) == 0:
-            return self._one(rows, float(draft_tokens), context)
+            return self._profile(rows, float(draft_tokens), context)
         k = np.asarray(draft_tokens, dtype=np.float64)
         kernels = _compiled()
         if kernels is not None:
@@ -110,36 +110,24 @@ class Roofline:
 
     @functools.cached_property
     def _constants(self) -> tuple[float, float, float, float, float, float]:
-        """The step's constants as `_profile` computes them: 4·layers·q_heads·head_dim, the weights'
-        bytes, KV bytes a token, 2·params, and the peaks times their η (computed once: D-cut reads
-        the profile every step, a quiet one included)."""
+        """The step's constants: 4·layers·q_heads·head_dim, the weights' bytes, KV bytes a token,
+        2·params, and the peaks times their η (computed once: D-cut reads the profile every step, a
+        quiet one included)."""
         m, a = self.model, self.accelerator
         return (4.0 * m.layers * m.q_heads * m.head_dim, m.read_bytes, m.kv_bytes_per_token, 2.0 * m.params,
                 a.tbps * 1e12 * self.eta_mem, a.tflops * 1e12 * self.eta_flop)
 
-    def _one(self, rows, k: float, context) -> float:
-        """`profile_ms` at one count of draft tokens, in Python floats (`_profile`'s operations)."""
-        c_attention, read_bytes, kv_bytes, c_flops, mem_per_s, flops_per_s = self._constants
-        tokens = rows + k
-        attention = c_attention * (tokens * context + tokens * tokens / max(rows, 1))
-        mem_ms = 1000.0 * (read_bytes + kv_bytes * (rows * context + tokens)) / mem_per_s
-        flop_ms = 1000.0 * (c_flops * tokens + attention) / flops_per_s
-        return self.overhead_ms + max(mem_ms, flop_ms) + self.spec_ms * (1.0 if k > 0 else 0.0)
-
     def _profile(self, rows, k, context):
         """`profile_ms` in numpy (or Python floats, `k` one float): its definition."""
         tokens = rows + k
-        attention = 4.0 * self.model.layers * self.model.q_heads * self.model.head_dim * (
-            tokens * context + tokens * tokens / max(rows, 1))
+        attention = self._constants[0] * (tokens * context + tokens * tokens / max(rows, 1))
         return self._ms(tokens, rows * context + tokens, attention, k)
 
     def _ms(self, tokens, kv_tokens, attention_flops, draft_tokens):
         """The roofline of a step verifying `tokens` tokens whose KV reads cover `kv_tokens`."""
-        m = self.model
-        bytes_ = m.read_bytes + m.kv_bytes_per_token * kv_tokens
-        flops = 2.0 * m.params * tokens + attention_flops
-        mem_ms = 1000.0 * bytes_ / (self.accelerator.tbps * 1e12 * self.eta_mem)
-        flop_ms = 1000.0 * flops / (self.accelerator.tflops * 1e12 * self.eta_flop)
+        _, read_bytes, kv_bytes, c_flops, mem_per_s, flops_per_s = self._constants
+        mem_ms = 1000.0 * (read_bytes + kv_bytes * kv_tokens) / mem_per_s
+        flop_ms = 1000.0 * (c_flops * tokens + attention_flops) / flops_per_s
         if isinstance(draft_tokens, float):
             return self.overhead_ms + max(mem_ms, flop_ms) + self.spec_ms * (1.0 if draft_tokens > 0 else 0.0)
         return self.overhead_ms + np.maximum(mem_ms, flop_ms) + self.spec_ms * (np.asarray(draft_tokens) > 0)

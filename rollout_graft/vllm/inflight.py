@@ -118,6 +118,6 @@ class InFlight:
         scores, depth, accepted = pieces[0] if len(pieces) == 1 else (np.concatenate(x) for x in zip(*pieces))
         self.shadows -= len(depth)
         keep = depth > 0
-        if keep.all():  # (the kernel's own arrays: nothing else holds them)
-            return (scores, depth, accepted) if len(depth) else None
-        return (scores[keep], depth[keep], accepted[keep]) if keep.any() else None
+        if not keep.all():
+            scores, depth, accepted = scores[keep], depth[keep], accepted[keep]
+        return (scores, depth, accepted) if len(depth) else None
