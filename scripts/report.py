@@ -603,7 +603,7 @@ SECTIONS: list[Section] = [
             "on a shared 2-core machine: the twin's spread is the run's noise.",
             ("vllm_proposer_threads.json",), render_proposer_profile),
     Section("vLLM proposer's own time while D-cut decides not to draft: the hand-over's batch (micro-benchmark)",
-            "The same persistent batches as above (but rows ending within 32 tokens of their arrival, `--remaining 32`), "
+            "The same persistent batches as above, "
             "D-cut deciding not to draft (`dcut-plain`, a draft token costing 5 ms "
             "on its clock): as shipped, handing the text waiting to be counted to its helper thread 2,048 tokens at a "
             "time or when the next call may draft (`RLDraftProposer.beside_batch`); `dcut-plain-twin` the same, its A/A "

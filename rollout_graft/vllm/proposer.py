@@ -35,9 +35,10 @@ count in the next draft than the hand-over (tens of µs on this machine, as for
 BESIDE_BATCH = 2048
 """Tokens a plain spell hands to the helper thread at once while no draft comes (`_hands_over`;
 `RLDraftProposer.beside_batch`). A hand-over costs a call about the same whatever it carries: with
-batches a quiet call takes 0.60–0.75× the time of one handing over at every call once
-`BESIDE_TOKENS` wait, at 256–1,024 rows (its A/A twin 0.87–1.13× apart; at 64 rows not resolved:
-`docs/bench/vllm_beside_batch.json`, docs/DESIGN.md, "Modelled clocks"). 2,048 tokens take the
+batches a quiet call takes 0.67–0.71× the time of one handing over at every call once
+`BESIDE_TOKENS` wait at 256 rows (its A/A twin 0.94× apart; at 64 and 1,024 rows 0.73–0.96×, within
+the twins' spread: `docs/bench/vllm_beside_batch.json`, rows leaving at a GRPO rollout's rate;
+docs/DESIGN.md, "Modelled clocks"). 2,048 tokens take the
 helper 1.8–2.2 ms at this machine's 0.87–1.06 µs a token counted at 256–1,024 rows (the fixed arm's
 counting over its MAT: `docs/bench/vllm_proposer_vs_ngram.json`), under the shortest forward the
 rooflines model for an 8B target (~5.5 ms: `rollout_graft_tools.clocks`)."""
