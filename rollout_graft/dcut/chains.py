@@ -14,7 +14,8 @@ linear, a shape no line through the first draft token has), the profile correcte
 same fit of what the measured steps took beyond it, and then (`spread`) the rows' gains credited
 against the step's fixed part below their mean, a batch that drains ending with its slowest rows; K = 0 is always a
 candidate, and after it the next draft is a probe paid from `core.ProbeCredit`. The chains, sent or
-cut away, teach the calibration as shadows (`ChainStep.shadowed`). Why each mechanism is there, and what
+cut away, teach the calibration as shadows (`ChainStep.shadowed`); with a profile a recent calibration
+beside a steady one, read where acceptance has moved (`recent`). Why each mechanism is there, and what
 was raced out: docs/DESIGN.md, "The vLLM backend", step 4.
 """
 
@@ -139,6 +140,12 @@ def step_cost_fit(forget: float, spec_prior: float = 1.0, draft_prior: float = 1
                    unmeasured=(0.0, 1.0, 0.0, 0.0))
 
 
+DEPARTS = 2.0
+"""`ChainDCut`'s recent calibration is read in a bin where its counts depart from the steady rate by
+more than this many binomial standard deviations. On the modelled-clock replays 1.5 and 2 meet the
+same cells; 3 follows a revisit too late in one (docs/DESIGN.md, "Modelled clocks")."""
+
+
 class ChainDCut(ChainPolicy):
     """D-cut for chains (see the module docstring). Its settings are not user options (`ChainConfig`
     holds those); each stayed through the ablation on evidence of its own (docs/DESIGN.md, the vLLM
@@ -163,10 +170,16 @@ class ChainDCut(ChainPolicy):
         forget: the calibration's memory per step that brought evidence (verified drafts or resolved
             shadows; 1: never forgets). A test shows a forgetting calibration following drafts that
             start to be accepted within 6 steps, one that never forgets not before 9
-            (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`). Default 0.98; with a
-            `profile` 0.9 (on the modelled-clock replays a revisit's drafts, accepted far more than
-            the first visit's at the same raw scores, were cut for 50 steps under 0.98). The
-            profiled defaults are chosen on modelled clocks only, not yet raced on the real CPU.
+            (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`). Default 0.98.
+        recent: the memory of a second, recent calibration fed the same evidence (0: none). The cut
+            reads the steady one's counts (`forget`) except in a bin where the recent counts depart
+            from the steady rate by more than `DEPARTS` binomial standard deviations
+            (`_kernels.following`): a steady estimate where acceptance holds still — at break-even a
+            noisy one drafts on its high draws, which earn less than predicted —, the recent one where
+            it has moved (a revisit's drafts, accepted far more than the first visit's at the same
+            raw scores, were cut for 50 steps under 0.98 alone on the modelled-clock replays).
+            Default 0; with a `profile` 0.9 (docs/DESIGN.md, "Modelled clocks"). The profiled
+            defaults are chosen on modelled clocks only, not yet raced on the real CPU.
         step_forget: the step-cost fit's memory per step measured (`step_cost_fit`).
         draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
         spread: how far below the mean the rows' gains count towards the step's fixed part
@@ -190,14 +203,19 @@ class ChainDCut(ChainPolicy):
 
     def __init__(self, depth: int, *, explore_every: int | None = None, probe_share: float = 0.01,
                  forget: float | None = None, step_forget: float = 0.97, draft_forget: float = 0.9,
-                 profile: Callable[[int, np.ndarray], np.ndarray] | None = None, spread: float | None = None):
+                 profile: Callable[[int, np.ndarray], np.ndarray] | None = None, spread: float | None = None,
+                 recent: float | None = None):
         if spread is None:
             spread = 0.0 if profile is None else 0.75
         self.spread = float(spread)
         if explore_every is None:
             explore_every = 16 if profile is None else 0
         if forget is None:
-            forget = 0.98 if profile is None else 0.9
+            forget = 0.98
+        if recent is None:
+            recent = 0.0 if profile is None else 0.9
+        if isinstance(recent, bool) or not isinstance(recent, (int, float)) or not 0.0 <= recent <= 1.0:
+            raise ValueError(f"recent must be a number in [0, 1] (0: no recent calibration), got {recent!r}")
         if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
             raise ValueError(f"explore_every must be an int >= 0 (0: never), got {explore_every!r}")
         for name, value in (("probe_share", probe_share), ("forget", forget), ("step_forget", step_forget),
@@ -205,7 +223,9 @@ class ChainDCut(ChainPolicy):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
                 raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
         self.depth, self.explore_every, self.forget = depth, explore_every, forget
-        self.calibration = ScoreCalibration()
+        self.calibration = ScoreCalibration()  # the steady one (`forget`)
+        self.recent = float(recent)
+        self.recent_calibration = ScoreCalibration() if recent else None  # (`recent`)
         self.profile = profile
         # vLLM's step time; with a profile its error, signed (a profile taken on a busy machine is too dear),
         # charged to drafting while only drafting steps are measured (priors of one step at 0 on the plain
@@ -247,8 +267,10 @@ class ChainDCut(ChainPolicy):
         less = float(self.predict_ms(rows - 1, 0)) if drains else 0.0  # a plain step of one row fewer
         # the calibrated acceptances (non-increasing along a chain), the best K tokens by them and K's rate
         # (the rate model, or with `spread` the drained batch's), in one compiled pass
-        c = self.calibration
-        depths, k, gain = self._kernels.top_k_cut(scores, c.edges, c.accepted, c.seen, c.mid, c.prior_weight,
+        c, r = self.calibration, self.recent_calibration
+        seen, accepted = ((c.seen, c.accepted) if r is None else
+                          self._kernels.following(c.seen, c.accepted, r.seen, r.accepted, c.mid, c.prior_weight, DEPARTS))
+        depths, k, gain = self._kernels.top_k_cut(scores, c.edges, accepted, seen, c.mid, c.prior_weight,
                                                   self.cost.coef, profile, self.spread, less)
         self.plain = k == 0
         if not self.plain and self.explore_every and self.plain_share() * self.explore_every <= 1.0:
@@ -265,6 +287,7 @@ class ChainDCut(ChainPolicy):
         self._kernels.top_k_cut(one, c.edges, c.accepted, c.seen, c.mid, c.prior_weight, self.cost.coef, np.zeros(0), 0.0, 0.0)
         none = (np.zeros((0, 1)), np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._kernels.calibrate(c.seen.copy(), c.accepted.copy(), c.edges, 1.0, *none, *none)
+        self._kernels.following(c.seen, c.accepted, c.seen, c.accepted, c.mid, c.prior_weight, DEPARTS)
         if self.profile is not None:  # a roofline's profile is a compiled pass too (`roofline.Roofline.profile_ms`)
             self.profile(1, np.arange(2))
 
@@ -282,9 +305,10 @@ class ChainDCut(ChainPolicy):
         if step.verified is not None or step.shadowed is not None:  # aged per step with evidence, not per source;
             # each source counted as calibration.observe(scores, pos < depths, pos < accepted) would, compiled
             pieces = [(np.zeros((0, 1)), np.zeros(0), np.zeros(0)) if e is None else e for e in (step.verified, step.shadowed)]
-            c = self.calibration
-            self._kernels.calibrate(c.seen, c.accepted, c.edges, self.forget,
-                                    *(np.ascontiguousarray(x, t) for e in pieces for x, t in zip(e, (np.float64, np.int64, np.int64))))
+            evidence = [np.ascontiguousarray(x, t) for e in pieces for x, t in zip(e, (np.float64, np.int64, np.int64))]
+            for c, forget in ((self.calibration, self.forget), (self.recent_calibration, self.recent)):
+                if c is not None:
+                    self._kernels.calibrate(c.seen, c.accepted, c.edges, forget, *evidence)
         if step.planned:
             self.draft_cost.observe(step.rows, step.draft_ms)
         probe = step.decision is not None and step.decision.probe  # cut to nothing: it cost our drafting
