@@ -44,6 +44,7 @@ def runs(tmp_path_factory):
         {"name": "plain_greedy", "spec": None, **GREEDY},
         {"name": "fixed_greedy", "spec": {"num_speculative_tokens": 4, "budget_policy": "fixed"}, **GREEDY},
         {"name": "dcut_greedy", "spec": {"num_speculative_tokens": 4}, **GREEDY},
+        {"name": "dcut_roofline_greedy", "spec": "roofline", **GREEDY},
         {"name": "plain_t1", "spec": None, **SAMPLED},
         {"name": "fixed_t1", "spec": {"num_speculative_tokens": 4, "budget_policy": "fixed"}, **SAMPLED},
         {"name": "empty_t1", "spec": "empty", **SAMPLED},
@@ -76,9 +77,19 @@ def _lengths_differ(a: list[list[int]], b: list[list[int]]) -> float:
 
 def test_greedy_equals_plain_greedy(runs):
     plain = runs["plain_greedy"]["completions"]
-    for name in ("fixed_greedy", "dcut_greedy"):
+    for name in ("fixed_greedy", "dcut_greedy", "dcut_roofline_greedy"):
         assert runs[name]["completions"] == plain, name
     assert runs["fixed_greedy"]["summary"]["accepted_tokens"] > 0
+
+
+def test_dcut_started_from_a_roofline_drafts_inside_vllm(runs):
+    """D-cut started from a memory-bound roofline (tests/roofline_proposer.py: as on a GPU with a
+    preset) drafts inside vLLM from its profile and steady and recent calibrations, vLLM's counters
+    agree with ours, and greedy stays plain greedy (above)."""
+    ours, theirs = runs["dcut_roofline_greedy"]["summary"], runs["dcut_roofline_greedy"]["counters"]
+    assert ours["start_profile"].startswith("the H200's roofline")
+    assert ours["accepted_tokens"] > 0 and ours["draft_tokens"] == theirs["vllm:spec_decode_num_draft_tokens"]
+    assert ours["accepted_tokens"] == theirs["vllm:spec_decode_num_accepted_tokens"]
 
 
 def test_counters_agree_with_vllm(runs):

@@ -2,7 +2,7 @@
 
     python tests/vllm_run.py JOBS.json OUT.json
 
-JOBS: a list of {"name", "spec": null | "ngram" | "empty" | "empty-shipped" | "shadow-check" | "quiet-check" |
+JOBS: a list of {"name", "spec": null | "ngram" | "empty" | "empty-shipped" | "shadow-check" | "quiet-check" | "roofline" |
 {speculative_config options}, "temperature",
 "max_tokens", "prompts": [str], "n": samples per prompt, optionally "then": {"prompts", "n"}: a
 second `generate` on the same LLM}. For each job: token ids of every completion (the first
@@ -38,6 +38,8 @@ def _spec(spec):
     if spec in ("shadow-check", "quiet-check"):  # tests/shadow_check.py (this script's folder is on sys.path)
         cls = "ShadowChecked" if spec == "shadow-check" else "QuietChecked"
         return {"method": "custom_class", "model": f"shadow_check.{cls}", "num_speculative_tokens": 4}
+    if spec == "roofline":  # D-cut started from a roofline, as on a GPU with a preset (tests/roofline_proposer.py)
+        return {"method": "custom_class", "model": "roofline_proposer.RooflineDCut", "num_speculative_tokens": 4}
     return speculative_config(**spec)
 
 
@@ -53,7 +55,7 @@ def run(job: dict) -> dict:
     if "then" in job:
         llm.generate([p for p in job["then"]["prompts"] for _ in range(job["then"]["n"])], params, use_tqdm=False)
     result["counters"] = {m.name: m.value for m in llm.get_metrics() if m.name in COUNTERS}
-    if isinstance(job["spec"], dict) or job["spec"] in ("shadow-check", "quiet-check"):  # ours
+    if isinstance(job["spec"], dict) or job["spec"] in ("shadow-check", "quiet-check", "roofline"):  # ours
         result["summary"] = proposer_summary(llm)
     del llm
     return result
