@@ -593,8 +593,7 @@ SECTIONS: list[Section] = [
             ("vllm_proposer_rollouts.json", "vllm_proposer_rollouts_4k_pages.json", "vllm_proposer_long_run.json"),
             render_proposer_rollouts),
     Section("vLLM proposer's own time: the prior in a helper thread or not (micro-benchmark)",
-            "The same persistent batches as above (but rows ending within 32 tokens of their arrival, `--remaining 32`: "
-            "leaving ten times as often), ours with a fixed depth only: `fixed-1thread` counts and walks the "
+            "The same persistent batches as above, ours with a fixed depth only: `fixed-1thread` counts and walks the "
             "prior in the calling thread at every size, `fixed-2threads` in a helper thread beside the groups' at every "
             "size, `fixed` (and its twin) as the product does (the helper from `ngrams.PARALLEL_ROWS` rows a call on), "
             "`fixed-noprior` without a prior (the groups' part alone); vLLM's `NgramProposer` for scale. Rows leave "

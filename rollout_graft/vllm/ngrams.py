@@ -81,11 +81,10 @@ PARALLEL_ROWS = 128
 parts at once, the second in a helper thread (numba releases the GIL). The hand-over costs tens of
 µs on this 2-core machine. On the micro-benchmark's batches (`lab/profile_vllm_proposer.py
 --compare`, arms `fixed-2threads` against `fixed-1thread`, interleaved in one process, calls 4 ms
-apart, wall clock: docs/bench/vllm_proposer_threads.json, RESULTS) calls of ~20 and ~38 rows on
-average took 1.17× and 1.32× as long in two threads as in one, of ~76 and ~155 rows 1.02× and
-1.06× (the twin's spread in that run: 0.81–1.02×), of ~314 and ~622 rows 0.78× and 0.87×; an
-earlier run with the calls back to back had two threads ahead from ~155 rows. The crossover lies
-between ~38 and ~314 rows here, unresolved within."""
+apart, rows leaving at a GRPO rollout's rate, wall clock: docs/bench/vllm_proposer_threads.json,
+RESULTS) calls of 32 rows took 1.51× as long in two threads as in one, of 64 and 128 rows 0.99×
+and 0.96× (the twin's spread in that run: 0.93–1.06×), of 256, 512 and 1,024 rows 0.85×, 0.65×
+and 0.71×. The crossover lies between 64 and 256 rows here, unresolved within."""
 
 
 @dataclass
