@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from rollout_graft.dcut.chains import step_cost_fit
+from rollout_graft.dcut.core import ScoreCalibration
 from rollout_graft.vllm.proposer import RLDraftProposer
 
 
@@ -103,6 +104,14 @@ class UntimedFirstCounts(_Variant):
         super()._observe(now, rows, verified, accepted, shadowed)
 
 
+class Recent(_Variant):
+    """Added, not taken out: a recent calibration (forgetting 0.9) beside the steady one, read where
+    the two disagree, as D-cut started from a profile has it (`ChainDCut.recent`)."""
+
+    def ablate(self, policy):
+        policy.recent, policy.recent_calibration = 0.9, ScoreCalibration()
+
+
 VARIANTS = {"same": Same, "no-explore": NoExplore, "no-spec-term": NoSpecTerm, "no-shadows": NoShadows,
             "no-aging": NoAging,
-            "no-sent-shadows": NoSentShadows, "untimed-first-counts": UntimedFirstCounts}
+            "no-sent-shadows": NoSentShadows, "untimed-first-counts": UntimedFirstCounts, "recent": Recent}

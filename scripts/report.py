@@ -544,13 +544,14 @@ SECTIONS: list[Section] = [
                          for r in ("cold", "fresh", "revisit")) + ("logit_chains/README.md",)),
     Section("vLLM chain D-cut ablation",
             "Each remaining mechanism of the chain D-cut taken out (`no-…`), or one added (`untimed-first-counts`: "
-            "a token count's first step left untimed), in one process with the unchanged policy and vLLM plain, "
+            "a token count's first step left untimed; `recent`: a recent calibration beside the steady one, as D-cut "
+            "started from a profile has it), in one process with the unchanged policy and vLLM plain, "
             "interleaved in a fresh order each repeat (`lab/ablate_vllm_dcut.py`); `nothing` is the unchanged "
             "policy's A/A twin of the same run, whose spread is the run's noise. The tiny target at T = 1 on fresh "
-            "prompts; SmolLM2 at T = 0 on revisits (8 prompts). A mechanism stays only where taking it out loses "
+            "prompts; SmolLM2 at T = 0 on revisits (8 prompts; 64 for `recent`). A mechanism stays only where taking it out loses "
             "beyond that spread, or on other evidence (docs/DESIGN.md, the vLLM backend, step 4).",
             ("vllm_dcut_ablation.json", "vllm_dcut_ablation_smollm2_revisit.json",
-             "vllm_dcut_untimed_first_counts_smollm2.json"), render_ablation),
+             "vllm_dcut_untimed_first_counts_smollm2.json", "vllm_dcut_recent_smollm2_revisit.json"), render_ablation),
     Section("vLLM proposer's own time against vLLM's n-gram and suffix proposers (micro-benchmark)",
             "No vLLM engine, no model: one persistent batch in vLLM's array layout (GRPO groups of 8, rows arriving "
             "with `context` tokens, then 8 timed calls as rows emit, leave and condense, each row's completion ending "

@@ -202,7 +202,7 @@ class ChainDCut(ChainPolicy):
     learns = True
 
     def __init__(self, depth: int, *, explore_every: int | None = None, probe_share: float = 0.01,
-                 forget: float | None = None, step_forget: float = 0.97, draft_forget: float = 0.9,
+                 forget: float = 0.98, step_forget: float = 0.97, draft_forget: float = 0.9,
                  profile: Callable[[int, np.ndarray], np.ndarray] | None = None, spread: float | None = None,
                  recent: float | None = None):
         if spread is None:
@@ -210,8 +210,6 @@ class ChainDCut(ChainPolicy):
         self.spread = float(spread)
         if explore_every is None:
             explore_every = 16 if profile is None else 0
-        if forget is None:
-            forget = 0.98
         if recent is None:
             recent = 0.0 if profile is None else 0.9
         if isinstance(recent, bool) or not isinstance(recent, (int, float)) or not 0.0 <= recent <= 1.0:
