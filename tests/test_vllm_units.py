@@ -1104,24 +1104,37 @@ def test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted(forget):
     accepted whole. Resolved shadows show it, and D-cut drafts again within a few probes —
     sooner with a calibration that forgets (here 4 probes) than with one that never does (10)."""
     policy = ChainDCut(4, forget=forget)
-    scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
-    rejected = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.zeros(8, dtype=np.int64))
-    for i in range(200):  # a draft token costs 0.2 ms, a plain row-step 2.25 ms: p > 9 % pays
+    learn_rejected(policy, 0.2)  # a draft token costs 0.2 ms, a plain row-step 2.25 ms: p > 9 % pays
+    first = first_draft_once_accepted(policy)
+    assert first is not None and (first <= 6 if forget < 1 else first >= 9)
+
+
+CHAIN_SCORES = np.tile(0.5 ** np.arange(1, 5), (8, 1))  # 8 rows' chains of 4 tokens
+
+
+def learn_rejected(policy, per_token: float) -> None:
+    """200 steps of 8 rows, every other one verifying all 32 draft tokens (`CHAIN_SCORES`), all
+    rejected, a step costing 18 ms + `per_token` a draft token: then D-cut decodes plainly."""
+    rejected = (np.tile(CHAIN_SCORES[:1], (8, 1)), np.full(8, 4), np.zeros(8, dtype=np.int64))
+    for i in range(200):
         drafted = 32 * (i % 2)
-        timed(policy, 8, drafted, 18.0 + 0.2 * drafted, 8, verified=rejected if drafted else None)
-    assert policy.cut(*chains(scores))[1].kept == 0 and policy.plain
-    accepted = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.full(8, 4))
-    first = None
+        timed(policy, 8, drafted, 18.0 + per_token * drafted, 8, verified=rejected if drafted else None)
+    assert policy.cut(*chains(CHAIN_SCORES))[1].kept == 0 and policy.plain
+
+
+def first_draft_once_accepted(policy) -> int | None:
+    """The step at which D-cut first drafts once every chain would be accepted whole (its probes'
+    chains, cut away, resolved as shadows the next step): None if not within 300 steps."""
+    accepted = (np.tile(CHAIN_SCORES[:1], (8, 1)), np.full(8, 4), np.full(8, 4))
     for step in range(300):
         planned = policy.plan(8)
-        decision = policy.cut(*chains(scores))[1] if planned else None
+        decision = policy.cut(*chains(CHAIN_SCORES))[1] if planned else None
         kept = decision.kept if decision else 0
-        if kept and first is None:
-            first = step
-        shadows = accepted if planned and not kept else None  # the chains cut away, matched next step
-        policy.observe(ChainStep(8, planned, kept, 0.1, decision, accepted if kept else None,
-                                 18.0 + 0.2 * kept, 8 + kept, shadows))
-    assert first is not None and (first <= 6 if forget < 1 else first >= 9)
+        if kept:
+            return step
+        shadows = accepted if planned else None  # the chains cut away, matched next step
+        policy.observe(ChainStep(8, planned, 0, 0.1, decision, None, 18.0, 8, shadows))
+    return None
 
 
 @pytest.mark.parametrize("recent", [0.9, 0.0])
@@ -1137,27 +1150,12 @@ def test_profiled_dcut_reads_a_recent_calibration_where_acceptance_moved(recent)
         return 2.25 * rows + 0.6 * np.asarray(k, dtype=np.float64)
 
     policy = ChainDCut(4, profile=profile, recent=recent)
-    scores = np.tile(0.5 ** np.arange(1, 5), (8, 1))
-    rejected = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.zeros(8, dtype=np.int64))
-    for i in range(200):
-        drafted = 32 * (i % 2)
-        timed(policy, 8, drafted, 18.0 + 0.6 * drafted, 8, verified=rejected if drafted else None)
+    learn_rejected(policy, 0.6)
     c, r = policy.calibration, policy.recent_calibration
     if recent:  # acceptance has not moved: the steady counts
         seen, accepted = following(c.seen, c.accepted, r.seen, r.accepted, c.mid, c.prior_weight, DEPARTS)
         assert np.array_equal(seen, c.seen) and np.array_equal(accepted, c.accepted)
-    assert policy.cut(*chains(scores))[1].kept == 0 and policy.plain
-    accepted = (np.tile(scores[:1], (8, 1)), np.full(8, 4), np.full(8, 4))
-    first = None
-    for step in range(300):
-        planned = policy.plan(8)
-        decision = policy.cut(*chains(scores))[1] if planned else None
-        kept = decision.kept if decision else 0
-        if kept and first is None:
-            first = step
-        shadows = accepted if planned and not kept else None  # the chains cut away, matched next step
-        policy.observe(ChainStep(8, planned, kept, 0.1, decision, accepted if kept else None,
-                                 18.0 + 0.6 * kept, 8 + kept, shadows))
+    first = first_draft_once_accepted(policy)
     assert first is not None and (first <= 4 if recent else first >= 10), first
 
 
