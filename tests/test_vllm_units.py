@@ -1159,6 +1159,17 @@ def test_profiled_dcut_reads_a_recent_calibration_where_acceptance_moved(recent)
     assert first is not None and (first <= 4 if recent else first >= 10), first
 
 
+def test_dcut_names_a_bad_recent_or_departs_setting():
+    """`recent` is a memory in [0, 1] (0: none) and `departs` a positive number of standard deviations."""
+    for bad in (-0.1, 1.5, True, "0.9"):
+        with pytest.raises(ValueError, match="recent must be a number in"):
+            ChainDCut(4, recent=bad)
+    for bad in (0.0, -1.0, None):
+        with pytest.raises(ValueError, match="departs must be a number > 0"):
+            ChainDCut(4, departs=bad)
+    assert ChainDCut(4).recent_calibration is None and ChainDCut(4, profile=lambda r, k: k, departs=1.5).departs == 1.5
+
+
 def test_dcut_kernel_following_is_its_numpy_definition():
     """`dcut._kernels.following` (the counts ChainDCut.cut reads with a recent calibration) gives
     exactly its numpy definition: per bin the steady counts, or the recent ones where the recent

@@ -141,9 +141,10 @@ def step_cost_fit(forget: float, spec_prior: float = 1.0, draft_prior: float = 1
 
 
 DEPARTS = 2.0
-"""`ChainDCut`'s recent calibration is read in a bin where its counts depart from the steady rate by
-more than this many binomial standard deviations. On the modelled-clock replays 1.5 and 2 meet the
-same cells; 3 follows a revisit too late in one (docs/DESIGN.md, "Modelled clocks")."""
+"""`ChainDCut`'s default `departs`: its recent calibration is read in a bin where its counts depart
+from the steady rate by more than this many binomial standard deviations. On the modelled-clock
+replays 1.5 and 2 meet the same cells; 3 follows a revisit too late in one (`lab/replay.py vllm
+clocks ... --dcut departs=S`; docs/DESIGN.md, "Modelled clocks")."""
 
 
 class ChainDCut(ChainPolicy):
@@ -173,13 +174,14 @@ class ChainDCut(ChainPolicy):
             (`test_shadows_bring_dcut_back_when_drafts_start_to_be_accepted`). Default 0.98.
         recent: the memory of a second, recent calibration fed the same evidence (0: none). The cut
             reads the steady one's counts (`forget`) except in a bin where the recent counts depart
-            from the steady rate by more than `DEPARTS` binomial standard deviations
+            from the steady rate by more than `departs` binomial standard deviations
             (`_kernels.following`): a steady estimate where acceptance holds still — at break-even a
             noisy one drafts on its high draws, which earn less than predicted —, the recent one where
             it has moved (a revisit's drafts, accepted far more than the first visit's at the same
             raw scores, were cut for 50 steps under 0.98 alone on the modelled-clock replays).
             Default 0; with a `profile` 0.9 (docs/DESIGN.md, "Modelled clocks"). The profiled
             defaults are chosen on modelled clocks only, not yet raced on the real CPU.
+        departs: see `recent` (default `DEPARTS`).
         step_forget: the step-cost fit's memory per step measured (`step_cost_fit`).
         draft_forget: the drafting-time fit's memory per drafting step (what a probe costs).
         spread: how far below the mean the rows' gains count towards the step's fixed part
@@ -204,7 +206,7 @@ class ChainDCut(ChainPolicy):
     def __init__(self, depth: int, *, explore_every: int | None = None, probe_share: float = 0.01,
                  forget: float = 0.98, step_forget: float = 0.97, draft_forget: float = 0.9,
                  profile: Callable[[int, np.ndarray], np.ndarray] | None = None, spread: float | None = None,
-                 recent: float | None = None):
+                 recent: float | None = None, departs: float = DEPARTS):
         if spread is None:
             spread = 0.0 if profile is None else 0.75
         self.spread = float(spread)
@@ -214,6 +216,8 @@ class ChainDCut(ChainPolicy):
             recent = 0.0 if profile is None else 0.9
         if isinstance(recent, bool) or not isinstance(recent, (int, float)) or not 0.0 <= recent <= 1.0:
             raise ValueError(f"recent must be a number in [0, 1] (0: no recent calibration), got {recent!r}")
+        if isinstance(departs, bool) or not isinstance(departs, (int, float)) or not departs > 0.0:
+            raise ValueError(f"departs must be a number > 0 (binomial standard deviations), got {departs!r}")
         if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
             raise ValueError(f"explore_every must be an int >= 0 (0: never), got {explore_every!r}")
         for name, value in (("probe_share", probe_share), ("forget", forget), ("step_forget", step_forget),
@@ -222,7 +226,7 @@ class ChainDCut(ChainPolicy):
                 raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
         self.depth, self.explore_every, self.forget = depth, explore_every, forget
         self.calibration = ScoreCalibration()  # the steady one (`forget`)
-        self.recent = float(recent)
+        self.recent, self.departs = float(recent), float(departs)
         self.recent_calibration = ScoreCalibration() if recent else None  # (`recent`)
         self.profile = profile
         # vLLM's step time; with a profile its error, signed (a profile taken on a busy machine is too dear),
@@ -267,7 +271,7 @@ class ChainDCut(ChainPolicy):
         # (the rate model, or with `spread` the drained batch's), in one compiled pass
         c, r = self.calibration, self.recent_calibration
         seen, accepted = ((c.seen, c.accepted) if r is None else
-                          self._kernels.following(c.seen, c.accepted, r.seen, r.accepted, c.mid, c.prior_weight, DEPARTS))
+                          self._kernels.following(c.seen, c.accepted, r.seen, r.accepted, c.mid, c.prior_weight, self.departs))
         depths, k, gain = self._kernels.top_k_cut(scores, c.edges, accepted, seen, c.mid, c.prior_weight,
                                                   self.cost.coef, profile, self.spread, less)
         self.plain = k == 0
